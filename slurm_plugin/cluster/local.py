@@ -1,0 +1,290 @@
+"""A real Slurm mini-cluster on this machine: munged, slurmctld and several slurmd.
+
+All of its state, logs and sockets live in one folder. ``up`` waits until the controller
+answers and every node is idle; ``down`` stops exactly the processes ``up`` started (by pid and
+start time) and removes the cgroup folders its nodes made.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from .. import cgroups
+from ..runner import CommandError, CommandRunner, run_command
+from ..slurm import CliSlurmClient, Job, Node
+from . import daemons
+from .spec import ClusterSpec, HostTopology, parse_slurmd_c, render_cgroup_conf, render_slurm_conf
+
+DEFAULT_ROOT = Path(os.environ.get("MALLEABLE_CLUSTER_DIR", "/tmp/malleable-cluster"))
+
+# The commands the cluster needs, and the Debian package that ships each.
+REQUIRED_BINARIES = {
+    "munged": "munge", "munge": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
+    "scontrol": "slurm-client", "sinfo": "slurm-client", "squeue": "slurm-client",
+}
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClusterStatus:
+    root: Path
+    running: dict[str, bool]
+    controller_up: bool
+    nodes: list[Node] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
+
+
+def host_topology(runner: CommandRunner = run_command) -> HostTopology:
+    return parse_slurmd_c(runner(["slurmd", "-C"], timeout=20).stdout)
+
+
+def default_spec(root: Path = DEFAULT_ROOT, *, runner: CommandRunner = run_command,
+                 **overrides) -> ClusterSpec:
+    """A spec for this machine: its hostname and real CPU layout."""
+    return ClusterSpec(root=Path(root).absolute(), hostname=socket.gethostname().split(".")[0],
+                       topology=host_topology(runner), **overrides)
+
+
+def port_holder(port: int) -> str:
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid:
+                    try:
+                        return f"pid {conn.pid} ({' '.join(psutil.Process(conn.pid).cmdline())[:80]})"
+                    except psutil.Error:
+                        return f"pid {conn.pid}"
+    except psutil.Error:
+        pass
+    return "another process"
+
+
+def check_port_free(address: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(exc.errno, f"in use by {port_holder(port)}") from exc
+            raise
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec, *, runner: CommandRunner = run_command,
+                 which: Callable[[str], str | None] = shutil.which,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.spec = spec
+        self.paths = spec.paths
+        self._run = runner
+        self._which = which
+        self._clock = clock
+        self._sleep = sleep
+
+    @classmethod
+    def load(cls, root: Path = DEFAULT_ROOT, **kwargs) -> "LocalCluster":
+        spec_file = Path(root) / "cluster.json"
+        if not spec_file.exists():
+            raise ClusterError(f"no cluster at {root} (no {spec_file}): run 'malleable cluster up'")
+        return cls(ClusterSpec.from_json(spec_file.read_text()), **kwargs)
+
+    # --- what the outside sees -------------------------------------------------------------
+
+    def client(self) -> CliSlurmClient:
+        return CliSlurmClient(self._run, slurm_conf=self.paths.slurm_conf)
+
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.paths.slurm_conf)}
+
+    def env_lines(self) -> list[str]:
+        return [f"export {k}={v}" for k, v in self.env().items()]
+
+    def records(self) -> list[daemons.DaemonRecord]:
+        return daemons.load_records(self.paths.daemons_file)
+
+    def is_running(self) -> bool:
+        return any(daemons.is_running(r) for r in self.records())
+
+    def status(self) -> ClusterStatus:
+        running = {r.name: daemons.is_running(r) for r in self.records()}
+        st = ClusterStatus(root=self.paths.root, running=running, controller_up=False)
+        if running.get("slurmctld"):
+            client = self.client()
+            st.controller_up = client.ping()
+            if st.controller_up:
+                st.nodes = client.nodes()
+                st.jobs = client.jobs()
+        return st
+
+    # --- up --------------------------------------------------------------------------------
+
+    def preflight(self) -> dict[str, str]:
+        """Find every binary and check every port before anything starts."""
+        found: dict[str, str] = {}
+        for binary, package in REQUIRED_BINARIES.items():
+            path = self._which(binary)
+            if path is None:
+                raise ClusterError(
+                    f"{package} is not installed: '{binary}' not found on PATH "
+                    f"(run scripts/setup.sh, or apt-get install {package})")
+            found[binary] = path
+        if self.is_running():
+            raise ClusterError(f"a cluster is already running in {self.paths.root}: "
+                               "'malleable cluster down' first")
+        for owner, port in self.spec.ports.items():
+            try:
+                check_port_free(self.spec.address, port)
+            except OSError as exc:
+                raise ClusterError(f"port {port} for {owner} is not free on {self.spec.address}: "
+                                   f"{exc.strerror}; choose other ports with --port-base") from exc
+        for node in self.spec.node_names:
+            if cgroups.node_cgroup_roots(node):
+                raise ClusterError(
+                    f"cgroup folders for a node named {node} already exist "
+                    f"({', '.join(map(str, cgroups.node_cgroup_roots(node)))}): another cluster "
+                    "uses that node name; choose another --node-prefix or bring it down")
+        return found
+
+    def _write_files(self) -> None:
+        p = self.paths
+        for d in (p.root, p.etc, p.state, p.spool, p.log, p.run, p.munge):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o755)  # munged refuses a socket folder others cannot traverse
+        for node in self.spec.node_names:
+            (p.spool / node).mkdir(exist_ok=True)
+        if not p.munge_key.exists():
+            fd = os.open(p.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(1024))
+        p.slurm_conf.write_text(render_slurm_conf(self.spec))
+        p.cgroup_conf.write_text(render_cgroup_conf(self.spec))
+        if self.spec.job_submit_lua is not None:
+            shutil.copyfile(self.spec.job_submit_lua, p.etc / "job_submit.lua")
+        tmp = p.spec_file.with_suffix(".tmp")
+        tmp.write_text(self.spec.to_json())
+        os.replace(tmp, p.spec_file)
+
+    def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None) -> None:
+        bins = self.preflight()
+        self._write_files()
+        p = self.paths
+        records: list[daemons.DaemonRecord] = []
+
+        def start(name: str, argv: list[str]) -> daemons.DaemonRecord:
+            rec = daemons.start_daemon(name, argv, p.log / f"{name.replace(' ', '-')}.out")
+            records.append(rec)
+            daemons.save_records(p.daemons_file, records)
+            log(f"started {name} (pid {rec.pid})")
+            return rec
+
+        try:
+            start("munged", [bins["munged"], "--foreground", f"--key-file={p.munge_key}",
+                             f"--socket={p.munge_socket}", f"--pid-file={p.munge / 'munged.pid'}",
+                             f"--log-file={p.log / 'munged.log'}",
+                             f"--seed-file={p.munge / 'munged.seed'}"])
+            self._wait("munged answering", records, timeout_s, self._munge_ok,
+                       log_of={"munged": p.log / "munged.log"})
+            start("slurmctld", [bins["slurmctld"], "-D", "-c", "-f", str(p.slurm_conf)])
+            self._wait("slurmctld answering scontrol ping", records, timeout_s,
+                       self.client().ping, log_of={"slurmctld": p.log / "slurmctld.log"})
+            for node in self.spec.node_names:
+                start(f"slurmd {node}", [bins["slurmd"], "-D", "-f", str(p.slurm_conf), "-N", node])
+            self._wait("every node idle", records, timeout_s, self._all_nodes_idle,
+                       log_of={f"slurmd {n}": p.log / f"slurmd-{n}.log"
+                               for n in self.spec.node_names})
+        except BaseException:
+            self._stop(records)
+            raise
+        log(f"cluster up: {len(self.spec.node_names)} nodes in {p.root}")
+
+    def _munge_ok(self) -> bool:
+        try:
+            cred = self._run(["munge", "-n", "-S", str(self.paths.munge_socket)], timeout=5).stdout
+            self._run(["unmunge", "-S", str(self.paths.munge_socket)], input=cred, timeout=5)
+            return True
+        except CommandError:
+            return False
+
+    def _all_nodes_idle(self) -> bool:
+        try:
+            nodes = self.client().nodes()
+        except (CommandError, ValueError):
+            return False
+        names = {n.name for n in nodes if n.is_idle}
+        return set(self.spec.node_names) <= names
+
+    def _wait(self, what: str, records: list[daemons.DaemonRecord], timeout_s: float,
+              ready: Callable[[], bool], log_of: dict[str, Path]) -> None:
+        deadline = self._clock() + timeout_s
+        while True:
+            daemons.reap_children()
+            for rec in records:
+                if not daemons.is_running(rec):
+                    logfile = log_of.get(rec.name, Path(rec.log))
+                    raise ClusterError(
+                        f"{rec.name} exited while waiting for {what}. Last lines of {logfile}:\n"
+                        f"{daemons.tail(logfile)}\nand of {rec.log}:\n{daemons.tail(rec.log, 5)}")
+            if ready():
+                return
+            if self._clock() > deadline:
+                tails = "\n".join(f"--- {name}: {path}\n{daemons.tail(path)}"
+                                  for name, path in log_of.items())
+                raise ClusterError(f"timed out after {timeout_s:g}s waiting for {what}\n{tails}")
+            self._sleep(0.2)
+
+    # --- down ------------------------------------------------------------------------------
+
+    def down(self, *, cancel_jobs: bool = True) -> list[str]:
+        """Stop the cluster's daemons and its jobs; remove its cgroup folders. Returns problems
+        that could not be fixed (empty when everything is clean)."""
+        records = self.records()
+        problems: list[str] = []
+        ctld = next((r for r in records if r.name == "slurmctld"), None)
+        if cancel_jobs and ctld is not None and daemons.is_running(ctld):
+            try:
+                jobs = self.client().jobs()
+                if jobs:
+                    self._run(["scancel", *[str(j.job_id) for j in jobs]], timeout=20,
+                              env=self.env())
+                    self._wait_jobs_gone(timeout_s=15.0)
+            except (CommandError, ValueError) as exc:
+                problems.append(f"could not cancel jobs: {exc}")
+        self._stop(records, problems)
+        # Job tasks and slurmstepd processes (they daemonize away from slurmd) still alive are
+        # found by their membership in the nodes' cgroups, never by name.
+        for node in self.spec.node_names:
+            for root in cgroups.node_cgroup_roots(node):
+                report = cgroups.remove_cgroup_tree(root)
+                problems += [f"cgroup {path} not removed: {why}" for path, why in report.failed]
+        if not problems and self.paths.daemons_file.exists():
+            self.paths.daemons_file.unlink()
+        return problems
+
+    def _wait_jobs_gone(self, timeout_s: float) -> None:
+        deadline = self._clock() + timeout_s
+        client = self.client()
+        while self._clock() < deadline:
+            try:
+                if not any(j.state.holds_cores for j in client.jobs()):
+                    return
+            except (CommandError, ValueError):
+                return
+            self._sleep(0.2)
+
+    def _stop(self, records: list[daemons.DaemonRecord], problems: list[str] | None = None) -> None:
+        # Compute daemons first, then the controller, then munge which they all use.
+        order = {"munged": 2, "slurmctld": 1}
+        for rec in sorted(records, key=lambda r: order.get(r.name, 0)):
+            if not daemons.stop_daemon(rec) and problems is not None:
+                problems.append(f"{rec.name} (pid {rec.pid}) did not stop")

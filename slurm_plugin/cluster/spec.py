@@ -1,0 +1,207 @@
+"""What a Slurm mini-cluster is: its spec, its folder layout and its rendered config.
+
+Pure code: nothing here starts a process or touches the system, so it is shared by the local
+cluster (``local.py``) and the dockerized one (``docker-slurm/``) and tested on its own.
+"""
+from __future__ import annotations
+
+import json
+import re
+import string
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+
+
+class SpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class HostTopology:
+    """A node's CPU layout as ``slurmd -C`` reports it."""
+
+    cpus: int
+    boards: int = 1
+    sockets_per_board: int = 1
+    cores_per_socket: int = 1
+    threads_per_core: int = 1
+
+    def as_slurm(self) -> str:
+        return (f"CPUs={self.cpus} Boards={self.boards} SocketsPerBoard={self.sockets_per_board} "
+                f"CoresPerSocket={self.cores_per_socket} ThreadsPerCore={self.threads_per_core}")
+
+
+def parse_slurmd_c(text: str) -> HostTopology:
+    """Parse the first line of ``slurmd -C`` ("NodeName=vm CPUs=2 Boards=1 ...")."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    fields = dict(kv.split("=", 1) for kv in first.split() if "=" in kv)
+    try:
+        return HostTopology(
+            cpus=int(fields["CPUs"]),
+            boards=int(fields.get("Boards", 1)),
+            sockets_per_board=int(fields.get("SocketsPerBoard", 1)),
+            cores_per_socket=int(fields.get("CoresPerSocket", fields["CPUs"])),
+            threads_per_core=int(fields.get("ThreadsPerCore", 1)),
+        )
+    except (KeyError, ValueError) as exc:
+        raise SpecError(f"cannot read the CPU layout from slurmd -C output: {first!r}") from exc
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    """Every file of one cluster lives below ``root``."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path: return self.root / "etc"
+    @property
+    def slurm_conf(self) -> Path: return self.etc / "slurm.conf"
+    @property
+    def cgroup_conf(self) -> Path: return self.etc / "cgroup.conf"
+    @property
+    def state(self) -> Path: return self.root / "state"
+    @property
+    def spool(self) -> Path: return self.root / "spool"
+    @property
+    def log(self) -> Path: return self.root / "log"
+    @property
+    def run(self) -> Path: return self.root / "run"
+    @property
+    def munge(self) -> Path: return self.root / "munge"
+    @property
+    def munge_socket(self) -> Path: return self.munge / "munge.socket"
+    @property
+    def munge_key(self) -> Path: return self.munge / "munge.key"
+    @property
+    def spec_file(self) -> Path: return self.root / "cluster.json"
+    @property
+    def daemons_file(self) -> Path: return self.run / "daemons.json"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    root: Path
+    name: str = "malleable"
+    nodes: int = 3
+    node_prefix: str = "n"
+    partition: str = "debug"
+    port_base: int = 17817
+    hostname: str = "localhost"
+    address: str = "127.0.0.1"
+    topology: HostTopology = field(default_factory=lambda: HostTopology(cpus=1))
+    # Declared CPUs per node when they differ from the real topology (Slurm then needs
+    # SlurmdParameters=config_overrides). None means the real layout.
+    cpus_per_node: int | None = None
+    slurm_user: str = "root"
+    cgroup_plugin: str = "cgroup/v1"
+    cgroup_mountpoint: str = "/sys/fs/cgroup"
+    # Hook slots, filled by the co-scheduler's installer.
+    prolog: Path | None = None
+    epilog: Path | None = None
+    job_submit_lua: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not NAME_RE.match(self.name):
+            raise SpecError(f"cluster name {self.name!r} must match {NAME_RE.pattern}")
+        if not NAME_RE.match(self.node_prefix) or not NAME_RE.match(self.partition):
+            raise SpecError("node prefix and partition must be plain names")
+        if not 1 <= self.nodes <= 64:
+            raise SpecError(f"nodes must be between 1 and 64, not {self.nodes}")
+        if not 1024 <= self.port_base <= 65535 - self.nodes:
+            raise SpecError(f"port base {self.port_base} out of range (1024..{65535 - self.nodes})")
+        if self.cpus_per_node is not None and self.cpus_per_node < 1:
+            raise SpecError("cpus_per_node must be positive")
+        if not Path(self.root).is_absolute():
+            raise SpecError(f"cluster folder must be an absolute path, not {self.root}")
+
+    @property
+    def paths(self) -> ClusterPaths:
+        return ClusterPaths(Path(self.root))
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"{self.node_prefix}{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def slurmctld_port(self) -> int:
+        return self.port_base
+
+    def node_port(self, name: str) -> int:
+        return self.port_base + self.node_names.index(name) + 1
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Every port the cluster listens on, keyed by the daemon that owns it."""
+        out = {"slurmctld": self.slurmctld_port}
+        out.update({f"slurmd {n}": self.node_port(n) for n in self.node_names})
+        return out
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in ("root", "prolog", "epilog", "job_submit_lua"):
+            d[k] = None if d[k] is None else str(d[k])
+        return json.dumps(d, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClusterSpec":
+        d = json.loads(text)
+        d["topology"] = HostTopology(**d["topology"])
+        for k in ("root", "prolog", "epilog", "job_submit_lua"):
+            d[k] = None if d.get(k) is None else Path(d[k])
+        return cls(**d)
+
+    def with_hooks(self, *, prolog: Path | None, epilog: Path | None,
+                   job_submit_lua: Path | None) -> "ClusterSpec":
+        return replace(self, prolog=prolog, epilog=epilog, job_submit_lua=job_submit_lua)
+
+
+def _template(name: str) -> string.Template:
+    text = resources.files("slurm_plugin").joinpath("templates", name).read_text()
+    return string.Template(text)
+
+
+def render_slurm_conf(spec: ClusterSpec) -> str:
+    p = spec.paths
+    optional: list[str] = []
+    layout = spec.topology.as_slurm()
+    if spec.cpus_per_node is not None and spec.cpus_per_node != spec.topology.cpus:
+        # A node may declare more CPUs than exist; Slurm core ids then wrap onto real CPUs.
+        optional.append("SlurmdParameters=config_overrides")
+        layout = (f"CPUs={spec.cpus_per_node} Boards=1 SocketsPerBoard=1 "
+                  f"CoresPerSocket={spec.cpus_per_node} ThreadsPerCore=1")
+    if spec.job_submit_lua is not None:
+        # Slurm reads job_submit.lua from the folder of slurm.conf; the cluster copies it there.
+        optional.append("JobSubmitPlugins=lua")
+    if spec.prolog is not None:
+        optional.append(f"Prolog={spec.prolog}")
+    if spec.epilog is not None:
+        optional.append(f"Epilog={spec.epilog}")
+    node_lines = [
+        f"NodeName={n} NodeHostname={spec.hostname} NodeAddr={spec.address} "
+        f"Port={spec.node_port(n)} {layout} State=UNKNOWN"
+        for n in spec.node_names
+    ]
+    return _template("slurm.conf.tmpl").substitute(
+        cluster_name=spec.name,
+        controller_host=spec.hostname,
+        controller_addr=spec.address,
+        slurmctld_port=spec.slurmctld_port,
+        slurm_user=spec.slurm_user,
+        munge_socket=p.munge_socket,
+        state_dir=p.state,
+        spool_dir=p.spool,
+        run_dir=p.run,
+        log_dir=p.log,
+        optional_lines="\n".join(optional),
+        node_lines="\n".join(node_lines),
+        partition=spec.partition,
+    )
+
+
+def render_cgroup_conf(spec: ClusterSpec) -> str:
+    return _template("cgroup.conf.tmpl").substitute(
+        cgroup_plugin=spec.cgroup_plugin, cgroup_mountpoint=spec.cgroup_mountpoint)

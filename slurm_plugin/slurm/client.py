@@ -1,0 +1,184 @@
+"""The Slurm client: one small interface, and its backend over Slurm's own commands.
+
+Everything the co-scheduler, the launcher and the tests ask of Slurm goes through
+``SlurmClient``. ``CliSlurmClient`` runs the real commands through the project's single
+command runner; ``make_client`` picks pyslurm only where it matches the installed Slurm.
+"""
+from __future__ import annotations
+
+import enum
+import re
+import signal as _signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+from ..runner import CommandError, CommandRunner, run_command
+from .model import Job, JobState, Node
+from .parsers import (parse_sbatch_parsable, parse_scontrol_cpu_ids, parse_scontrol_ping,
+                      parse_sinfo_json, parse_squeue_json)
+
+# Printable, single-line; Slurm stores comments as plain strings.
+_COMMENT_RE = re.compile(r"^[\x20-\x7e]{0,1024}$")
+
+
+class SlurmClientError(RuntimeError):
+    pass
+
+
+class UnknownJob(SlurmClientError):
+    def __init__(self, job_id: int):
+        super().__init__(f"no such Slurm job: {job_id}")
+        self.job_id = job_id
+
+
+class SignalTarget(enum.Enum):
+    STEPS = "steps"   # the tasks of every step (scancel default)
+    BATCH = "batch"   # only the batch shell (scancel -b)
+    FULL = "full"     # batch shell and steps (scancel -f)
+
+
+def validate_job_id(job_id: object) -> int:
+    """A job id is a positive integer; anything else is refused before any command runs."""
+    if isinstance(job_id, bool):
+        raise ValueError(f"invalid job id {job_id!r}")
+    if isinstance(job_id, int):
+        value = job_id
+    elif isinstance(job_id, str) and job_id.isdigit():
+        value = int(job_id)
+    else:
+        raise ValueError(f"invalid job id {job_id!r}: must be a positive integer")
+    if not 0 < value < 2**32:
+        raise ValueError(f"invalid job id {job_id!r}: out of range")
+    return value
+
+
+class SlurmClient(Protocol):
+    def ping(self) -> bool: ...
+    def nodes(self) -> list[Node]: ...
+    def jobs(self, *, node: str | None = None,
+             states: Iterable[JobState] | None = None) -> list[Job]: ...
+    def job(self, job_id: int) -> Job: ...
+    def set_comment(self, job_id: int, comment: str, *, admin: bool = False) -> None: ...
+    def signal(self, job_id: int, sig: _signal.Signals,
+               target: SignalTarget = SignalTarget.STEPS) -> None: ...
+    def submit(self, script: Path, args: Sequence[str] = ()) -> int: ...
+    def cancel(self, job_id: int) -> None: ...
+
+
+class CliSlurmClient:
+    """``SlurmClient`` over squeue, sinfo, scontrol, scancel and sbatch."""
+
+    backend = "cli"
+
+    def __init__(self, runner: CommandRunner = run_command, *, slurm_conf: Path | None = None,
+                 timeout_s: float = 20.0):
+        self._run = runner
+        self._env = {"SLURM_CONF": str(slurm_conf)} if slurm_conf else None
+        self._timeout = timeout_s
+
+    def _cmd(self, args: Sequence[str]) -> str:
+        return self._run(list(args), timeout=self._timeout, env=self._env).stdout
+
+    def ping(self) -> bool:
+        try:
+            return parse_scontrol_ping(self._cmd(["scontrol", "ping"]))
+        except CommandError:
+            return False
+
+    def nodes(self) -> list[Node]:
+        return parse_sinfo_json(self._cmd(["sinfo", "--json"]))
+
+    def jobs(self, *, node: str | None = None,
+             states: Iterable[JobState] | None = None) -> list[Job]:
+        jobs = parse_squeue_json(self._cmd(["squeue", "--json"]))
+        wanted = set(states) if states is not None else None
+        if wanted is not None:
+            jobs = [j for j in jobs if j.state in wanted]
+        if node is not None:
+            jobs = [j for j in jobs if node in j.nodes]
+        if any(j.nodes for j in jobs):
+            cpu_ids = parse_scontrol_cpu_ids(self._cmd(["scontrol", "show", "job", "-d", "-o"]))
+            jobs = [replace(j, cpu_ids=cpu_ids.get(j.job_id, {})) for j in jobs]
+        return jobs
+
+    def job(self, job_id: int) -> Job:
+        job_id = validate_job_id(job_id)
+        try:
+            found = parse_squeue_json(self._cmd(["squeue", "--json", "--jobs", str(job_id)]))
+        except CommandError as exc:
+            if "Invalid job id" in exc.stderr:
+                raise UnknownJob(job_id) from exc
+            raise
+        found = [j for j in found if j.job_id == job_id]
+        if not found:
+            raise UnknownJob(job_id)
+        job = found[0]
+        if job.nodes:
+            ids = parse_scontrol_cpu_ids(
+                self._cmd(["scontrol", "show", "job", "-d", "-o", str(job_id)]))
+            job = replace(job, cpu_ids=ids.get(job_id, {}))
+        return job
+
+    def set_comment(self, job_id: int, comment: str, *, admin: bool = False) -> None:
+        job_id = validate_job_id(job_id)
+        if not _COMMENT_RE.match(comment):
+            raise ValueError("a comment must be printable ASCII on one line, at most 1024 chars")
+        key = "AdminComment" if admin else "Comment"
+        self._update(job_id, [f"{key}={comment}"])
+
+    def _update(self, job_id: int, fields: list[str]) -> None:
+        try:
+            self._cmd(["scontrol", "update", f"JobId={job_id}", *fields])
+        except CommandError as exc:
+            if "Invalid job id" in exc.stderr:
+                raise UnknownJob(job_id) from exc
+            raise
+
+    def signal(self, job_id: int, sig: _signal.Signals,
+               target: SignalTarget = SignalTarget.STEPS) -> None:
+        job_id = validate_job_id(job_id)
+        sig = _signal.Signals(sig)
+        flags = {SignalTarget.STEPS: [], SignalTarget.BATCH: ["--batch"],
+                 SignalTarget.FULL: ["--full"]}[target]
+        self._cmd(["scancel", f"--signal={sig.name.removeprefix('SIG')}", *flags, str(job_id)])
+
+    def submit(self, script: Path, args: Sequence[str] = ()) -> int:
+        return parse_sbatch_parsable(self._cmd(["sbatch", "--parsable", *args, str(script)]))
+
+    def cancel(self, job_id: int) -> None:
+        self._cmd(["scancel", str(validate_job_id(job_id))])
+
+
+def installed_slurm_version(runner: CommandRunner = run_command) -> tuple[int, int]:
+    """(major, minor) of the installed Slurm, from ``sinfo --version`` ("slurm-wlm 22.05.8")."""
+    out = runner(["sinfo", "--version"], timeout=10).stdout
+    m = re.search(r"(\d+)\.(\d+)", out)
+    if not m:
+        raise SlurmClientError(f"cannot read the Slurm version from {out.strip()!r}")
+    return int(m[1]), int(m[2])
+
+
+def pyslurm_unusable_reason(slurm_version: tuple[int, int]) -> str | None:
+    """Why pyslurm cannot serve this Slurm, or None when it can.
+
+    pyslurm's version follows Slurm's (25.11.x needs Slurm 25.11), so the two must share their
+    major.minor. No pyslurm for Slurm 22.05 can be installed from PyPI (see docs/FACTS).
+    """
+    try:
+        import pyslurm  # noqa: F401
+    except Exception as exc:  # ImportError, or its own "Slurm version mismatch" at import
+        return f"pyslurm does not import ({exc.__class__.__name__}: {exc})"
+    m = re.match(r"(\d+)\.(\d+)", getattr(pyslurm, "__version__", ""))
+    if not m or (int(m[1]), int(m[2])) != slurm_version:
+        return (f"pyslurm {getattr(pyslurm, '__version__', '?')} does not match Slurm "
+                f"{slurm_version[0]}.{slurm_version[1]:02d}")
+    return ("pyslurm matches, but this project has no pyslurm backend yet: "
+            "the CLI backend serves every call")
+
+
+def make_client(runner: CommandRunner = run_command, *, slurm_conf: Path | None = None
+                ) -> tuple[SlurmClient, str]:
+    """The client to use, and a one-line reason for the choice."""
+    reason = pyslurm_unusable_reason(installed_slurm_version(runner))
+    return CliSlurmClient(runner, slurm_conf=slurm_conf), f"Slurm CLI backend: {reason}"

@@ -1,0 +1,72 @@
+"""What the rest of the project knows about Slurm jobs and nodes: typed, immutable records."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class JobState(enum.Enum):
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REQUEUED = "REQUEUED"
+    RESIZING = "RESIZING"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, text: str) -> "JobState":
+        try:
+            return cls(text.strip().upper())
+        except ValueError:
+            return cls.UNKNOWN
+
+    @property
+    def holds_cores(self) -> bool:
+        """States in which the job's cores on its nodes are taken."""
+        return self in (JobState.RUNNING, JobState.CONFIGURING, JobState.COMPLETING,
+                        JobState.SUSPENDED)
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: int
+    name: str
+    user: str
+    uid: int
+    state: JobState
+    partition: str
+    nodes: tuple[str, ...]
+    num_cpus: int
+    comment: str = ""
+    admin_comment: str = ""
+    # Per node, the CPU ids Slurm allocated (scontrol show job -d: CPU_IDs). Slurm's view never
+    # changes while the job runs; the co-scheduler's current cores live in the cgroups.
+    cpu_ids: Mapping[str, frozenset[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    state: str
+    state_flags: tuple[str, ...]
+    cpus: int
+    alloc_cpus: int
+    partitions: tuple[str, ...]
+    hostname: str = ""
+    port: int = 0
+
+    @property
+    def is_idle(self) -> bool:
+        return self.state == "idle" and not self.state_flags
