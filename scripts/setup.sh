@@ -50,36 +50,59 @@ done_step
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
-step "Python dependencies ($TF_PIN and the build tools Horovod needs)"
-if ! "$VENV/bin/python" -c "import tensorflow, mpi4py, psutil, pytest, cloudpickle, yaml" 2>/dev/null \
-   || [ "$("$VENV/bin/python" -c 'import tensorflow as t; print(t.__version__)' 2>/dev/null)" != "2.15.1" ]; then
-  "${PIP[@]}" install "$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setuptools \
-      pytest pytest-timeout matplotlib scikit-learn
-else
+PY_DEPS=("$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setuptools
+         pytest pytest-timeout matplotlib scikit-learn)
+# Installed distributions are checked by their metadata: importing TensorFlow takes ~10 s here.
+have_versions() {
+  "$VENV/bin/python" - "$@" <<'PYEOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    name = name.split(">")[0]
+    try:
+        got = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and got != want:
+        sys.exit(1)
+PYEOF
+}
+
+step "Python dependencies (${PY_DEPS[*]})"
+if have_versions "${PY_DEPS[@]}"; then
   echo "[setup] already installed"
+else
+  "${PIP[@]}" install "${PY_DEPS[@]}"
 fi
 done_step
 
 step "Horovod wheel ($HOROVOD_PIN against TensorFlow 2.15.1, Open MPI, Gloo)"
-if "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built()" 2>/dev/null; then
+if have_versions "$HOROVOD_PIN"; then
   echo "[setup] horovod already installed"
 else
   mkdir -p "$WHEELS"
   whl=$(ls "$WHEELS"/horovod-0.28.1-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$whl" ]; then
-    echo "[setup] building horovod from source (about 6 minutes on 2 cores; cached in $WHEELS)"
+    echo "[setup] building horovod from source (about 5 minutes on 2 cores; cached in $WHEELS)"
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
       "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEELS" "$HOROVOD_PIN"
     whl=$(ls "$WHEELS"/horovod-0.28.1-*.whl | head -n1)
   fi
   "${PIP[@]}" install --no-deps "$whl"
-  "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built()"
+  # A wheel built without MPI or Gloo would install fine and fail at the first job.
+  "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built(), 'horovod lacks MPI or Gloo'"
 fi
 done_step
 
 step "this project (editable install)"
-"${PIP[@]}" install --no-deps --no-build-isolation -e "$REPO"
+installed_at=$("$VENV/bin/python" -c "import slurm_plugin, os; print(os.path.dirname(os.path.dirname(slurm_plugin.__file__)))" 2>/dev/null || true)
+if [ "$installed_at" = "$REPO" ] && [ "$VENV/bin/malleable" -nt "$REPO/pyproject.toml" ]; then
+  echo "[setup] already installed from $REPO"
+else
+  "${PIP[@]}" install --no-deps --no-build-isolation -e "$REPO"
+fi
 done_step
 
 echo "[setup] ready: $VENV"

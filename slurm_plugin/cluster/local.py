@@ -18,7 +18,7 @@ from typing import Callable
 import psutil
 
 from .. import cgroups
-from ..runner import CommandError, CommandRunner, run_command
+from ..runner import CommandError, CommandNotFound, CommandRunner, run_command
 from ..slurm import CliSlurmClient, Job, Node
 from . import daemons
 from .spec import ClusterSpec, HostTopology, parse_slurmd_c, render_cgroup_conf, render_slurm_conf
@@ -46,7 +46,11 @@ class ClusterStatus:
 
 
 def host_topology(runner: CommandRunner = run_command) -> HostTopology:
-    return parse_slurmd_c(runner(["slurmd", "-C"], timeout=20).stdout)
+    try:
+        return parse_slurmd_c(runner(["slurmd", "-C"], timeout=20).stdout)
+    except CommandNotFound as exc:
+        raise ClusterError("slurmd is not installed: 'slurmd' not found on PATH "
+                           "(run scripts/setup.sh, or apt-get install slurmd)") from exc
 
 
 def default_spec(root: Path = DEFAULT_ROOT, *, runner: CommandRunner = run_command,
@@ -72,6 +76,8 @@ def port_holder(port: int) -> str:
 
 def check_port_free(address: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the daemons do: connections in TIME_WAIT from a previous cluster do not block.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((address, port))
         except OSError as exc:
@@ -161,8 +167,12 @@ class LocalCluster:
         for d in (p.root, p.etc, p.state, p.spool, p.log, p.run, p.munge):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o755)  # munged refuses a socket folder others cannot traverse
+        p.tmp.mkdir(exist_ok=True)
+        os.chmod(p.tmp, 0o755)
         for node in self.spec.node_names:
             (p.spool / node).mkdir(exist_ok=True)
+            (p.tmp / node).mkdir(exist_ok=True)
+            os.chmod(p.tmp / node, 0o1777)  # like /tmp: every job user writes there
         if not p.munge_key.exists():
             fd = os.open(p.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:

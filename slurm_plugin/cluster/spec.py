@@ -67,6 +67,8 @@ class ClusterPaths:
     @property
     def spool(self) -> Path: return self.root / "spool"
     @property
+    def tmp(self) -> Path: return self.root / "tmp"
+    @property
     def log(self) -> Path: return self.root / "log"
     @property
     def run(self) -> Path: return self.root / "run"
@@ -194,6 +196,7 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         munge_socket=p.munge_socket,
         state_dir=p.state,
         spool_dir=p.spool,
+        tmp_dir=p.tmp,
         run_dir=p.run,
         log_dir=p.log,
         optional_lines="\n".join(optional),

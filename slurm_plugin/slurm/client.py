@@ -15,8 +15,8 @@ from typing import Iterable, Protocol, Sequence
 
 from ..runner import CommandError, CommandRunner, run_command
 from .model import Job, JobState, Node
-from .parsers import (parse_sbatch_parsable, parse_scontrol_cpu_ids, parse_scontrol_ping,
-                      parse_sinfo_json, parse_squeue_json)
+from .parsers import (cpu_ids_of, parse_sbatch_parsable, parse_scontrol_ping, parse_sinfo_json,
+                      parse_squeue_json)
 
 # Printable, single-line; Slurm stores comments as plain strings.
 _COMMENT_RE = re.compile(r"^[\x20-\x7e]{0,1024}$")
@@ -97,10 +97,18 @@ class CliSlurmClient:
             jobs = [j for j in jobs if j.state in wanted]
         if node is not None:
             jobs = [j for j in jobs if node in j.nodes]
-        if any(j.nodes for j in jobs):
-            cpu_ids = parse_scontrol_cpu_ids(self._cmd(["scontrol", "show", "job", "-d", "-o"]))
-            jobs = [replace(j, cpu_ids=cpu_ids.get(j.job_id, {})) for j in jobs]
-        return jobs
+        return self._with_cpu_ids(jobs)
+
+    def _with_cpu_ids(self, jobs: list[Job]) -> list[Job]:
+        if not any(j.cores for j in jobs):
+            return jobs
+        layout = {n.name: n for n in self.nodes()}
+        out = []
+        for j in jobs:
+            ids = {name: cpu_ids_of(cores, layout[name])
+                   for name, cores in j.cores.items() if name in layout}
+            out.append(replace(j, cpu_ids=ids))
+        return out
 
     def job(self, job_id: int) -> Job:
         job_id = validate_job_id(job_id)
@@ -113,12 +121,7 @@ class CliSlurmClient:
         found = [j for j in found if j.job_id == job_id]
         if not found:
             raise UnknownJob(job_id)
-        job = found[0]
-        if job.nodes:
-            ids = parse_scontrol_cpu_ids(
-                self._cmd(["scontrol", "show", "job", "-d", "-o", str(job_id)]))
-            job = replace(job, cpu_ids=ids.get(job_id, {}))
-        return job
+        return self._with_cpu_ids(found[:1])[0]
 
     def set_comment(self, job_id: int, comment: str, *, admin: bool = False) -> None:
         job_id = validate_job_id(job_id)

@@ -51,8 +51,10 @@ class Job:
     num_cpus: int
     comment: str = ""
     admin_comment: str = ""
-    # Per node, the CPU ids Slurm allocated (scontrol show job -d: CPU_IDs). Slurm's view never
-    # changes while the job runs; the co-scheduler's current cores live in the cgroups.
+    # Per node, the (socket, core) pairs Slurm allocated, as squeue --json reports them.
+    cores: Mapping[str, frozenset[tuple[int, int]]] = field(default_factory=dict)
+    # Per node, the CPU ids of those cores (filled by the client, which knows node layouts).
+    # Slurm's view never changes while the job runs; the current cores live in the cgroups.
     cpu_ids: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
 
@@ -64,6 +66,9 @@ class Node:
     cpus: int
     alloc_cpus: int
     partitions: tuple[str, ...]
+    sockets: int = 1
+    cores_per_socket: int = 1
+    threads_per_core: int = 1
     hostname: str = ""
     port: int = 0
 

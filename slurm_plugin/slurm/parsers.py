@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 
-from ..cpulist import parse_cpu_list
 from .hostlist import expand_hostlist
 from .model import Job, JobState, Node
 
@@ -26,9 +25,27 @@ def _load_json(text: str, what: str) -> dict:
     return data
 
 
+def _allocated_cores(job: dict) -> dict[str, frozenset[tuple[int, int]]]:
+    """Per node, the (socket, core) pairs of ``job_resources.allocated_nodes``.
+
+    The JSON is the source of truth for a job's cores: ``scontrol show job -d`` prints the same
+    ids, but as free text in which a user's job name or comment can imitate them.
+    """
+    res = job.get("job_resources") or {}
+    out: dict[str, frozenset[tuple[int, int]]] = {}
+    for entry in res.get("allocated_nodes") or []:
+        pairs = set()
+        for sock_id, sock in (entry.get("sockets") or {}).items():
+            for core_id, status in (sock.get("cores") or {}).items():
+                if status == "allocated":
+                    pairs.add((int(sock_id), int(core_id)))
+        out[str(entry["nodename"])] = frozenset(pairs)
+    return out
+
+
 def parse_squeue_json(text: str) -> list[Job]:
-    """Jobs from ``squeue --json`` (openapi v0.0.38). CPU ids are not in it: see
-    ``parse_scontrol_cpu_ids``."""
+    """Jobs from ``squeue --json`` (openapi v0.0.38), with each node's allocated cores as
+    (socket, core) pairs; ``cpu_ids_of`` turns them into CPU ids."""
     data = _load_json(text, "squeue --json")
     jobs = []
     for j in data.get("jobs", []):
@@ -44,35 +61,11 @@ def parse_squeue_json(text: str) -> list[Job]:
                 num_cpus=int(j.get("cpus", 0)),
                 comment=str(j.get("comment", "") or ""),
                 admin_comment=str(j.get("admin_comment", "") or ""),
+                cores=_allocated_cores(j),
             ))
         except (KeyError, TypeError, ValueError) as exc:
             raise SlurmParseError(f"unexpected job record in squeue --json: {exc}") from exc
     return jobs
-
-
-_JOBID = re.compile(r"^JobId=(\d+)\s")
-# Detail lines of `scontrol show job -d`: one group of nodes sharing the same CPU ids.
-_CPU_IDS = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+)")
-
-
-def parse_scontrol_cpu_ids(text: str) -> dict[int, dict[str, frozenset[int]]]:
-    """Per job id, per node, the allocated CPU ids, from ``scontrol show job -d -o``."""
-    out: dict[int, dict[str, frozenset[int]]] = {}
-    for line in text.splitlines():
-        m = _JOBID.match(line)
-        if not m:
-            continue
-        per_node: dict[str, frozenset[int]] = {}
-        for nodes_expr, ids in _CPU_IDS.findall(line):
-            try:
-                cpus = parse_cpu_list(ids)
-                names = expand_hostlist(nodes_expr)
-            except ValueError as exc:
-                raise SlurmParseError(f"job {m[1]}: bad node or CPU list: {exc}") from exc
-            for name in names:
-                per_node[name] = cpus
-        out[int(m[1])] = per_node
-    return out
 
 
 def parse_sinfo_json(text: str) -> list[Node]:
@@ -87,12 +80,28 @@ def parse_sinfo_json(text: str) -> list[Node]:
                 cpus=int(n.get("cpus", 0)),
                 alloc_cpus=int(n.get("alloc_cpus", 0)),
                 partitions=tuple(n.get("partitions", []) or []),
+                sockets=int(n.get("sockets", 1) or 1),
+                cores_per_socket=int(n.get("cores", 1) or 1),
+                threads_per_core=int(n.get("threads", 1) or 1),
                 hostname=str(n.get("hostname", "")),
                 port=int(n.get("port", 0) or 0),
             ))
         except (KeyError, TypeError, ValueError) as exc:
             raise SlurmParseError(f"unexpected node record in sinfo --json: {exc}") from exc
     return nodes
+
+
+def cpu_ids_of(cores: frozenset[tuple[int, int]], node: Node) -> frozenset[int]:
+    """CPU ids of (socket, core) pairs on ``node``, in Slurm's numbering: core index
+    socket*cores_per_socket+core, its hyperthreads next to each other. On the machines seen here
+    (one socket, one thread per core) this equals the ``CPU_IDs`` of ``scontrol show job -d``."""
+    ids = set()
+    for sock, core in cores:
+        if not (0 <= sock < node.sockets and 0 <= core < node.cores_per_socket):
+            raise SlurmParseError(f"core ({sock},{core}) outside node {node.name}'s layout")
+        base = (sock * node.cores_per_socket + core) * node.threads_per_core
+        ids.update(range(base, base + node.threads_per_core))
+    return frozenset(ids)
 
 
 def parse_scontrol_ping(text: str) -> bool:

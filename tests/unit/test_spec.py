@@ -1,0 +1,68 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.cluster.spec import (ClusterSpec, HostTopology, SpecError, parse_slurmd_c,
+                                       render_cgroup_conf, render_slurm_conf)
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+FIX = Path(__file__).parent.parent / "fixtures" / "slurm-22.05"
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs; UPDATE_GOLDEN=1 rewrites it after review"
+
+
+def spec(**kw) -> ClusterSpec:
+    return ClusterSpec(root=Path("/srv/mc"), hostname="vm",
+                       topology=HostTopology(cpus=2, cores_per_socket=2), **kw)
+
+
+def test_slurm_conf_golden():
+    golden("slurm.conf", render_slurm_conf(spec()))
+    golden("cgroup.conf", render_cgroup_conf(spec()))
+
+
+def test_slurm_conf_with_hooks_and_override_golden():
+    s = spec(nodes=2, cpus_per_node=8).with_hooks(
+        prolog=Path("/srv/hooks/prolog.sh"), epilog=Path("/srv/hooks/epilog.sh"),
+        job_submit_lua=Path("/srv/hooks/job_submit.lua"))
+    golden("slurm_hooks.conf", render_slurm_conf(s))
+
+
+def test_ports_and_names():
+    s = spec(nodes=3, port_base=20000, node_prefix="c")
+    assert s.node_names == ["c1", "c2", "c3"]
+    assert s.ports == {"slurmctld": 20000, "slurmd c1": 20001, "slurmd c2": 20002,
+                       "slurmd c3": 20003}
+
+
+def test_json_roundtrip():
+    s = spec().with_hooks(prolog=Path("/p"), epilog=None, job_submit_lua=None)
+    assert ClusterSpec.from_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize("kw", [
+    {"name": "bad name"}, {"name": "x;rm"}, {"nodes": 0}, {"nodes": 65}, {"port_base": 80},
+    {"node_prefix": "../x"}, {"cpus_per_node": 0},
+])
+def test_bad_spec_refused(kw):
+    with pytest.raises(SpecError):
+        spec(**kw)
+
+
+def test_relative_root_refused():
+    with pytest.raises(SpecError):
+        ClusterSpec(root=Path("relative"))
+
+
+def test_parse_slurmd_c_real_output():
+    topo = parse_slurmd_c((FIX / "slurmd_C.txt").read_text())
+    assert topo == HostTopology(cpus=2, boards=1, sockets_per_board=1, cores_per_socket=2,
+                                threads_per_core=1)
+    with pytest.raises(SpecError):
+        parse_slurmd_c("garbage")
