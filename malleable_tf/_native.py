@@ -1,0 +1,97 @@
+"""Build (once, cached) and load the native part: the thread-parking op and signal plumbing.
+
+The library is compiled against the installed TensorFlow's headers on first use and cached per
+TensorFlow version, source and compiler flags, so no manual build step exists. Several ranks
+starting at once on one node build it once: the build holds a file lock.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).parent / "native" / "malleable_ops.cc"
+
+INTRA = 0
+INTER = 1
+
+
+class NativeBuildError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("MALLEABLE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "malleable")
+    return Path(base) / "native"
+
+
+def _flags(tf) -> list[str]:
+    return list(tf.sysconfig.get_compile_flags()) + list(tf.sysconfig.get_link_flags())
+
+
+def library_path(tf) -> Path:
+    flags = _flags(tf)
+    digest = hashlib.sha256(SOURCE.read_bytes() + "\0".join(flags).encode()).hexdigest()[:16]
+    return cache_dir() / f"libmalleable_tf-{tf.__version__}-{digest}.so"
+
+
+def build(tf, *, compiler: str | None = None) -> Path:
+    """Compile the library if the cache has no copy for this TensorFlow; return its path."""
+    target = library_path(tf)
+    if target.exists():
+        return target
+    cxx = compiler or os.environ.get("CXX") or "g++"
+    if shutil.which(cxx) is None:
+        raise NativeBuildError(
+            f"malleable_tf needs a C++ compiler to build its thread-parking library once, and "
+            f"'{cxx}' is not on PATH (apt-get install g++, or set CXX)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another process built it while we waited
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            from slurm_plugin.runner import CommandError, run_command
+            try:
+                run_command([cxx, "-std=c++17", "-shared", "-fPIC", "-O2", str(SOURCE), "-o",
+                             str(out), *_flags(tf)], timeout=600)
+            except CommandError as exc:
+                raise NativeBuildError(f"building the thread-parking library failed: {exc}") from exc
+            os.replace(out, target)
+    return target
+
+
+@dataclass
+class NativeLib:
+    path: Path
+    ops: object          # the module tf.load_op_library returns
+    lib: ctypes.CDLL     # the same shared object, for its extern "C" functions
+
+    def attach(self, inter_op_threads: int) -> int:
+        return int(self.ops.malleable_attach(inter_op_threads=inter_op_threads).numpy())
+
+
+def load(tf) -> NativeLib:
+    path = build(tf)
+    ops = tf.load_op_library(str(path))
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in {
+        "mtf_attached": [], "mtf_pool_size": [ctypes.c_int], "mtf_parked": [ctypes.c_int],
+        "mtf_target": [ctypes.c_int], "mtf_set_parked": [ctypes.c_int, ctypes.c_int],
+        "mtf_wait_settled": [ctypes.c_int, ctypes.c_int], "mtf_signal_fd": [],
+        "mtf_install_signal": [ctypes.c_int, ctypes.c_int], "mtf_uninstall_signal": [ctypes.c_int],
+        "mtf_parked_tids": [ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_int],
+    }.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    lib.mtf_shutdown.argtypes = []
+    lib.mtf_shutdown.restype = None
+    return NativeLib(path=path, ops=ops, lib=lib)

@@ -1,0 +1,162 @@
+"""How many cores this process may use, and which of them are this rank's share.
+
+Pure functions over what the OS reports (an affinity mask, a cgroup CPU quota, the ranks on the
+node), plus the small readers that fetch those inputs. The runtime polls them; tests drive the
+pure parts directly.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_plugin.cpulist import parse_cpu_list
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """The CPUs this process may run on, and how many of them it may keep busy at once."""
+
+    cpus: frozenset[int]
+    quota_cpus: float | None = None  # from a CFS quota (docker --cpus, Kubernetes limits)
+
+    @property
+    def usable(self) -> int:
+        n = len(self.cpus)
+        if self.quota_cpus is not None:
+            n = min(n, max(1, int(self.quota_cpus)))  # a fraction of a core rounds down
+        return max(1, n)
+
+
+def share_of(allowance: Allowance, local_rank: int, local_size: int) -> frozenset[int]:
+    """This rank's CPUs when ``local_size`` ranks split the allowance: contiguous blocks whose
+    sizes differ by at most one. With fewer cores than ranks, ranks share one core each."""
+    if local_size < 1 or not 0 <= local_rank < local_size:
+        raise ValueError(f"bad local rank {local_rank} of {local_size}")
+    cpus = sorted(allowance.cpus)[: allowance.usable]
+    if not cpus:
+        raise ValueError("empty allowance")
+    if len(cpus) < local_size:
+        return frozenset({cpus[local_rank % len(cpus)]})
+    base, extra = divmod(len(cpus), local_size)
+    start = local_rank * base + min(local_rank, extra)
+    size = base + (1 if local_rank < extra else 0)
+    return frozenset(cpus[start:start + size])
+
+
+# --- readers -------------------------------------------------------------------------------
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """/proc/<pid>/cgroup to {controller: path}; cgroup v2's unified entry is keyed ""."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+def parse_quota(v1_quota: str | None, v1_period: str | None, v2_max: str | None) -> float | None:
+    """CPUs granted by a CFS quota, or None when unlimited. v2's cpu.max is "max 100000" or
+    "150000 100000"; v1 has cpu.cfs_quota_us (-1 = unlimited) and cpu.cfs_period_us."""
+    if v2_max is not None:
+        m = re.match(r"^\s*(\S+)\s+(\d+)\s*$", v2_max)
+        if not m or m[1] == "max":
+            return None
+        return int(m[1]) / int(m[2])
+    if v1_quota is None or v1_period is None:
+        return None
+    q, p = int(v1_quota), int(v1_period)
+    return None if q <= 0 or p <= 0 else q / p
+
+
+def _safe_join(base: Path, rel: str) -> Path | None:
+    path = (base / rel.lstrip("/")).resolve()
+    return path if str(path).startswith(str(base.resolve())) else None
+
+
+def _read(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def read_quota(mount: Path = Path("/sys/fs/cgroup"), pid: int | str = "self") -> float | None:
+    try:
+        groups = parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    except OSError:
+        return None
+    if "cpu" in groups:
+        for sub in ("cpu,cpuacct", "cpu"):
+            base = _safe_join(mount / sub, groups["cpu"])
+            if base is not None and (base / "cpu.cfs_quota_us").exists():
+                return parse_quota(_read(base / "cpu.cfs_quota_us"),
+                                   _read(base / "cpu.cfs_period_us"), None)
+        return None
+    if "" in groups:
+        base = _safe_join(mount, groups[""])
+        return parse_quota(None, None, _read(base / "cpu.max" if base else None))
+    return None
+
+
+def read_cpuset(mount: Path = Path("/sys/fs/cgroup"), pid: int | str = "self"
+                ) -> frozenset[int] | None:
+    """The CPUs of this process's cpuset cgroup (v1 or v2), or None where none is readable."""
+    try:
+        groups = parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    except OSError:
+        return None
+    candidates = []
+    if "cpuset" in groups:
+        base = _safe_join(mount / "cpuset", groups["cpuset"])
+        candidates.append(base / "cpuset.effective_cpus" if base else None)
+    if "" in groups:
+        base = _safe_join(mount, groups[""])
+        candidates.append(base / "cpuset.cpus.effective" if base else None)
+    for path in candidates:
+        text = _read(path)
+        if text:
+            try:
+                return parse_cpu_list(text)
+            except ValueError:
+                return None
+    return None
+
+
+def read_affinity(pid: int) -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(pid))
+
+
+def local_rank_and_size(env: dict[str, str] | None = None) -> tuple[int, int]:
+    """This process's rank among the ranks of its node, from the launcher's environment:
+    Open MPI's mpirun, then Slurm's srun, then Horovod's gloo runner; (0, 1) alone."""
+    env = dict(os.environ if env is None else env)
+    for rank_key, size_key in (("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                               ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")):
+        if rank_key in env and size_key in env:
+            return int(env[rank_key]), int(env[size_key])
+    if "SLURM_LOCALID" in env and "SLURM_STEP_TASKS_PER_NODE" in env:
+        per_node = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
+        node_id = int(env.get("SLURM_NODEID", "0"))
+        if node_id < len(per_node):
+            return int(env["SLURM_LOCALID"]), per_node[node_id]
+    return 0, 1
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Slurm's compressed task counts: "2(x3),1" -> [2, 2, 2, 1]."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ValueError(f"malformed tasks-per-node {text!r}")
+        out += [int(m[1])] * int(m[2] or 1)
+    return out
+

@@ -1,0 +1,254 @@
+// Thread parking for TensorFlow's CPU thread pools, built out of tree against the pip wheel.
+//
+// TensorFlow sizes its intra-op and inter-op pools once. To run with fewer threads we "park"
+// some of them: a parker is a closure scheduled into the pool that blocks its worker thread on a
+// condition variable until it is released, so only size - parked threads run compute. Python
+// drives it through the extern "C" functions below (ctypes); one TensorFlow op, MalleableAttach,
+// runs once to reach the pools through an OpKernelContext.
+//
+// Signals: a C-level handler writes one byte per signal to a pipe, so a watcher thread wakes at
+// once even while the Python main thread is inside a training step.
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <set>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace {
+
+constexpr int kIntra = 0;
+constexpr int kInter = 1;
+
+struct ParkingLot {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void(std::function<void()>)> schedule;  // set once at attach
+  int size = 0;            // threads in the pool
+  int target = 0;          // parkers wanted
+  int scheduled = 0;       // parkers scheduled and not yet returned (queued or blocking)
+  int parked = 0;          // parkers currently blocking a thread
+  bool shutdown = false;   // release everything, for good (process exit)
+  std::set<long> parked_tids;  // for tests and telemetry: which threads are held
+};
+
+ParkingLot g_lots[2];
+std::mutex g_attach_mu;
+bool g_attached = false;
+
+bool ExcessLocked(ParkingLot* lot) { return lot->shutdown || lot->scheduled > lot->target; }
+
+void Park(ParkingLot* lot) {
+  std::unique_lock<std::mutex> lock(lot->mu);
+  if (ExcessLocked(lot)) {  // released before it got a thread: leave at once
+    --lot->scheduled;
+    lot->cv.notify_all();
+    return;
+  }
+  ++lot->parked;
+  long tid = syscall(SYS_gettid);
+  lot->parked_tids.insert(tid);
+  lot->cv.notify_all();
+  // Each waiter re-checks under the lock, so exactly scheduled - target parkers leave.
+  lot->cv.wait(lock, [lot] { return ExcessLocked(lot); });
+  --lot->parked;
+  --lot->scheduled;
+  lot->parked_tids.erase(tid);
+  lot->cv.notify_all();
+}
+
+// Signal plumbing: async-signal-safe handler -> pipe.
+int g_pipe[2] = {-1, -1};
+unsigned char g_signal_code[65];
+struct sigaction g_old_actions[65];
+bool g_installed[65];
+
+void OnSignal(int signo) {
+  int saved = errno;
+  if (signo > 0 && signo < 65 && g_pipe[1] >= 0) {
+    unsigned char code = g_signal_code[signo];
+    ssize_t ignored = write(g_pipe[1], &code, 1);  // full pipe: drop, a poll follows anyway
+    (void)ignored;
+  }
+  errno = saved;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mtf_attached() {
+  std::lock_guard<std::mutex> l(g_attach_mu);
+  return g_attached ? 1 : 0;
+}
+
+int mtf_pool_size(int pool) {
+  if (pool != kIntra && pool != kInter) return -1;
+  std::lock_guard<std::mutex> l(g_lots[pool].mu);
+  return g_lots[pool].size;
+}
+
+// Ask for `n` parked threads. Returns 0, or -1 for a bad pool, -2 before attach, -3 when n is
+// out of [0, size-1] (a pool never has all its threads parked), -4 after shutdown.
+int mtf_set_parked(int pool, int n) {
+  if (pool != kIntra && pool != kInter) return -1;
+  ParkingLot* lot = &g_lots[pool];
+  int to_schedule = 0;
+  {
+    std::lock_guard<std::mutex> l(lot->mu);
+    if (!lot->schedule) return -2;
+    if (lot->shutdown) return -4;
+    if (n < 0 || n > lot->size - 1) return -3;
+    lot->target = n;
+    to_schedule = std::max(0, n - lot->scheduled);
+    lot->scheduled += to_schedule;
+    lot->cv.notify_all();
+  }
+  for (int i = 0; i < to_schedule; ++i) lot->schedule([lot] { Park(lot); });
+  return 0;
+}
+
+int mtf_parked(int pool) {
+  if (pool != kIntra && pool != kInter) return -1;
+  std::lock_guard<std::mutex> l(g_lots[pool].mu);
+  return g_lots[pool].parked;
+}
+
+// Copies up to `n` ids of parked threads into `out`; returns how many were copied.
+int mtf_parked_tids(int pool, long* out, int n) {
+  if (pool != kIntra && pool != kInter) return -1;
+  std::lock_guard<std::mutex> l(g_lots[pool].mu);
+  int i = 0;
+  for (long tid : g_lots[pool].parked_tids) {
+    if (i >= n) break;
+    out[i++] = tid;
+  }
+  return i;
+}
+
+int mtf_target(int pool) {
+  if (pool != kIntra && pool != kInter) return -1;
+  std::lock_guard<std::mutex> l(g_lots[pool].mu);
+  return g_lots[pool].target;
+}
+
+// Wait until the parked count equals the target. Returns the parked count at return.
+int mtf_wait_settled(int pool, int timeout_ms) {
+  if (pool != kIntra && pool != kInter) return -1;
+  ParkingLot* lot = &g_lots[pool];
+  std::unique_lock<std::mutex> lock(lot->mu);
+  lot->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                   [lot] { return lot->parked == lot->target || lot->shutdown; });
+  return lot->parked;
+}
+
+// Release every parked thread for good: called at exit, so that TensorFlow can join its pools.
+void mtf_shutdown() {
+  for (ParkingLot& lot : g_lots) {
+    std::unique_lock<std::mutex> lock(lot.mu);
+    lot.shutdown = true;
+    lot.target = 0;
+    lot.cv.notify_all();
+    lot.cv.wait_for(lock, std::chrono::seconds(5), [&lot] { return lot.parked == 0; });
+  }
+}
+
+int mtf_signal_fd() {
+  if (g_pipe[0] < 0) {
+    if (pipe2(g_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -errno;
+  }
+  return g_pipe[0];
+}
+
+// Route `signo` to the pipe as byte `code`. Returns 0 or -errno.
+int mtf_install_signal(int signo, int code) {
+  if (signo <= 0 || signo >= 65 || code < 0 || code > 255) return -EINVAL;
+  if (mtf_signal_fd() < 0) return -EIO;
+  g_signal_code[signo] = static_cast<unsigned char>(code);
+  struct sigaction sa;
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  struct sigaction old;
+  if (sigaction(signo, &sa, &old) != 0) return -errno;
+  if (!g_installed[signo]) g_old_actions[signo] = old;
+  g_installed[signo] = true;
+  return 0;
+}
+
+int mtf_uninstall_signal(int signo) {
+  if (signo <= 0 || signo >= 65 || !g_installed[signo]) return -EINVAL;
+  if (sigaction(signo, &g_old_actions[signo], nullptr) != 0) return -errno;
+  g_installed[signo] = false;
+  return 0;
+}
+
+}  // extern "C"
+
+namespace tensorflow {
+
+REGISTER_OP("MalleableAttach")
+    .Attr("inter_op_threads: int")
+    .Output("intra_op_threads: int32")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return OkStatus();
+    });
+
+// Captures the intra-op pool and the inter-op runner of the context it runs in (eager: the
+// process-wide pools), so that Python can park their threads later from any thread.
+class MalleableAttachOp : public OpKernel {
+ public:
+  explicit MalleableAttachOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("inter_op_threads", &inter_threads_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    OP_REQUIRES(ctx, workers != nullptr && workers->workers != nullptr,
+                errors::FailedPrecondition("no CPU worker threads on this device"));
+    thread::ThreadPool* intra = workers->workers;
+    {
+      std::lock_guard<std::mutex> l(g_attach_mu);
+      if (!g_attached) {
+        {
+          std::lock_guard<std::mutex> li(g_lots[kIntra].mu);
+          g_lots[kIntra].size = intra->NumThreads();
+          g_lots[kIntra].schedule = [intra](std::function<void()> fn) {
+            intra->Schedule(std::move(fn));
+          };
+        }
+        auto* runner = ctx->runner();
+        if (runner != nullptr && *runner) {
+          std::lock_guard<std::mutex> lo(g_lots[kInter].mu);
+          g_lots[kInter].size = inter_threads_;
+          g_lots[kInter].schedule = *runner;
+        }
+        g_attached = true;
+      }
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int32>()() = intra->NumThreads();
+  }
+
+ private:
+  int inter_threads_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(Name("MalleableAttach").Device(DEVICE_CPU), MalleableAttachOp);
+
+}  // namespace tensorflow

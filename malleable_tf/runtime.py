@@ -1,0 +1,346 @@
+"""The live resizing runtime of one TensorFlow process.
+
+``Runtime`` owns the target thread counts and applies them: it parks pool threads through the
+native library, pins the process's threads to this rank's share of the allowed CPUs, and, when
+following, re-reads the allowance on every poll and on every control signal. Nothing starts in
+the constructor: ``start_watcher`` starts the one background thread.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from slurm_plugin.cpulist import format_cpu_list
+
+from . import allowance as allow
+from . import telemetry
+from ._native import INTER, INTRA, NativeLib
+
+log = logging.getLogger("malleable_tf")
+
+
+class MalleableError(RuntimeError):
+    pass
+
+
+class NotInitialized(MalleableError):
+    def __init__(self) -> None:
+        super().__init__("malleable_tf.init() has not run (or shutdown() has)")
+
+
+class Action(enum.Enum):
+    """What a control signal asks for."""
+
+    RELOAD = 1       # re-read the allowance and the target file
+    INTRA_UP = 2
+    INTRA_DOWN = 3
+    INTER_UP = 4
+    INTER_DOWN = 5
+
+
+DEFAULT_SIGNALS: dict[int, Action] = {signal.SIGUSR1: Action.RELOAD}
+
+
+def parse_signal_spec(text: str) -> dict[int, Action]:
+    """ "USR1=reload,USR2=intra-down" -> {SIGUSR1: RELOAD, SIGUSR2: INTRA_DOWN}."""
+    out: dict[int, Action] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, action = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad signal mapping {item!r}: want NAME=action")
+        name = name.strip().upper()
+        try:
+            signo = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+            act = Action[action.strip().upper().replace("-", "_")]
+        except KeyError as exc:
+            raise ValueError(f"bad signal mapping {item!r}") from exc
+        if signo in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS):
+            raise ValueError(f"{signo.name} cannot be a control signal")
+        out[int(signo)] = act
+    return out
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    intra_active: int
+    intra_pool: int
+    inter_active: int
+    inter_pool: int
+    allowed_cpus: frozenset[int]
+    share_cpus: frozenset[int]
+    following: bool
+
+
+def thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [threading.get_native_id()]
+
+
+def pin_all_threads(cpus: frozenset[int]) -> None:
+    """Set the affinity of every thread of this process (threads created later inherit it)."""
+    for tid in thread_ids():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass  # a thread that just exited
+
+
+class Runtime:
+    def __init__(self, native: NativeLib, *, intra_pool: int, inter_pool: int, local_rank: int,
+                 local_size: int, rank: int = 0, follow: bool = True, poll_interval_s: float = 0.025,
+                 status_path: Path | None = None, target_path: Path | None = None,
+                 read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
+                 read_quota: Callable[[], float | None] = allow.read_quota,
+                 read_cpuset: Callable[[], frozenset[int] | None] = allow.read_cpuset,
+                 pin: Callable[[frozenset[int]], None] = pin_all_threads,
+                 clock: Callable[[], float] = time.monotonic):
+        self._native = native
+        self.intra_pool = intra_pool
+        self.inter_pool = inter_pool
+        self.local_rank, self.local_size, self.rank = local_rank, local_size, rank
+        self.follow = follow
+        self.poll_interval_s = poll_interval_s
+        self.status_path = status_path
+        self.target_path = target_path
+        self._read_affinity = read_affinity
+        self._read_quota = read_quota
+        self._read_cpuset = read_cpuset
+        self._pinned: frozenset[int] | None = None
+        self._pin = pin
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._closed = False
+        # What was asked (API, signals, target file); the effective count is capped by the share.
+        self._want_intra = intra_pool
+        self._want_inter = inter_pool
+        self._intra = intra_pool
+        self._inter = inter_pool
+        # The affinity mask last set from outside (taskset, or the kernel after a cpuset change).
+        self._outside_mask = read_affinity()
+        self._allowance = self._read_allowance()
+        self._share = self._allowance.cpus
+        self._rate = telemetry.StepRate()
+        self._resizes = 0
+        self._last: telemetry.ResizeEvent | None = None
+        self._watcher: threading.Thread | None = None
+        self._stop_r, self._stop_w = os.pipe()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state(self) -> ThreadState:
+        with self._lock:
+            return ThreadState(self._intra, self.intra_pool, self._inter, self.inter_pool,
+                               self._allowance.cpus, self._share, self.follow)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NotInitialized()
+
+    # --- resizing ------------------------------------------------------------------------
+
+    def _validate(self, name: str, value: int | None, pool: int) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        if not 1 <= value <= pool:
+            raise ValueError(f"{name}={value} outside 1..{pool} (the pool size set at init; "
+                             "at least one thread always stays active)")
+        return value
+
+    def set_threads(self, intra: int | None = None, inter: int | None = None, *,
+                    reason: str = "api", wait_s: float = 5.0) -> ThreadState:
+        intra = self._validate("intra", intra, self.intra_pool)
+        inter = self._validate("inter", inter, self.inter_pool)
+        with self._lock:
+            self._check_open()
+            if intra is not None:
+                self._want_intra = intra
+            if inter is not None:
+                self._want_inter = inter
+            self._apply(reason, wait_s)
+            return self.state()
+
+    def refresh_allowance(self, reason: str = "allowance", wait_s: float = 5.0) -> bool:
+        """Re-read the allowance; apply when it changed. True when something changed."""
+        with self._lock:
+            if self._closed or not self.follow:
+                return False
+            new = self._read_allowance()
+            if new == self._allowance:
+                return False
+            self._allowance = new
+            self._apply(reason, wait_s)
+            return True
+
+    def _read_allowance(self) -> allow.Allowance:
+        mask = self._read_affinity()
+        if mask != self._pinned:  # not our own pinning: someone outside set it
+            self._outside_mask = mask
+        cpus = self._outside_mask
+        cpuset = self._read_cpuset()
+        if cpuset:
+            cpus = (cpus & cpuset) or cpuset
+        return allow.Allowance(cpus=frozenset(cpus), quota_cpus=self._read_quota())
+
+    def _apply(self, reason: str, wait_s: float) -> None:
+        t0 = self._clock()
+        if self.follow:
+            share = allow.share_of(self._allowance, self.local_rank, self.local_size)
+        else:
+            share = self._share
+        cap = len(share) if self.follow else max(self.intra_pool, self.inter_pool)
+        intra = max(1, min(self._want_intra, cap, self.intra_pool))
+        inter = max(1, min(self._want_inter, cap, self.inter_pool))
+        before = (self._intra, self._inter)
+        grow = len(share) >= len(self._share)
+        # Growing: widen the CPU set first, then wake threads. Shrinking: park first, then
+        # narrow, so the process never has more running threads than cores.
+        if self.follow and grow and share != self._pinned:
+            self._pin(share)
+            self._pinned = share
+        self._set_parked(INTRA, self.intra_pool - intra)
+        self._set_parked(INTER, self.inter_pool - inter)
+        if wait_s > 0:
+            self._native.lib.mtf_wait_settled(INTRA, int(wait_s * 1000))
+            self._native.lib.mtf_wait_settled(INTER, int(wait_s * 1000))
+        if self.follow and not grow and share != self._pinned:
+            self._pin(share)
+            self._pinned = share
+        self._share = share
+        self._intra, self._inter = intra, inter
+        latency_ms = (self._clock() - t0) * 1000
+        if before != (intra, inter):
+            self._resizes += 1
+            self._last = telemetry.ResizeEvent(time.time(), before[0], intra, before[1], inter,
+                                               reason, round(latency_ms, 3))
+            log.info("malleable_tf: rank %d resize intra %d->%d inter %d->%d cpus=%s reason=%s "
+                     "latency=%.2fms", self.rank, before[0], intra, before[1], inter,
+                     format_cpu_list(share), reason, latency_ms)
+        self.write_status()
+
+    def _set_parked(self, pool: int, n: int) -> None:
+        rc = self._native.lib.mtf_set_parked(pool, n)
+        if rc != 0:
+            raise MalleableError(f"native set_parked(pool={pool}, n={n}) failed with {rc}")
+
+    # --- steps/s and telemetry -------------------------------------------------------------
+
+    def record_steps(self, steps: int, seconds: float) -> None:
+        with self._lock:
+            self._rate.record(self._intra, steps, seconds)
+
+    def status_record(self) -> telemetry.StatusRecord:
+        with self._lock:
+            return telemetry.StatusRecord(
+                pid=os.getpid(), rank=self.rank, local_rank=self.local_rank,
+                local_size=self.local_size, intra_active=self._intra, intra_pool=self.intra_pool,
+                inter_active=self._inter, inter_pool=self.inter_pool,
+                allowed_cpus=sorted(self._allowance.cpus), share_cpus=sorted(self._share),
+                steps_per_s={str(k): round(v, 4) for k, v in sorted(self._rate.rates.items())},
+                resizes=self._resizes, last_resize=self._last)
+
+    def write_status(self) -> None:
+        if self.status_path is None:
+            return
+        try:
+            telemetry.write_status(self.status_path, self.status_record())
+        except OSError as exc:
+            log.warning("malleable_tf: cannot write status to %s: %s", self.status_path, exc)
+
+    # --- control signals and the watcher ---------------------------------------------------
+
+    def handle(self, action: Action) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if action is Action.RELOAD:
+                self._reload_target()
+                self.refresh_allowance(reason="signal")
+                return
+            step = {Action.INTRA_UP: (1, 0), Action.INTRA_DOWN: (-1, 0),
+                    Action.INTER_UP: (0, 1), Action.INTER_DOWN: (0, -1)}[action]
+            intra = min(self.intra_pool, max(1, self._want_intra + step[0]))
+            inter = min(self.inter_pool, max(1, self._want_inter + step[1]))
+            self.set_threads(intra, inter, reason=f"signal:{action.name.lower()}")
+
+    def _reload_target(self) -> None:
+        """The target file: {"intra": N, "inter": M}, either key optional. Bad files are
+        reported and change nothing."""
+        if self.target_path is None:
+            return
+        try:
+            raw = self.target_path.read_bytes()[:4096]
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            self.set_threads(data.get("intra"), data.get("inter"), reason="target-file")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("malleable_tf: ignoring target file %s: %s", self.target_path, exc)
+
+    def install_signals(self, mapping: dict[int, Action]) -> None:
+        for signo, action in mapping.items():
+            rc = self._native.lib.mtf_install_signal(int(signo), action.value)
+            if rc != 0:
+                raise MalleableError(f"cannot install handler for signal {signo}: {-rc}")
+
+    def start_watcher(self) -> None:
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._watch, name="malleable-watcher",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        sig_fd = self._native.lib.mtf_signal_fd()
+        while True:
+            ready, _, _ = select.select([sig_fd, self._stop_r], [], [], self.poll_interval_s)
+            if self._stop_r in ready:
+                return
+            try:
+                if sig_fd in ready:
+                    for code in _drain(sig_fd):
+                        try:
+                            self.handle(Action(code))
+                        except ValueError:
+                            continue
+                self.refresh_allowance()
+            except Exception as exc:  # the watcher must outlive any one bad event
+                log.warning("malleable_tf: watcher: %s", exc)
+
+    def close(self) -> None:
+        """Release every parked thread for good and stop the watcher. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._stop_w, b"x")
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=5)
+        self._native.lib.mtf_shutdown()
+
+
+def _drain(fd: int) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
