@@ -186,10 +186,17 @@ class Runtime:
 
     def _read_allowance(self) -> allow.Allowance:
         mask = self._read_affinity()
-        if mask != self._pinned:  # not our own pinning: someone outside set it
+        cpuset = self._read_cpuset()
+        # The main thread's mask changes for three reasons: our own pinning; a cpuset change,
+        # after which the kernel leaves (pinned & cpuset) on kernels >= 6.2 or the whole cpuset
+        # on older ones; or someone outside (taskset). Only the last one is new information
+        # about the affinity, and the cpuset, read directly, covers the second.
+        explained = {self._pinned} if self._pinned is not None else set()
+        if self._pinned is not None and cpuset:
+            explained.add(self._pinned & cpuset)
+        if mask not in explained:
             self._outside_mask = mask
         cpus = self._outside_mask
-        cpuset = self._read_cpuset()
         if cpuset:
             cpus = (cpus & cpuset) or cpuset
         return allow.Allowance(cpus=frozenset(cpus), quota_cpus=self._read_quota())

@@ -1,0 +1,67 @@
+"""Workloads shared by the benchmarks: a Keras CNN training step and a matmul-heavy function.
+
+Import this only after TensorFlow's thread settings are made (plain or malleable_tf.init).
+"""
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+
+def keras_cnn_step(batch: int = 64):
+    tf.random.set_seed(0)
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input((28, 28, 1)),
+        tf.keras.layers.Conv2D(16, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+    opt = tf.keras.optimizers.SGD(0.01)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x = tf.random.normal((batch, 28, 28, 1), seed=1)
+    y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32, seed=2)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    return lambda: step().numpy()
+
+
+def matmul_step(size: int = 512, depth: int = 8):
+    a = tf.random.normal((size, size), seed=3)
+
+    @tf.function
+    def step():
+        x = a
+        for _ in range(depth):
+            x = tf.matmul(x, a) / float(size) ** 0.5
+        return tf.reduce_sum(x)
+
+    return lambda: step().numpy()
+
+
+WORKLOADS = {"keras_cnn": keras_cnn_step, "matmul": matmul_step}
+
+
+def steps_per_second(step, *, seconds: float = 3.0, warmup: int = 3) -> dict[str, float]:
+    """Steps per wall-clock second, and per second of this process's CPU time. The second is
+    less disturbed by other tenants of a shared machine (it still counts cache and frequency
+    effects), so the benchmarks report both."""
+    for _ in range(warmup):
+        step()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        n += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"wall": n / wall, "cpu": n / cpu if cpu > 0 else float("nan")}

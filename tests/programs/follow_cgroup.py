@@ -1,0 +1,39 @@
+"""Runs a matmul loop and reports its thread state whenever it changes, as JSON lines.
+
+The test moves this process between cpusets and affinity masks from outside.
+"""
+import json
+import sys
+import threading
+import time
+
+import malleable_tf
+
+malleable_tf.init(max_threads=int(sys.argv[1]) if len(sys.argv) > 1 else None)
+import tensorflow as tf  # noqa: E402
+
+a = tf.random.normal((256, 256))
+stop = threading.Event()
+
+
+def loop():
+    while not stop.is_set():
+        tf.matmul(a, a).numpy()
+
+
+threading.Thread(target=loop, daemon=True).start()
+last = None
+print("READY", flush=True)
+deadline = time.time() + 120
+while time.time() < deadline:
+    s = malleable_tf.threads()
+    parked = malleable_tf.runtime()._native.lib.mtf_parked(0)
+    now = (s.intra_active, s.inter_active, sorted(s.allowed_cpus), sorted(s.share_cpus), parked)
+    if now != last:
+        print("STATE " + json.dumps({"t": time.time(), "intra": now[0], "inter": now[1],
+                                     "allowed": now[2], "share": now[3], "parked": now[4]}),
+              flush=True)
+        last = now
+    if sys.stdin.closed:
+        break
+    time.sleep(0.005)

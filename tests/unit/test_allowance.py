@@ -1,0 +1,90 @@
+import signal
+
+import pytest
+
+from malleable_tf.allowance import (Allowance, expand_tasks_per_node, local_rank_and_size,
+                                    parse_proc_cgroup, parse_quota, share_of)
+from malleable_tf.runtime import Action, parse_signal_spec
+from malleable_tf.telemetry import MAX_THREAD_COUNTS, StepRate
+
+
+def test_usable_counts_quota():
+    assert Allowance(frozenset({0, 1, 2, 3})).usable == 4
+    assert Allowance(frozenset({0, 1, 2, 3}), quota_cpus=2.5).usable == 2
+    assert Allowance(frozenset({0, 1}), quota_cpus=0.3).usable == 1
+    assert Allowance(frozenset({0}), quota_cpus=8).usable == 1
+
+
+@pytest.mark.parametrize("cpus,size,shares", [
+    ({0, 1, 2, 3}, 2, [{0, 1}, {2, 3}]),
+    ({0, 1, 2, 3, 4}, 2, [{0, 1, 2}, {3, 4}]),
+    ({4, 6, 7}, 3, [{4}, {6}, {7}]),
+    ({0, 1}, 4, [{0}, {1}, {0}, {1}]),      # fewer cores than ranks: one core each, shared
+    ({0, 1, 2, 3}, 1, [{0, 1, 2, 3}]),
+])
+def test_share_of_splits_without_overlap(cpus, size, shares):
+    got = [share_of(Allowance(frozenset(cpus)), r, size) for r in range(size)]
+    assert got == shares
+    if len(cpus) >= size:
+        assert set().union(*got) == cpus
+        assert sum(len(s) for s in got) == len(cpus)  # no core in two shares
+
+
+def test_share_of_respects_quota():
+    assert share_of(Allowance(frozenset({0, 1, 2, 3}), quota_cpus=2.0), 0, 1) == {0, 1}
+
+
+def test_share_of_rejects_bad_rank():
+    with pytest.raises(ValueError):
+        share_of(Allowance(frozenset({0})), 1, 1)
+    with pytest.raises(ValueError):
+        share_of(Allowance(frozenset()), 0, 1)
+
+
+def test_parse_proc_cgroup_v1_and_v2():
+    text = ("9:name=systemd:/\n4:memory:/x\n3:cpuset:/slurm_n1/uid_0/job_5/step_0\n"
+            "2:cpu,cpuacct:/docker/abc\n0::/user.slice\n")
+    g = parse_proc_cgroup(text)
+    assert g["cpuset"] == "/slurm_n1/uid_0/job_5/step_0"
+    assert g["cpu"] == g["cpuacct"] == "/docker/abc"
+    assert g[""] == "/user.slice"
+
+
+@pytest.mark.parametrize("args,expected", [
+    (("-1", "100000", None), None), (("150000", "100000", None), 1.5),
+    ((None, None, "max 100000"), None), ((None, None, "200000 100000"), 2.0),
+    ((None, None, None), None),
+])
+def test_parse_quota(args, expected):
+    assert parse_quota(*args) == expected
+
+
+def test_tasks_per_node_and_local_rank():
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    with pytest.raises(ValueError):
+        expand_tasks_per_node("2(x)")
+    assert local_rank_and_size({"OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                                "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (1, 2)
+    assert local_rank_and_size({"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "1,3",
+                                "SLURM_NODEID": "1"}) == (0, 3)
+    assert local_rank_and_size({}) == (0, 1)
+
+
+def test_signal_spec():
+    assert parse_signal_spec("USR1=reload, SIGUSR2=intra-down") == {
+        signal.SIGUSR1: Action.RELOAD, signal.SIGUSR2: Action.INTRA_DOWN}
+    for bad in ["USR1", "NOPE=reload", "USR1=explode", "KILL=reload"]:
+        with pytest.raises(ValueError):
+            parse_signal_spec(bad)
+
+
+def test_step_rate_is_bounded_and_weighted():
+    r = StepRate(alpha=0.5)
+    r.record(2, 10, 1.0)
+    r.record(2, 20, 1.0)
+    assert r.rates[2] == 15.0
+    r.record(1, 0, 1.0)  # nothing to learn from zero steps
+    assert 1 not in r.rates
+    for k in range(MAX_THREAD_COUNTS + 10):
+        r.record(k + 10, 1, 1.0)
+    assert len(r.rates) == MAX_THREAD_COUNTS

@@ -1,0 +1,178 @@
+"""Runtime decisions with the OS readers and the native library replaced by fakes.
+
+What is checked here is the logic: caps, ordering of park and pin, change detection. The real
+mechanism is tested on real TensorFlow in tests/integration/test_malleable_tf.py.
+"""
+import pytest
+
+from malleable_tf.runtime import Action, NotInitialized, Runtime
+
+
+class FakeLib:
+    def __init__(self, calls):
+        self.calls = calls
+        self.parked = {0: 0, 1: 0}
+
+    def mtf_set_parked(self, pool, n):
+        self.calls.append(("park", pool, n))
+        self.parked[pool] = n
+        return 0
+
+    def mtf_wait_settled(self, pool, timeout_ms):
+        return self.parked[pool]
+
+    def mtf_shutdown(self):
+        self.calls.append(("shutdown",))
+
+
+class FakeNative:
+    def __init__(self, calls):
+        self.lib = FakeLib(calls)
+
+
+class World:
+    def __init__(self, cpus):
+        self.mask = frozenset(cpus)
+        self.cpuset = None
+        self.quota = None
+        self.calls = []
+
+    def pin(self, cpus):
+        self.calls.append(("pin", tuple(sorted(cpus))))
+        self.mask = frozenset(cpus)   # pinning changes what the main thread's mask reads
+
+
+def make(world, pool=4, local_rank=0, local_size=1, follow=True):
+    rt = Runtime(FakeNative(world.calls), intra_pool=pool, inter_pool=pool, local_rank=local_rank,
+                 local_size=local_size, follow=follow, read_affinity=lambda: world.mask,
+                 read_quota=lambda: world.quota, read_cpuset=lambda: world.cpuset,
+                 pin=world.pin)
+    rt.set_threads(reason="init")
+    return rt
+
+
+def test_follows_affinity_and_orders_park_and_pin():
+    w = World({0, 1, 2, 3})
+    rt = make(w)
+    assert rt.state().intra_active == 4
+    w.calls.clear()
+    w.mask = frozenset({0})           # shrink from outside
+    assert rt.refresh_allowance()
+    assert rt.state().intra_active == 1 and rt.state().share_cpus == {0}
+    kinds = [c[0] for c in w.calls]
+    assert kinds.index("park") < kinds.index("pin")   # threads drop before the CPU set narrows
+    w.calls.clear()
+    w.mask = frozenset({0, 1, 2})     # grow
+    assert rt.refresh_allowance()
+    kinds = [c[0] for c in w.calls]
+    assert kinds.index("pin") < kinds.index("park")   # CPU set widens before threads wake
+    assert rt.state().intra_active == 3
+
+
+def test_own_pinning_is_not_an_outside_change():
+    w = World({0, 1, 2, 3})
+    rt = make(w, local_rank=1, local_size=2)
+    assert rt.state().share_cpus == {2, 3}
+    assert w.mask == {2, 3}           # pinned to the share
+    assert not rt.refresh_allowance()  # reading back our own pinning changes nothing
+    assert rt.state().allowed_cpus == {0, 1, 2, 3}
+
+
+def test_cpuset_shrink_to_exactly_the_share_is_seen():
+    w = World({0, 1, 2, 3})
+    rt = make(w, local_rank=0, local_size=2)
+    assert w.mask == {0, 1}
+    w.cpuset = frozenset({0, 1})      # the kernel resets masks to the cpuset: equal to our pin
+    assert rt.refresh_allowance()
+    assert rt.state().share_cpus == {0} and rt.state().intra_active == 1
+
+
+def test_quota_caps_threads():
+    w = World({0, 1, 2, 3})
+    rt = make(w)
+    w.quota = 2.0
+    assert rt.refresh_allowance()
+    assert rt.state().intra_active == 2
+
+
+def test_explicit_request_wins_within_allowance():
+    w = World({0, 1, 2, 3})
+    rt = make(w)
+    rt.set_threads(intra=2)
+    assert rt.state().intra_active == 2
+    w.mask = frozenset({0})
+    rt.refresh_allowance()
+    assert rt.state().intra_active == 1
+    w.mask = frozenset({0, 1, 2, 3})
+    rt.refresh_allowance()
+    assert rt.state().intra_active == 2   # the request, not the whole allowance
+
+
+def test_bad_values_change_nothing():
+    w = World({0, 1, 2, 3})
+    rt = make(w)
+    before = rt.state()
+    for bad in [0, -1, 5, "2", 1.5, True]:
+        with pytest.raises((ValueError, TypeError)):
+            rt.set_threads(intra=bad)
+    assert rt.state() == before
+
+
+def test_signal_actions_step_within_bounds():
+    w = World({0, 1})
+    rt = make(w, pool=2)
+    rt.handle(Action.INTRA_DOWN)
+    rt.handle(Action.INTRA_DOWN)
+    assert rt.state().intra_active == 1   # never below one
+    rt.handle(Action.INTRA_UP)
+    rt.handle(Action.INTRA_UP)
+    assert rt.state().intra_active == 2   # never above the pool
+
+
+def test_target_file(tmp_path):
+    w = World({0, 1, 2, 3})
+    rt = make(w)
+    rt.target_path = tmp_path / "target.json"
+    rt.target_path.write_text('{"intra": 3, "inter": 2}')
+    rt.handle(Action.RELOAD)
+    assert (rt.state().intra_active, rt.state().inter_active) == (3, 2)
+    for bad in ['{"intra": 0}', "[1]", "not json", '{"intra": "x"}', "x" * 10000]:
+        rt.target_path.write_text(bad)
+        rt.handle(Action.RELOAD)
+        assert (rt.state().intra_active, rt.state().inter_active) == (3, 2)
+
+
+def test_closed_runtime_refuses_and_ignores_signals():
+    w = World({0, 1})
+    rt = make(w, pool=2)
+    rt.close()
+    with pytest.raises(NotInitialized):
+        rt.set_threads(1)
+    rt.handle(Action.INTRA_DOWN)      # no error, no change
+    assert ("shutdown",) in w.calls
+
+
+def test_status_record_written(tmp_path):
+    import json
+    w = World({0, 1})
+    rt = make(w, pool=2)
+    rt.status_path = tmp_path / "s.json"
+    rt.record_steps(10, 2.0)
+    rt.set_threads(intra=1)
+    data = json.loads(rt.status_path.read_text())
+    assert data["intra_active"] == 1 and data["steps_per_s"] == {"2": 5.0}
+    assert data["last_resize"]["intra_before"] == 2 and data["last_resize"]["intra_after"] == 1
+
+
+def test_cpuset_grow_seen_when_kernel_keeps_our_pinning():
+    # Kernels >= 6.2 keep a mask set by sched_setaffinity when a cpuset grows (the user mask
+    # survives), so after a shrink and a grow only the cpuset file tells. Seen on this machine.
+    w = World({0, 1, 2, 3})
+    w.cpuset = frozenset({0, 1, 2, 3})
+    rt = make(w)
+    w.cpuset = frozenset({0})
+    w.mask = frozenset({0})            # the kernel: pinned & cpuset
+    assert rt.refresh_allowance() and rt.state().intra_active == 1
+    w.cpuset = frozenset({0, 1, 2, 3})  # grow; the mask stays what we pinned ({0})
+    assert rt.refresh_allowance() and rt.state().intra_active == 4
+    assert rt.state().share_cpus == {0, 1, 2, 3}
