@@ -1,8 +1,8 @@
 """Keras integration: ``MalleableCallback`` measures steps/s per thread count and reports them.
 
-Resizes take effect in native code at any moment; the callback adds what belongs at batch
-boundaries: a look at the allowance (so a change is never missed even between polls), steps/s
-bookkeeping for the co-scheduler, the status record, and one progress line per epoch.
+Resizes take effect in native code at any moment (the runtime's watcher applies them); the
+callback adds what belongs at batch boundaries: steps/s bookkeeping per thread count for the
+co-scheduler, the status record, and one progress line per epoch.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ class MalleableCallback(tf.keras.callbacks.Callback):
 
     def _flush(self, now: float) -> None:
         if self._window_start is not None and self._window_steps:
-            self.runtime.record_steps(self._window_steps, now - self._window_start)
+            self.runtime.record_steps(self._window_steps, now - self._window_start,
+                                      threads=self._window_threads)
             self.runtime.write_status()
         self._window_start = now
         self._window_steps = 0
@@ -51,7 +52,7 @@ class MalleableCallback(tf.keras.callbacks.Callback):
         self._flush(self._epoch_start)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.runtime.refresh_allowance(reason="batch-boundary")
+        # The watcher applies resizes as they come; here only the bookkeeping follows them.
         if self.runtime.state().intra_active != self._window_threads:
             self._flush(self._clock())   # steps/s is attributed to one thread count only
 

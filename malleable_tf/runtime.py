@@ -101,8 +101,7 @@ class Runtime:
                  local_size: int, rank: int = 0, follow: bool = True, poll_interval_s: float = 0.025,
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
-                 read_quota: Callable[[], float | None] = allow.read_quota,
-                 read_cpuset: Callable[[], frozenset[int] | None] = allow.read_cpuset,
+                 cgroup: allow.CgroupReader | None = None,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
                  clock: Callable[[], float] = time.monotonic):
         self._native = native
@@ -114,8 +113,7 @@ class Runtime:
         self.status_path = status_path
         self.target_path = target_path
         self._read_affinity = read_affinity
-        self._read_quota = read_quota
-        self._read_cpuset = read_cpuset
+        self._cgroup = cgroup or allow.CgroupReader()
         self._pinned: frozenset[int] | None = None
         self._pin = pin
         self._clock = clock
@@ -126,8 +124,8 @@ class Runtime:
         self._want_inter = inter_pool
         self._intra = intra_pool
         self._inter = inter_pool
-        # The affinity mask last set from outside (taskset, or the kernel after a cpuset change).
-        self._outside_mask = read_affinity()
+        # An affinity restriction set from outside (taskset), narrower than the cpuset.
+        self._outside_mask: frozenset[int] | None = None
         self._allowance = self._read_allowance()
         self._share = self._allowance.cpus
         self._rate = telemetry.StepRate()
@@ -185,21 +183,34 @@ class Runtime:
             return True
 
     def _read_allowance(self) -> allow.Allowance:
+        """The cpuset cgroup is the allowance where it can be read; an affinity mask narrower
+        than it counts only when someone outside set it (taskset), not when it is our own
+        pinning or what the kernel left of it after a cpuset change (pinned & cpuset on kernels
+        >= 6.2, the whole cpuset on older ones)."""
         mask = self._read_affinity()
-        cpuset = self._read_cpuset()
-        # The main thread's mask changes for three reasons: our own pinning; a cpuset change,
-        # after which the kernel leaves (pinned & cpuset) on kernels >= 6.2 or the whole cpuset
-        # on older ones; or someone outside (taskset). Only the last one is new information
-        # about the affinity, and the cpuset, read directly, covers the second.
-        explained = {self._pinned} if self._pinned is not None else set()
-        if self._pinned is not None and cpuset:
-            explained.add(self._pinned & cpuset)
-        if mask not in explained:
-            self._outside_mask = mask
-        cpus = self._outside_mask
+        cpuset = self._cgroup.cpuset()
+
+        def explained() -> set:
+            out = set()
+            if self._pinned is not None:
+                out.add(self._pinned)
+                if cpuset:
+                    out.add(self._pinned & cpuset)
+            return out
+
+        if mask not in explained():
+            # Before taking it for a taskset, make sure the cpuset is read from where the
+            # process is now: a move to another cgroup also rewrites the mask.
+            self._cgroup.invalidate()
+            cpuset = self._cgroup.cpuset()
+        if mask not in explained():
+            self._outside_mask = None if cpuset and mask >= cpuset else mask
         if cpuset:
-            cpus = (cpus & cpuset) or cpuset
-        return allow.Allowance(cpus=frozenset(cpus), quota_cpus=self._read_quota())
+            cpus = (cpuset & self._outside_mask) if self._outside_mask else cpuset
+            cpus = cpus or cpuset
+        else:
+            cpus = self._outside_mask or mask
+        return allow.Allowance(cpus=frozenset(cpus), quota_cpus=self._cgroup.quota())
 
     def _apply(self, reason: str, wait_s: float) -> None:
         t0 = self._clock()
@@ -244,9 +255,10 @@ class Runtime:
 
     # --- steps/s and telemetry -------------------------------------------------------------
 
-    def record_steps(self, steps: int, seconds: float) -> None:
+    def record_steps(self, steps: int, seconds: float, threads: int | None = None) -> None:
+        """Credit ``steps`` done in ``seconds`` to ``threads`` intra-op threads (default: now)."""
         with self._lock:
-            self._rate.record(self._intra, steps, seconds)
+            self._rate.record(self._intra if threads is None else threads, steps, seconds)
 
     def status_record(self) -> telemetry.StatusRecord:
         with self._lock:

@@ -23,14 +23,15 @@ from ..conftest import make_cluster_root
 pytestmark = pytest.mark.cluster
 
 
-def wait_for(pred, timeout=30.0, what="condition"):
+def wait_for(pred, timeout=30.0, what="condition", show=None):
+    """Poll ``pred`` until it returns something true; on timeout, say what and ``show()``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
 
 
 def job_cpuset(node: str, uid: int, job_id: int) -> Path:

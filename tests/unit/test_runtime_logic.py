@@ -33,9 +33,20 @@ class FakeNative:
 class World:
     def __init__(self, cpus):
         self.mask = frozenset(cpus)
-        self.cpuset = None
-        self.quota = None
+        self.cpuset_cpus = None
+        self.quota_cpus = None
+        self.invalidations = 0
         self.calls = []
+
+    # The CgroupReader interface.
+    def cpuset(self):
+        return self.cpuset_cpus
+
+    def quota(self):
+        return self.quota_cpus
+
+    def invalidate(self):
+        self.invalidations += 1
 
     def pin(self, cpus):
         self.calls.append(("pin", tuple(sorted(cpus))))
@@ -45,8 +56,7 @@ class World:
 def make(world, pool=4, local_rank=0, local_size=1, follow=True):
     rt = Runtime(FakeNative(world.calls), intra_pool=pool, inter_pool=pool, local_rank=local_rank,
                  local_size=local_size, follow=follow, read_affinity=lambda: world.mask,
-                 read_quota=lambda: world.quota, read_cpuset=lambda: world.cpuset,
-                 pin=world.pin)
+                 cgroup=world, pin=world.pin)
     rt.set_threads(reason="init")
     return rt
 
@@ -82,7 +92,7 @@ def test_cpuset_shrink_to_exactly_the_share_is_seen():
     w = World({0, 1, 2, 3})
     rt = make(w, local_rank=0, local_size=2)
     assert w.mask == {0, 1}
-    w.cpuset = frozenset({0, 1})      # the kernel resets masks to the cpuset: equal to our pin
+    w.cpuset_cpus = frozenset({0, 1})      # the kernel resets masks to the cpuset: equal to our pin
     assert rt.refresh_allowance()
     assert rt.state().share_cpus == {0} and rt.state().intra_active == 1
 
@@ -90,7 +100,7 @@ def test_cpuset_shrink_to_exactly_the_share_is_seen():
 def test_quota_caps_threads():
     w = World({0, 1, 2, 3})
     rt = make(w)
-    w.quota = 2.0
+    w.quota_cpus = 2.0
     assert rt.refresh_allowance()
     assert rt.state().intra_active == 2
 
@@ -168,11 +178,60 @@ def test_cpuset_grow_seen_when_kernel_keeps_our_pinning():
     # Kernels >= 6.2 keep a mask set by sched_setaffinity when a cpuset grows (the user mask
     # survives), so after a shrink and a grow only the cpuset file tells. Seen on this machine.
     w = World({0, 1, 2, 3})
-    w.cpuset = frozenset({0, 1, 2, 3})
+    w.cpuset_cpus = frozenset({0, 1, 2, 3})
     rt = make(w)
-    w.cpuset = frozenset({0})
+    w.cpuset_cpus = frozenset({0})
     w.mask = frozenset({0})            # the kernel: pinned & cpuset
     assert rt.refresh_allowance() and rt.state().intra_active == 1
-    w.cpuset = frozenset({0, 1, 2, 3})  # grow; the mask stays what we pinned ({0})
+    w.cpuset_cpus = frozenset({0, 1, 2, 3})  # grow; the mask stays what we pinned ({0})
     assert rt.refresh_allowance() and rt.state().intra_active == 4
     assert rt.state().share_cpus == {0, 1, 2, 3}
+
+
+def test_slurm_step_cpuset_grow_after_start_on_one_core():
+    # A rank started by Slurm on one core: its mask is the step's cpuset, not a restriction.
+    # Seen in a real job: the co-scheduler grows the step cpuset, the mask stays {0}.
+    w = World({0})
+    w.cpuset_cpus = frozenset({0})
+    rt = make(w, pool=2)
+    assert rt.state().intra_active == 1
+    w.cpuset_cpus = frozenset({0, 1})
+    assert rt.refresh_allowance()
+    assert rt.state().intra_active == 2 and rt.state().share_cpus == {0, 1}
+
+
+def test_taskset_narrower_than_cpuset_is_a_restriction_until_lifted():
+    w = World({0, 1, 2, 3})
+    w.cpuset_cpus = frozenset({0, 1, 2, 3})
+    rt = make(w)
+    w.mask = frozenset({2})
+    assert rt.refresh_allowance() and rt.state().allowed_cpus == {2}
+    w.cpuset_cpus = frozenset({1, 2, 3})            # the cpuset changes; the restriction holds
+    rt.refresh_allowance()
+    assert rt.state().allowed_cpus == {2}
+    w.mask = frozenset({1, 2, 3})              # taskset lifts it (mask = whole cpuset)
+    assert rt.refresh_allowance() and rt.state().allowed_cpus == {1, 2, 3}
+
+
+def test_move_to_another_cgroup_is_not_taken_for_a_taskset():
+    # The reader still looks at the old cgroup until invalidated; the runtime must re-locate
+    # before calling a mask change an outside restriction (seen in a real run).
+    class Stale(World):
+        def __init__(self, cpus):
+            super().__init__(cpus)
+            self.located = frozenset(cpus)   # what the reader would answer before re-locating
+
+        def cpuset(self):
+            return self.located
+
+        def invalidate(self):
+            self.located = self.cpuset_cpus
+
+    w = Stale({0, 1})
+    w.cpuset_cpus = frozenset({0, 1})
+    rt = make(w, pool=2)
+    w.cpuset_cpus = frozenset({0})   # moved to a new cgroup, then shrunk: mask follows
+    w.mask = frozenset({0})
+    assert rt.refresh_allowance() and rt.state().intra_active == 1
+    w.cpuset_cpus = w.located = frozenset({0, 1})  # grown; mask stays pinned at {0}
+    assert rt.refresh_allowance() and rt.state().intra_active == 2
