@@ -3,6 +3,7 @@ and shrunk from outside, as the co-scheduler will do, and its active threads fol
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,3 +93,44 @@ def test_two_ranks_follow_their_cpusets(cluster, tmp_path):
         stop.touch()
         time.sleep(0.5)
         client.cancel(job_id)
+
+
+def test_mpirun_distributed_gradient_tape_ranks_follow_taskset(tmp_path):
+    """Two ranks on this machine under mpirun: local rank 0 and 1 split the allowed cores, and
+    a taskset on one rank from outside moves only that rank."""
+    stop = tmp_path / "stop"
+    env = {**__import__("os").environ, "MALLEABLE_TF_STATUS": f"{tmp_path}/status-{{rank}}.json",
+           "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", "--oversubscribe",
+                             sys.executable, str(PROGRAM.parent / "hvd_tape.py"), str(stop)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        wait_for(lambda: len(st := statuses(tmp_path)) == 2 and
+                 all(s["share_cpus"] for s in st.values()), timeout=180, what="both ranks up",
+                 show=lambda: statuses(tmp_path))
+        st = statuses(tmp_path)
+        assert {s["local_size"] for s in st.values()} == {2}
+        assert sorted(tuple(s["share_cpus"]) for s in st.values()) == [(0,), (1,)]  # no overlap
+        rank1 = st[1]["pid"]
+        subprocess.run(["taskset", "-a", "-p", "-c", "0", str(rank1)], check=True,
+                       capture_output=True)
+        # Rank 1's allowance is now core 0 alone: its share is that core, rank 0 is untouched.
+        wait_for(lambda: statuses(tmp_path)[1]["allowed_cpus"] == [0], timeout=10,
+                 what="rank 1 follows its taskset", show=lambda: statuses(tmp_path))
+        st = statuses(tmp_path)
+        assert st[1]["intra_active"] == 1 and st[0]["allowed_cpus"] == [0, 1]
+        stop.touch()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        stop.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 2, out[-3000:]
+    for line in lines:
+        f = line.split()
+        assert float(f[f.index("last_loss") + 1]) < float(f[f.index("first_loss") + 1]), line
+        assert f[f.index("weights_equal") + 1] == "True", line

@@ -1,0 +1,1 @@
+"""The per-node co-scheduler: request grammar, pure policies, reconciler, actuators."""

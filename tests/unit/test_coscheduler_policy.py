@@ -1,0 +1,149 @@
+import random
+
+import pytest
+
+from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Plan, Policy, check_plan, PlanInvariantError
+from slurm_plugin.coscheduler.policy import decide, estimated_rate
+from slurm_plugin.coscheduler.request import (MalleableSpec, RequestError, Update, apply_update,
+                                              parse_submit, parse_update)
+
+CPUS8 = frozenset(range(8))
+
+
+def job(jid, slurm, current=None, spec=None, req=None, rates=None):
+    slurm = frozenset(slurm)
+    return JobView(job_id=jid, user="u", slurm_cpus=slurm,
+                   current_cpus=frozenset(current) if current is not None else slurm,
+                   spec=spec, requested_cpus=req, steps_per_s=rates or {})
+
+
+M = MalleableSpec  # bounds shorthand
+
+
+def test_static_keeps_allocations():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(1, 8)), job(2, {1, 2})))
+    plan = decide(snap, Policy.STATIC)
+    assert plan.targets == {1: {0}, 2: {1, 2}}
+
+
+def test_lend_idle_alone_grows_to_node():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(1, None)),))
+    assert decide(snap, Policy.LEND_IDLE).targets[1] == CPUS8
+
+
+def test_lend_idle_respects_max_and_weights():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(1, 3)), job(2, {1}, spec=M(1, None, 1)),
+                                     job(3, {2}, spec=M(1, None, 2)), job(4, {3})))
+    t = decide(snap, Policy.LEND_IDLE).targets
+    assert 1 <= len(t[1]) <= 3
+    assert t[4] == {3}
+    assert sum(len(v) for v in t.values()) == 8
+    assert len(t[3]) >= len(t[2])  # weight 2 gets at least as much as weight 1
+
+
+def test_new_job_takes_back_lent_cores():
+    # Job 1 borrowed everything; Slurm started job 2 on cores 4-5: they go back to job 2.
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, current=CPUS8, spec=M(1, None)),
+                                     job(2, {4, 5}, current={4, 5})))
+    t = decide(snap, Policy.LEND_IDLE).targets
+    assert t[2] == {4, 5}
+    assert t[1] == CPUS8 - {4, 5}
+
+
+def test_explicit_request_shrinks_below_allocation_and_frees_cores():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0, 1, 2, 3}, spec=M(1, None), req=1),
+                                     job(2, {4}, spec=M(1, None))))
+    t = decide(snap, Policy.LEND_IDLE).targets
+    assert len(t[1]) == 1 and t[1] <= {0, 1, 2, 3}
+    assert len(t[2]) == 7   # the freed cores and the idle ones
+
+
+def test_request_clamped_to_bounds_and_node():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(2, 4), req=100),))
+    assert len(decide(snap, Policy.STATIC).targets[1]) == 4
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(2, 4), req=1),))
+    assert len(decide(snap, Policy.STATIC).targets[1]) == 2
+
+
+def test_sets_move_little():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, current={0, 5, 6}, spec=M(1, 3)),))
+    assert decide(snap, Policy.LEND_IDLE).targets[1] == {0, 5, 6}
+
+
+def test_throughput_prefers_the_job_that_scales():
+    scales = {1: 10.0, 2: 20.0, 4: 40.0}
+    flat = {1: 10.0, 2: 10.5, 4: 10.6}
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0, 1}, spec=M(1, None), rates=scales),
+                                     job(2, {2, 3}, spec=M(1, None), rates=flat)))
+    t = decide(snap, Policy.THROUGHPUT).targets
+    assert len(t[1]) > len(t[2]) and len(t[2]) >= 1
+
+
+def test_estimated_rate():
+    j = job(1, {0}, spec=M(), rates={1: 10.0, 2: 18.0})
+    assert estimated_rate(j, 1) == 10.0 and estimated_rate(j, 2) == 18.0
+    assert estimated_rate(j, 3) == 26.0           # the last per-core gain
+    assert estimated_rate(job(1, {0}, spec=M()), 5) == 5.0  # nothing known: linear
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_random_snapshots_never_break_invariants(policy):
+    rng = random.Random(7)
+    for _ in range(400):
+        n = rng.randint(1, 16)
+        cpus = list(range(n))
+        rng.shuffle(cpus)
+        jobs, pos, jid = [], 0, 1
+        while pos < n and rng.random() < 0.8:
+            size = rng.randint(1, max(1, min(4, n - pos)))
+            slurm = frozenset(cpus[pos:pos + size])
+            pos += size
+            spec = None
+            if rng.random() < 0.7:
+                lo = rng.randint(1, 4)
+                spec = MalleableSpec(lo, rng.choice([None, lo + rng.randint(0, 8)]),
+                                     rng.randint(1, 3))
+            current = frozenset(rng.sample(range(n), rng.randint(1, n)))
+            jobs.append(job(jid, slurm, current=current, spec=spec,
+                            req=rng.choice([None, None, rng.randint(1, 20)]),
+                            rates={k: rng.uniform(1, 50) for k in rng.sample(range(1, 9), 2)}))
+            jid += 1
+        snap = NodeSnapshot("n", frozenset(range(n)), tuple(jobs))
+        check_plan(snap, decide(snap, policy))   # raises on any broken rule
+
+
+def test_check_plan_catches_double_booking():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M()), job(2, {1}, spec=M())))
+    with pytest.raises(PlanInvariantError):
+        check_plan(snap, Plan("n", {1: frozenset({0, 1}), 2: frozenset({1})}, {}))
+
+
+@pytest.mark.parametrize("text,spec", [
+    ("malleable:", M(1, None, 1)), ("malleable:min=1,max=8", M(1, 8, 1)),
+    ("malleable:max=node,min=2,weight=5", M(2, None, 5)),
+])
+def test_parse_submit(text, spec):
+    assert parse_submit(text) == spec
+    assert parse_submit(spec.normal_form()) == spec
+
+
+@pytest.mark.parametrize("bad", [
+    "malleable", "malleable:min=0", "malleable:min=3,max=2", "malleable:min=1,min=2",
+    "malleable:cpus=2", "malleable:min=1 ,max=2", "malleable:min=1,max=2;rm", "malleable:x=1",
+    "malleable:min=node", "malleable:weight=101", "malleable:min=99999", "malleable:min=1,",
+])
+def test_parse_submit_refuses(bad):
+    with pytest.raises(RequestError):
+        parse_submit(bad)
+
+
+def test_parse_and_apply_update():
+    assert parse_update("malleable:cpus=4") == Update(cpus=4)
+    up = parse_update("malleable:min=2,max=node")
+    assert apply_update(M(1, 4), up) == M(2, None)
+    assert apply_update(M(1, 4), parse_update("malleable:cpus=3")) == M(1, 4)
+    for bad in ["malleable:", "malleable:weight=2", "malleable:cpus=0", "malleable:cpus=two"]:
+        with pytest.raises(RequestError):
+            parse_update(bad)
+    with pytest.raises(RequestError):
+        apply_update(M(1, 4), parse_update("malleable:min=6"))
