@@ -13,7 +13,9 @@ that share the node, and a control signal (SIGUSR1 by default) makes the runtime
 Environment: MALLEABLE_TF_STATUS (status record path; may hold {rank}, {local_rank}, {pid},
 {job}), MALLEABLE_TF_TARGET (a JSON {"intra": N, "inter": M} re-read on a reload signal),
 MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS,
-MALLEABLE_TF_FOLLOW=0 to stop following the allowance.
+MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_ALLOWANCE=cgroup to take
+the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
+mask at launch, and that mask does not widen when the co-scheduler grows the cpuset).
 """
 from __future__ import annotations
 
@@ -109,9 +111,15 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         status = None if not status else Path(str(status).format(
             rank=rk, local_rank=lr, pid=os.getpid(), job=os.environ.get("SLURM_JOB_ID", "0")))
         target = os.environ.get("MALLEABLE_TF_TARGET")
+        source = os.environ.get("MALLEABLE_TF_ALLOWANCE", "auto")
+        if source not in ("auto", "cgroup"):
+            raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
+        target_path = None if not target else Path(target.format(
+            rank=rk, local_rank=lr, pid=os.getpid(), job=os.environ.get("SLURM_JOB_ID", "0")))
         rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
-                     status_path=status, target_path=Path(target) if target else None)
+                     status_path=status, target_path=target_path,
+                     mask_restricts=source != "cgroup")
         _setup_logging()
         rt.install_signals(signals)
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")

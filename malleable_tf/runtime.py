@@ -101,7 +101,7 @@ class Runtime:
                  local_size: int, rank: int = 0, follow: bool = True, poll_interval_s: float = 0.025,
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
-                 cgroup: allow.CgroupReader | None = None,
+                 cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
                  clock: Callable[[], float] = time.monotonic):
         self._native = native
@@ -114,6 +114,10 @@ class Runtime:
         self.target_path = target_path
         self._read_affinity = read_affinity
         self._cgroup = cgroup or allow.CgroupReader()
+        # Under Slurm with the co-scheduler the step's cpuset is the allowance, and the mask
+        # slurmstepd binds a task to at launch is not a limit (it does not widen when the cpuset
+        # grows): MALLEABLE_TF_ALLOWANCE=cgroup turns mask restrictions off.
+        self.mask_restricts = mask_restricts
         self._pinned: frozenset[int] | None = None
         self._pin = pin
         self._clock = clock
@@ -204,7 +208,8 @@ class Runtime:
             self._cgroup.invalidate()
             cpuset = self._cgroup.cpuset()
         if mask not in explained():
-            self._outside_mask = None if cpuset and mask >= cpuset else mask
+            restricts = self.mask_restricts or not cpuset
+            self._outside_mask = None if (cpuset and mask >= cpuset) or not restricts else mask
         if cpuset:
             cpus = (cpuset & self._outside_mask) if self._outside_mask else cpuset
             cpus = cpus or cpuset

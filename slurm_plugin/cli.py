@@ -41,7 +41,8 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
                             node_prefix=args.node_prefix, name=args.name,
                             cpus_per_node=args.cpus_per_node)
         cluster = LocalCluster(spec)
-        cluster.up(timeout_s=args.timeout, log=_log)
+        cluster.up(timeout_s=args.timeout, log=_log,
+                   agents=None if args.no_agents else args.policy)
         print("\n".join(cluster.env_lines()))
         return 0
     cluster = LocalCluster.load(root)
@@ -71,6 +72,59 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
     raise AssertionError(args.action)
 
 
+def _agent_cmd(args: argparse.Namespace) -> int:
+    from .coscheduler.agent import run_agent
+    from .coscheduler.config import AgentConfig
+    from .coscheduler.model import Policy
+    overrides = {}
+    if args.node:
+        overrides["node"] = args.node
+    if args.policy:
+        overrides["policy"] = Policy(args.policy)
+    import dataclasses
+    config = AgentConfig.from_json(Path(args.config).read_text())
+    config = dataclasses.replace(config, **overrides)
+    return run_agent(config, once=args.once)
+
+
+def _install_hooks_cmd(args: argparse.Namespace) -> int:
+    from .coscheduler.config import AgentConfig
+    from .coscheduler.hooks import install
+    from .coscheduler.model import Policy
+    config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
+                         slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None,
+                         status_base=Path(args.status_base), state_dir=Path(args.state_dir))
+    for name, path in install(Path(args.dir), config, max_value=args.max_cpus).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _resize_cmd(args: argparse.Namespace) -> int:
+    from .coscheduler.request import parse_update
+    from .slurm import CliSlurmClient
+    text = f"malleable:cpus={args.cpus}"
+    parse_update(text)   # the same check Slurm's job_submit.lua makes
+    CliSlurmClient(slurm_conf=_slurm_conf(args)).set_comment(args.job_id, text)
+    print(f"job {args.job_id}: asked for {args.cpus} cores per node")
+    return 0
+
+
+def _slurm_conf(args: argparse.Namespace) -> Path | None:
+    if getattr(args, "dir", None):
+        return LocalCluster.load(Path(args.dir)).paths.slurm_conf
+    return None
+
+
+def _status_cmd(args: argparse.Namespace) -> int:
+    from .coscheduler.status import collect_status, format_table
+    rows = collect_status(LocalCluster.load(Path(args.dir)))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,7 +142,37 @@ def build_parser() -> argparse.ArgumentParser:
                     help="declare this many CPUs per node (default: the real count)")
     cl.add_argument("--timeout", type=float, default=90.0)
     cl.add_argument("--json", action="store_true", help="status as JSON")
+    cl.add_argument("--no-agents", action="store_true",
+                    help="do not install the hooks nor start an agent per node")
+    cl.add_argument("--policy", default="lend-idle", choices=["static", "lend-idle", "throughput"])
     cl.set_defaults(func=_cluster_cmd)
+
+    ag = sub.add_parser("agent", help="the per-node co-scheduler (foreground)")
+    ag.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
+    ag.add_argument("--node", help="this node's Slurm name (default: from the config)")
+    ag.add_argument("--policy", choices=["static", "lend-idle", "throughput"])
+    ag.add_argument("--once", action="store_true", help="one reconcile cycle, then exit")
+    ag.set_defaults(func=_agent_cmd)
+
+    ih = sub.add_parser("install-slurm-hooks", help="render job_submit.lua, Prolog, Epilog")
+    ih.add_argument("dir")
+    ih.add_argument("--policy", default="lend-idle", choices=["static", "lend-idle", "throughput"])
+    ih.add_argument("--slurm-conf")
+    ih.add_argument("--status-base", default="/run/malleable/status")
+    ih.add_argument("--state-dir", default="/run/malleable")
+    ih.add_argument("--max-cpus", type=int, default=4096, help="site limit on min=, max=, cpus=")
+    ih.set_defaults(func=_install_hooks_cmd)
+
+    rs = sub.add_parser("resize", help="ask for CPUS cores per node for a malleable job")
+    rs.add_argument("job_id")
+    rs.add_argument("cpus", type=int)
+    rs.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")
+    rs.set_defaults(func=_resize_cmd)
+
+    st = sub.add_parser("status", help="malleable jobs: cores and threads per node")
+    st.add_argument("--dir", default=str(DEFAULT_ROOT))
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status_cmd)
     return parser
 
 

@@ -10,6 +10,7 @@ import errno
 import os
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,8 +186,34 @@ class LocalCluster:
         tmp.write_text(self.spec.to_json())
         os.replace(tmp, p.spec_file)
 
-    def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None) -> None:
+    @property
+    def hooks_dir(self) -> Path:
+        return self.paths.root / "hooks"
+
+    def agent_config(self, policy: str = "lend-idle"):
+        from ..coscheduler.config import AgentConfig
+        from ..coscheduler.model import Policy
+        return AgentConfig(node=self.spec.node_names[0], policy=Policy(policy),
+                           slurm_conf=self.paths.slurm_conf,
+                           status_base=self.paths.root / "status",
+                           state_dir=self.paths.root / "agent")
+
+    def _install_hooks(self, policy: str) -> None:
+        from ..coscheduler.hooks import install
+        config = self.agent_config(policy)
+        paths = install(self.hooks_dir, config)
+        config.status_base.mkdir(parents=True, exist_ok=True)
+        os.chmod(config.status_base, 0o1777)   # ranks of every user write their records here
+        self.spec = self.spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],
+                                         job_submit_lua=paths["job_submit.lua"])
+
+    def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
+           agents: str | None = None) -> None:
+        """Start the cluster. ``agents`` names a co-scheduler policy: the Slurm hooks are then
+        installed and one agent per node started; None runs plain Slurm."""
         bins = self.preflight()
+        if agents is not None:
+            self._install_hooks(agents)
         self._write_files()
         p = self.paths
         records: list[daemons.DaemonRecord] = []
@@ -213,10 +240,16 @@ class LocalCluster:
             self._wait("every node idle", records, timeout_s, self._all_nodes_idle,
                        log_of={f"slurmd {n}": p.log / f"slurmd-{n}.log"
                                for n in self.spec.node_names})
+            if agents is not None:
+                for node in self.spec.node_names:
+                    start(f"agent {node}", [sys.executable, "-m", "slurm_plugin.cli", "agent",
+                                            "--config", str(self.hooks_dir / "agent.json"),
+                                            "--node", node])
         except BaseException:
             self._stop(records)
             raise
-        log(f"cluster up: {len(self.spec.node_names)} nodes in {p.root}")
+        log(f"cluster up: {len(self.spec.node_names)} nodes in {p.root}"
+            + (f", an agent per node ({agents})" if agents else ""))
 
     def _munge_ok(self) -> bool:
         try:

@@ -235,3 +235,13 @@ def test_move_to_another_cgroup_is_not_taken_for_a_taskset():
     assert rt.refresh_allowance() and rt.state().intra_active == 1
     w.cpuset_cpus = w.located = frozenset({0, 1})  # grown; mask stays pinned at {0}
     assert rt.refresh_allowance() and rt.state().intra_active == 2
+
+
+def test_cgroup_mode_ignores_a_launch_binding():
+    # Slurm binds a task to its allocation at launch; the co-scheduler grew the cpuset before.
+    w = World({1})
+    w.cpuset_cpus = frozenset({0, 1})
+    rt = Runtime(FakeNative(w.calls), intra_pool=2, inter_pool=2, local_rank=0, local_size=1,
+                 read_affinity=lambda: w.mask, cgroup=w, pin=w.pin, mask_restricts=False)
+    rt.set_threads(reason="init")
+    assert rt.state().allowed_cpus == {0, 1} and rt.state().intra_active == 2

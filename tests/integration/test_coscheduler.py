@@ -1,0 +1,194 @@
+"""The co-scheduler on the real cluster: agents per node, Prolog, job_submit.lua, real cgroups
+and a real malleable TensorFlow (Horovod) rank in the malleable job."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.cluster import daemons
+from slurm_plugin.cpulist import parse_cpu_list
+from slurm_plugin.slurm import JobState
+
+from ..conftest import make_cluster_root
+from .test_cluster import wait_for
+
+pytestmark = pytest.mark.cluster
+PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
+NODE = "an1"
+
+
+@pytest.fixture(scope="module")
+def agent_cluster():
+    root = make_cluster_root("malleable-agents-")
+    c = LocalCluster(default_spec(root, nodes=2, port_base=37817, node_prefix="an",
+                                  name="malleableagents"))
+    c.up(timeout_s=120, agents="lend-idle")
+    try:
+        yield c
+    finally:
+        problems = c.down()
+        shutil.rmtree(root, ignore_errors=True)
+        assert not problems, problems
+
+
+def job_cpus(job_id: int, step: str | None = None) -> frozenset[int] | None:
+    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{job_id}")
+    if step:
+        p = p / step
+    try:
+        return parse_cpu_list((p / "cpuset.cpus").read_text())
+    except OSError:
+        return None
+
+
+def rank_status(cluster, job_id: int) -> dict | None:
+    files = list((cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json"))
+    try:
+        return json.loads(files[0].read_text()) if files else None
+    except (OSError, ValueError):
+        return None
+
+
+def submit_malleable(cluster, tmp_path, stop: Path) -> int:
+    base = cluster.paths.root / "status"
+    script = tmp_path / "a.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"mkdir -p {base}/job_$SLURM_JOB_ID\n"
+        f"export MALLEABLE_TF_STATUS={base}/job_$SLURM_JOB_ID/rank_{{rank}}.json\n"
+        f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target.json\n"
+        "export MALLEABLE_TF_ALLOWANCE=cgroup TF_CPP_MIN_LOG_LEVEL=2\n"
+        f"srun --mpi=pmix --cpu-bind=none {sys.executable} {PROGRAM} {stop} 1000000\n")
+    return cluster.client().submit(script, ["-N1", f"-w{NODE}", "-n1", f"--output={tmp_path}/a.out",
+                                            "--comment=malleable:min=1,max=node", "--time=10"])
+
+
+def test_malformed_submit_is_refused_with_a_message(agent_cluster):
+    out = subprocess.run(["sbatch", "--comment=malleable:min=2,max=1", "--wrap=true"],
+                         capture_output=True, text=True, env={**os.environ, **agent_cluster.env()})
+    assert out.returncode != 0
+    assert "malleable: refused 'malleable:min=2,max=1': min is above max" in out.stderr
+
+
+def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
+    c = agent_cluster
+    client = c.client()
+    stop = tmp_path / "stop"
+    a = submit_malleable(c, tmp_path, stop)
+    try:
+        job_a = wait_for(lambda: (lambda j: j if j.state is JobState.RUNNING else None)(client.job(a)),
+                         what="A running")
+        assert job_a.admin_comment == "malleable:min=1,max=node,weight=1"
+        all_cpus = frozenset(range(os.cpu_count()))
+        # A alone on the node: it borrows every idle core and its rank runs that many threads.
+        wait_for(lambda: job_cpus(a) == all_cpus and job_cpus(a, "step_0") == all_cpus,
+                 timeout=60, what="A grown",
+                 show=lambda: (job_cpus(a), client.job(a).state, (tmp_path / "a.out").read_text()[-1500:]))
+        wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == len(all_cpus),
+                 timeout=120, what="A's rank at all cores", show=lambda: rank_status(c, a))
+        # B arrives on the node: A gives the cores back before B's batch script starts.
+        b_script = tmp_path / "b.sh"
+        b_script.write_text(
+            "#!/bin/bash\n"
+            f"echo B=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_$SLURM_JOB_ID/cpuset.cpus)"
+            f" A=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{a}/cpuset.cpus)"
+            f" A_step=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{a}/step_0/cpuset.cpus)\n"
+            "sleep 4\n")
+        b = client.submit(b_script, ["-N1", f"-w{NODE}", "-n1", f"--output={tmp_path}/b.out"])
+        wait_for(lambda: (tmp_path / "b.out").exists() and "B=" in (tmp_path / "b.out").read_text(),
+                 timeout=30, what="B started")
+        fields = dict(kv.split("=") for kv in (tmp_path / "b.out").read_text().split())
+        b_cpus, a_cpus = parse_cpu_list(fields["B"]), parse_cpu_list(fields["A"])
+        assert not (b_cpus & a_cpus), fields                    # no core in both at B's start
+        assert not (b_cpus & parse_cpu_list(fields["A_step"])), fields
+        wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == len(a_cpus),
+                 timeout=10, what="A's threads down", show=lambda: rank_status(c, a))
+        # B ends: A grows back.
+        wait_for(lambda: client.job(b).state is JobState.COMPLETED, timeout=30, what="B done")
+        wait_for(lambda: job_cpus(a) == all_cpus, timeout=10, what="A grown back")
+        wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == len(all_cpus),
+                 timeout=10, what="A's threads back up", show=lambda: rank_status(c, a))
+        # Every resize is in the event log.
+        events = [json.loads(line) for line in
+                  (c.paths.root / "agent" / f"events-{NODE}.jsonl").read_text().splitlines()]
+        mine = [e for e in events if e["job"] == a]
+        assert len(mine) >= 3 and all({"before", "after", "reason", "latency_ms"} <= set(e) for e in mine)
+
+        # scontrol update by the owner: cpus=1, then a malformed one that changes nothing.
+        subprocess.run(["scontrol", "update", f"JobId={a}", "Comment=malleable:cpus=1"],
+                       check=True, env={**os.environ, **c.env()}, capture_output=True)
+        wait_for(lambda: job_cpus(a) is not None and len(job_cpus(a)) == 1, timeout=5,
+                 what="A at 1 core")
+        wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == 1, timeout=5,
+                 what="A's rank at 1 thread")
+        bad = subprocess.run(["scontrol", "update", f"JobId={a}", "Comment=malleable:cpus=-3"],
+                             env={**os.environ, **c.env()}, capture_output=True, text=True)
+        assert bad.returncode != 0
+        assert client.job(a).comment == "malleable:cpus=1"
+        time.sleep(1.5)
+        assert len(job_cpus(a)) == 1
+    finally:
+        stop.touch()
+        time.sleep(1)
+        client.cancel(a)
+    wait_for(lambda: not client.job(a).state.holds_cores, timeout=60, what="A ended")
+
+
+def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_path):
+    c = agent_cluster
+    client = c.client()
+    stop = tmp_path / "stop"
+    a = submit_malleable(c, tmp_path, stop)
+    rng = random.Random(3)
+    try:
+        wait_for(lambda: job_cpus(a, "step_0") is not None, timeout=60, what="A's step")
+        rec = next(r for r in c.records() if r.name == f"agent {NODE}")
+        for i in range(6):
+            subprocess.run(["scontrol", "update", f"JobId={a}",
+                            f"Comment=malleable:cpus={1 + i % 2}"], check=True,
+                           env={**os.environ, **c.env()}, capture_output=True)
+            time.sleep(rng.uniform(0.0, 0.6))
+        os.kill(rec.pid, signal.SIGKILL)
+        daemons.reap_children()
+        # With the agent dead, a job arrives on cores A may hold: the Prolog alone takes them
+        # back before the job starts (it runs the same reconcile step under the node lock).
+        subprocess.run(["scontrol", "update", f"JobId={a}", "Comment=malleable:max=node"],
+                       check=True, env={**os.environ, **c.env()}, capture_output=True)
+        b_out = tmp_path / "b.out"
+        b_script = tmp_path / "b.sh"
+        b_script.write_text(
+            "#!/bin/bash\n"
+            f"echo B=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_$SLURM_JOB_ID/cpuset.cpus)"
+            f" A=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{a}/cpuset.cpus)\n")
+        client.submit(b_script, ["-N1", f"-w{NODE}", "-n1", f"--output={b_out}"])
+        wait_for(lambda: b_out.exists() and "B=" in b_out.read_text(), timeout=30, what="B ran")
+        fields = dict(kv.split("=") for kv in b_out.read_text().split())
+        assert not (parse_cpu_list(fields["B"]) & parse_cpu_list(fields["A"])), fields
+        restart = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "agent", "--once",
+                                  "--config", str(c.hooks_dir / "agent.json"), "--node", NODE],
+                                 capture_output=True, text=True, timeout=60)
+        assert restart.returncode == 0, restart.stderr
+        # The restarted agent (one cycle) converges: A has what lend-idle gives it now that B
+        # is gone, its step agrees with its job folder.
+        wait_for(lambda: not any(j.state.holds_cores and j.job_id != a for j in client.jobs()),
+                 timeout=30, what="B gone")
+        again = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "agent", "--once",
+                                "--config", str(c.hooks_dir / "agent.json"), "--node", NODE],
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert job_cpus(a) == frozenset(range(os.cpu_count()))
+        assert job_cpus(a, "step_0") == job_cpus(a)
+    finally:
+        stop.touch()
+        time.sleep(1)
+        client.cancel(a)

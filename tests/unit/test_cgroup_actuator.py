@@ -1,0 +1,88 @@
+"""The cpuset actuator on a fake cgroup tree whose writes enforce cgroup v1's rule."""
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.cgroups import CgroupVersion
+from slurm_plugin.coscheduler.cgroup_actuator import (ActuatorError, CpusetActuator,
+                                                      SlurmCgroupLayout, read_cpus)
+from slurm_plugin.cpulist import format_cpu_list, parse_cpu_list
+
+
+def make_tree(root: Path, layout: SlurmCgroupLayout, job_cpus: str, steps: dict[str, str]) -> Path:
+    job = layout.job_dir(0, 7)
+    job.mkdir(parents=True)
+    for d in (layout.node_dir(), job.parent, job):
+        (d / "cpuset.cpus").write_text("0-7" if d != job else job_cpus)
+    for name, cpus in steps.items():
+        (job / name).mkdir()
+        (job / name / "cpuset.cpus").write_text(cpus)
+    return job
+
+
+class KernelV1:
+    """Refuses a write that would leave a parent without a child's CPUs, or a child with CPUs
+    its parent lacks, as cgroup v1 does (EBUSY / EINVAL)."""
+
+    def __init__(self):
+        self.writes = []
+
+    def __call__(self, folder: Path, cpus: frozenset[int]) -> None:
+        for child in (p for p in folder.iterdir() if p.is_dir()):
+            if not read_cpus(child) <= cpus:
+                raise ActuatorError(f"EBUSY: {folder} would drop CPUs of {child.name}")
+        parent = read_cpus(folder.parent)
+        if parent is not None and not cpus <= parent:
+            raise ActuatorError(f"EINVAL: {folder} outside its parent")
+        (folder / "cpuset.cpus").write_text(format_cpu_list(cpus))
+        self.writes.append((folder.name, format_cpu_list(cpus)))
+
+
+@pytest.fixture
+def v1(tmp_path, monkeypatch):
+    kernel = KernelV1()
+    monkeypatch.setattr(CpusetActuator, "_write", staticmethod(kernel))
+    layout = SlurmCgroupLayout("n1", CgroupVersion.V1, tmp_path)
+    return layout, kernel
+
+
+@pytest.mark.parametrize("start,target", [("0", "0-3"), ("0-3", "0"), ("0-1", "2-3"), ("1", "0-7")])
+def test_moves_in_an_order_v1_accepts(v1, start, target):
+    layout, kernel = v1
+    job = make_tree(layout.mount, layout, start, {"step_0": start, "step_batch": start})
+    alloc = parse_cpu_list(start)
+    CpusetActuator(layout).apply(0, 7, parse_cpu_list(target), alloc)
+    assert read_cpus(job) == parse_cpu_list(target)
+    assert read_cpus(job / "step_0") == parse_cpu_list(target)
+    # The batch step never leaves Slurm's allocation (a new step would fail to launch).
+    assert read_cpus(job / "step_batch") == (parse_cpu_list(target) & alloc or parse_cpu_list(target))
+
+
+def test_repairs_a_step_slurm_reset(v1):
+    layout, kernel = v1
+    job = make_tree(layout.mount, layout, "0-3", {"step_0": "0-3", "step_1": "0"})
+    CpusetActuator(layout).apply(0, 7, parse_cpu_list("0-3"), parse_cpu_list("0"))
+    assert read_cpus(job / "step_1") == {0, 1, 2, 3}
+
+
+def test_refuses_empty_and_missing_and_hostile(v1, tmp_path):
+    layout, _ = v1
+    act = CpusetActuator(layout)
+    with pytest.raises(ActuatorError):
+        act.apply(0, 7, frozenset({0}))          # no folder yet
+    make_tree(layout.mount, layout, "0", {})
+    with pytest.raises(ValueError):
+        act.apply(0, 7, frozenset())
+    for bad in ("7/../../x", -1, True, 2**40):
+        with pytest.raises(ValueError):
+            act.apply(0, bad, frozenset({0}))
+    with pytest.raises(ValueError):
+        SlurmCgroupLayout("../etc").node_dir()
+
+
+def test_v2_layout_same_code_path(tmp_path):
+    layout = SlurmCgroupLayout("n1", CgroupVersion.V2, tmp_path)
+    assert layout.job_dir(0, 7) == tmp_path / "system.slice" / "n1_slurmstepd.scope" / "job_7"
+    job = make_tree(tmp_path, layout, "0", {"step_0": "0"})
+    CpusetActuator(layout).apply(0, 7, frozenset({0, 1}), frozenset({0}))
+    assert read_cpus(job) == {0, 1} and read_cpus(job / "step_0") == {0, 1}
