@@ -1,0 +1,100 @@
+"""CPU cost of one reconcile cycle with 64 jobs on a node (goal: under 20 ms of CPU).
+
+The agent's own work is measured: parsing squeue/sinfo JSON shaped like real Slurm 22.05 output
+(records cloned from tests/fixtures), building the snapshot, the policy, the plan, and reading
+and writing the cpusets of 64 jobs in a cgroup-like tree on tmpfs. The squeue and sinfo
+processes themselves run on slurmctld's side of the bill and are timed apart, on the local
+cluster if one is up (MALLEABLE_CLUSTER_DIR), else left out.
+
+    python benchmarks/reconcile_cycle.py [--jobs 64] [--cycles 200]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine, median, percentile, save
+
+from slurm_plugin.cgroups import CgroupVersion
+from slurm_plugin.coscheduler.cgroup_actuator import CpusetActuator, SlurmCgroupLayout
+from slurm_plugin.coscheduler.config import AgentConfig
+from slurm_plugin.coscheduler.model import Policy
+from slurm_plugin.coscheduler.reconciler import Reconciler
+from slurm_plugin.slurm.client import CliSlurmClient
+from slurm_plugin.runner import CommandResult
+
+FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "slurm-22.05"
+
+
+def synthetic_outputs(n_jobs: int, cores: int) -> tuple[str, str]:
+    squeue = json.loads((FIX / "squeue_mixed.json").read_text())
+    proto = next(j for j in squeue["jobs"] if j["job_state"] == "RUNNING")
+    jobs = []
+    for i in range(n_jobs):
+        j = copy.deepcopy(proto)
+        j["job_id"] = 1000 + i
+        j["nodes"] = "n1"
+        j["cpus"] = cores // n_jobs
+        j["comment"] = "malleable:cpus=3" if i % 4 == 0 else ""
+        j["admin_comment"] = "malleable:min=1,max=node,weight=1" if i % 2 == 0 else ""
+        per = cores // n_jobs
+        j["job_resources"]["allocated_nodes"] = [{
+            "nodename": "n1", "cpus_used": per, "memory_used": 0, "memory_allocated": 0,
+            "sockets": {"0": {"cores": {str(i * per + k): "allocated" for k in range(per)}}}}]
+        jobs.append(j)
+    squeue["jobs"] = jobs
+    sinfo = json.loads((FIX / "sinfo.json").read_text())
+    node = copy.deepcopy(sinfo["nodes"][0])
+    node.update(name="n1", cpus=cores, cores=cores, sockets=1, threads=1)
+    sinfo["nodes"] = [node]
+    return json.dumps(squeue), json.dumps(sinfo)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jobs", type=int, default=64)
+    ap.add_argument("--cores", type=int, default=128)
+    ap.add_argument("--cycles", type=int, default=200)
+    args = ap.parse_args()
+    squeue, sinfo = synthetic_outputs(args.jobs, args.cores)
+
+    def fake_runner(argv, **kw):   # canned Slurm output; everything else is the real agent
+        return CommandResult(tuple(argv), 0, squeue if argv[0] == "squeue" else sinfo, "")
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        layout = SlurmCgroupLayout("n1", CgroupVersion.V1, Path(tmp))
+        per = args.cores // args.jobs
+        for i in range(args.jobs):
+            d = layout.job_dir(0, 1000 + i) / "step_0"
+            d.mkdir(parents=True)
+            cpus = f"{i * per}-{i * per + per - 1}" if per > 1 else str(i)
+            for f in (d, d.parent):
+                (f / "cpuset.cpus").write_text(cpus)
+        (layout.job_dir(0, 1000).parent / "cpuset.cpus").write_text(f"0-{args.cores - 1}")
+        config = AgentConfig(node="n1", policy=Policy.LEND_IDLE, status_base=Path(tmp) / "status",
+                             state_dir=Path(tmp) / "state")
+        rec = Reconciler(config, CliSlurmClient(fake_runner), CpusetActuator(layout))
+        first = rec.cycle()
+        assert not first.errors, first.errors
+        cpu_ms, wall_ms = [], []
+        for _ in range(args.cycles):
+            c0, w0 = time.process_time(), time.perf_counter()
+            result = rec.cycle()
+            cpu_ms.append((time.process_time() - c0) * 1000)
+            wall_ms.append((time.perf_counter() - w0) * 1000)
+            assert not result.errors
+    data = {"benchmark": "reconcile_cycle", "machine": machine(), "jobs": args.jobs,
+            "cores": args.cores, "cycles": args.cycles, "goal_cpu_ms": 20,
+            "first_cycle_changes": len(first.changes),
+            "cpu_ms": {"p50": median(cpu_ms), "p95": percentile(cpu_ms, 95), "max": max(cpu_ms)},
+            "wall_ms": {"p50": median(wall_ms), "p95": percentile(wall_ms, 95)}}
+    save("reconcile_cycle", data)
+    print(json.dumps({k: data[k] for k in ("jobs", "cores", "first_cycle_changes", "cpu_ms", "wall_ms")}))
+
+
+if __name__ == "__main__":
+    main()
