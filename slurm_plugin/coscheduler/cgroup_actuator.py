@@ -49,19 +49,26 @@ class SlurmCgroupLayout:
         return self.node_dir() / f"job_{job_id}"
 
 
-def read_cpus(folder: Path) -> frozenset[int] | None:
+def read_cpus(folder: Path | str) -> frozenset[int] | None:
+    # Raw reads on string paths: the agent reads every job's folders every cycle.
     try:
-        return parse_cpu_list((folder / CPUS_FILE).read_text())
+        fd = os.open(os.path.join(folder, CPUS_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return parse_cpu_list(os.read(fd, 65536).decode())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
 
 
-def _descendants(folder: Path) -> list[Path]:
+def _descendants(folder: Path) -> list[str]:
     """Sub-folders (steps, tasks), parents before children; links are never followed."""
     out = []
     for root, dirs, _ in os.walk(folder, followlinks=False):
         dirs.sort()
-        out += [Path(root) / d for d in dirs]
+        out += [os.path.join(root, d) for d in dirs]
     return out
 
 
@@ -84,11 +91,12 @@ class CpusetActuator:
         job_dir = self.layout.job_dir(uid, job_id)
         if not job_dir.is_dir():
             raise ActuatorError(f"no cgroup folder {job_dir}")
-        folders = [job_dir] + _descendants(job_dir)
+        top = str(job_dir)
+        folders = [top] + _descendants(job_dir)
         desired = {}
         for f in folders:
-            step = f.relative_to(job_dir).parts[:1]
-            quiet = step and step[0] in ("step_batch", "step_extern")
+            step = f[len(top) + 1:].split("/", 1)[0]
+            quiet = step in ("step_batch", "step_extern")
             desired[f] = (cpus & allocation) or cpus if quiet and allocation else cpus
         old = {f: read_cpus(f) or frozenset() for f in folders}
         # The uid folder must hold every CPU its jobs hold (v1 parents bound children).
@@ -97,17 +105,20 @@ class CpusetActuator:
             self._write(job_dir.parent, parent_cpus | cpus)
         # Top-down, widen each folder to old | new; then bottom-up, narrow it to new. Parents
         # always hold their children's CPUs, in cgroup v1's order, whatever moves where.
+        now = dict(old)
         for f in folders:
             if old[f] | desired[f] != old[f]:
                 self._write(f, old[f] | desired[f])
+                now[f] = old[f] | desired[f]
         for f in reversed(folders):
-            if read_cpus(f) != desired[f]:
+            if now[f] != desired[f]:
                 self._write(f, desired[f])
 
     @staticmethod
-    def _write(folder: Path, cpus: frozenset[int]) -> None:
+    def _write(folder: Path | str, cpus: frozenset[int]) -> None:
         try:
-            (folder / CPUS_FILE).write_text(format_cpu_list(cpus))
+            with open(os.path.join(folder, CPUS_FILE), "w") as f:
+                f.write(format_cpu_list(cpus))
         except FileNotFoundError:
             return  # a step that just ended
         except OSError as exc:

@@ -27,7 +27,8 @@ class KernelV1:
     def __init__(self):
         self.writes = []
 
-    def __call__(self, folder: Path, cpus: frozenset[int]) -> None:
+    def __call__(self, folder, cpus: frozenset[int]) -> None:
+        folder = Path(folder)
         for child in (p for p in folder.iterdir() if p.is_dir()):
             if not read_cpus(child) <= cpus:
                 raise ActuatorError(f"EBUSY: {folder} would drop CPUs of {child.name}")
