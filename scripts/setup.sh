@@ -51,7 +51,7 @@ done_step
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 PY_DEPS=("$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setuptools
-         pytest pytest-timeout matplotlib scikit-learn)
+         pytest pytest-timeout matplotlib scikit-learn prometheus-client)
 # Installed distributions are checked by their metadata: importing TensorFlow takes ~10 s here.
 have_versions() {
   "$VENV/bin/python" - "$@" <<'PYEOF'

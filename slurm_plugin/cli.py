@@ -84,7 +84,7 @@ def _agent_cmd(args: argparse.Namespace) -> int:
     import dataclasses
     config = AgentConfig.from_json(Path(args.config).read_text())
     config = dataclasses.replace(config, **overrides)
-    return run_agent(config, once=args.once)
+    return run_agent(config, once=args.once, metrics_port=args.metrics_port)
 
 
 def _install_hooks_cmd(args: argparse.Namespace) -> int:
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--node", help="this node's Slurm name (default: from the config)")
     ag.add_argument("--policy", choices=["static", "lend-idle", "throughput"])
     ag.add_argument("--once", action="store_true", help="one reconcile cycle, then exit")
+    ag.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     ag.set_defaults(func=_agent_cmd)
 
     ih = sub.add_parser("install-slurm-hooks", help="render job_submit.lua, Prolog, Epilog")

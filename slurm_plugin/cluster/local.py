@@ -244,7 +244,8 @@ class LocalCluster:
                 for node in self.spec.node_names:
                     start(f"agent {node}", [sys.executable, "-m", "slurm_plugin.cli", "agent",
                                             "--config", str(self.hooks_dir / "agent.json"),
-                                            "--node", node])
+                                            "--node", node,
+                                            "--metrics-port", str(self.spec.metrics_port(node))])
         except BaseException:
             self._stop(records)
             raise

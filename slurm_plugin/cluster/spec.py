@@ -113,8 +113,9 @@ class ClusterSpec:
             raise SpecError("node prefix and partition must be plain names")
         if not 1 <= self.nodes <= 64:
             raise SpecError(f"nodes must be between 1 and 64, not {self.nodes}")
-        if not 1024 <= self.port_base <= 65535 - self.nodes:
-            raise SpecError(f"port base {self.port_base} out of range (1024..{65535 - self.nodes})")
+        if not 1024 <= self.port_base <= 65535 - 100 - self.nodes:
+            raise SpecError(f"port base {self.port_base} out of range "
+                            f"(1024..{65535 - 100 - self.nodes})")
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
             raise SpecError("cpus_per_node must be positive")
         if not Path(self.root).is_absolute():
@@ -140,7 +141,12 @@ class ClusterSpec:
         """Every port the cluster listens on, keyed by the daemon that owns it."""
         out = {"slurmctld": self.slurmctld_port}
         out.update({f"slurmd {n}": self.node_port(n) for n in self.node_names})
+        out.update({f"agent metrics {n}": self.metrics_port(n) for n in self.node_names})
         return out
+
+    def metrics_port(self, name: str) -> int:
+        """Each node's agent serves Prometheus metrics on loopback, above the Slurm ports."""
+        return self.port_base + 100 + self.node_names.index(name)
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -12,7 +12,7 @@ from .config import AgentConfig
 from .hooks import make_reconciler
 
 
-def run_agent(config: AgentConfig, *, once: bool = False) -> int:
+def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s agent[" + config.node + "] %(message)s")
     rec = make_reconciler(config)
@@ -23,6 +23,12 @@ def run_agent(config: AgentConfig, *, once: bool = False) -> int:
         for err in result.errors:
             print(f"error: {err}", file=sys.stderr)
         return 1 if result.errors else 0
+    if metrics_port is not None:
+        from .metrics import AgentMetrics
+        metrics = AgentMetrics(config.node)
+        metrics.serve(metrics_port)
+        rec.on_cycle = lambda r: metrics.observe(r.snapshot, r.plan, len(r.changes),
+                                                 len(r.errors), r.seconds)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     config.pid_file.write_text(str(os.getpid()))
     stop = threading.Event()

@@ -46,6 +46,8 @@ class CycleResult:
     plan: Plan | None
     changes: list[Change] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    snapshot: NodeSnapshot | None = None
+    seconds: float = 0.0
 
 
 def job_spec_and_request(job: Job):
@@ -102,6 +104,7 @@ class Reconciler:
         self._clock = clock
         self._sleep = sleep
         self._no_folder: set[int] = set()
+        self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
 
     # --- observe ---------------------------------------------------------------------------
 
@@ -133,18 +136,23 @@ class Reconciler:
     # --- one cycle -------------------------------------------------------------------------
 
     def cycle(self, *, lock_timeout_s: float | None = None) -> CycleResult:
+        t0 = self._clock()
         try:
             with node_lock(self.config.lock_file, lock_timeout_s):
-                return self._cycle_locked()
+                result = self._cycle_locked()
         except (CommandError, SlurmParseError, RuntimeError, TimeoutError) as exc:
             # slurmctld unreachable and the like: keep the cpusets as they are.
-            return CycleResult(plan=None, errors=[str(exc)])
+            result = CycleResult(plan=None, errors=[str(exc)])
+        result.seconds = self._clock() - t0
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        return result
 
     def _cycle_locked(self) -> CycleResult:
         self._no_folder: set[int] = set()
         snapshot, jobs, ranks = self.observe()
         plan = decide(snapshot, self.config.policy)
-        result = CycleResult(plan=plan)
+        result = CycleResult(plan=plan, snapshot=snapshot)
         changes = {jid: c for jid, c in plan.changes(snapshot).items() if jid not in self._no_folder}
         # Shrinks before grows: a core is released before anyone else is given it.
         order = sorted(changes, key=lambda jid: len(changes[jid][1]) - len(changes[jid][0]))

@@ -192,3 +192,59 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         stop.touch()
         time.sleep(1)
         client.cancel(a)
+
+
+def test_metrics_endpoint_on_loopback(agent_cluster):
+    import urllib.request
+    port = agent_cluster.spec.metrics_port("an2")   # an1's agent may have been killed above
+    text = wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                   timeout=5).read().decode(), timeout=10,
+                    what="metrics")
+    assert 'malleable_cycle_seconds_count{node="an2"}' in text
+    count = float(text.split('malleable_cycle_seconds_count{node="an2"}')[1].split()[0])
+    assert count >= 1
+    assert 'malleable_resizes_total{node="an2"}' in text
+
+
+def test_only_the_owner_can_ask_for_a_resize(agent_cluster, tmp_path):
+    """Two real local users: the owner's scontrol update is taken, another user's refused."""
+    env = {**os.environ, **agent_cluster.env()}
+    users = ["mtowner", "mtother"]
+    for u in users:
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", u], capture_output=True)
+    try:
+        tmp_path.chmod(0o777)
+        sub = subprocess.run(["runuser", "-u", "mtowner", "--", "sbatch", "--parsable", "-N1",
+                              f"-w{NODE}", "-n1", "--comment=malleable:min=1,max=node",
+                              "--output=/dev/null", f"--chdir={tmp_path}", "--wrap=sleep 30"],
+                             capture_output=True, text=True, env=env)
+        assert sub.returncode == 0, sub.stderr
+        job_id = int(sub.stdout.strip())
+        client = agent_cluster.client()
+        wait_for(lambda: client.job(job_id).state is JobState.RUNNING, what="running")
+        other = subprocess.run(["runuser", "-u", "mtother", "--", "scontrol", "update",
+                                f"JobId={job_id}", "Comment=malleable:cpus=1"],
+                               capture_output=True, text=True, env=env)
+        # Slurm 22.05 says "Invalid user id for job N" to a user who does not own the job.
+        assert other.returncode != 0 and "Invalid user id" in other.stderr, other.stderr
+        assert client.job(job_id).comment == "malleable:min=1,max=node"
+        owner = subprocess.run(["runuser", "-u", "mtowner", "--", "scontrol", "update",
+                                f"JobId={job_id}", "Comment=malleable:cpus=1"],
+                               capture_output=True, text=True, env=env)
+        assert owner.returncode == 0, owner.stderr
+        assert client.job(job_id).comment == "malleable:cpus=1"
+        # The owner cannot write AdminComment, where the trusted bounds live.
+        forge = subprocess.run(["runuser", "-u", "mtowner", "--", "scontrol", "update",
+                                f"JobId={job_id}", "AdminComment=malleable:min=1,max=64,weight=100"],
+                               capture_output=True, text=True, env=env)
+        assert forge.returncode != 0
+        assert client.job(job_id).admin_comment == "malleable:min=1,max=node,weight=1"
+        client.cancel(job_id)
+        wait_for(lambda: not client.job(job_id).state.holds_cores, what="job gone")
+    finally:
+        for u in users:
+            # userdel refuses while a process of the user lives: wait for the job's to go.
+            for _ in range(100):
+                if subprocess.run(["userdel", u], capture_output=True).returncode in (0, 6):
+                    break
+                time.sleep(0.2)

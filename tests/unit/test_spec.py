@@ -38,7 +38,8 @@ def test_ports_and_names():
     s = spec(nodes=3, port_base=20000, node_prefix="c")
     assert s.node_names == ["c1", "c2", "c3"]
     assert s.ports == {"slurmctld": 20000, "slurmd c1": 20001, "slurmd c2": 20002,
-                       "slurmd c3": 20003}
+                       "slurmd c3": 20003, "agent metrics c1": 20100,
+                       "agent metrics c2": 20101, "agent metrics c3": 20102}
 
 
 def test_json_roundtrip():
