@@ -125,6 +125,28 @@ def _status_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sbatch_cmd(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    from sbatch_templates import parse_sets, render
+    from .slurm import CliSlurmClient
+    values = parse_sets(args.set)
+    # This installation's interpreter and launcher, unless the user names others.
+    values.setdefault("python", sys.executable)
+    values.setdefault("launcher", shutil.which("malleable-srun") or
+                      str(Path(sys.executable).with_name("malleable-srun")))
+    script = render(args.template, values)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
+        f.write(script)
+    job_id = CliSlurmClient(slurm_conf=_slurm_conf(args)).submit(Path(f.name))
+    print(f"submitted job {job_id} ({args.template}, script {f.name})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")
     rs.set_defaults(func=_resize_cmd)
 
+    sb = sub.add_parser("sbatch", help="render a batch template and submit it")
+    sb.add_argument("template", help="single-node, multi-node or coschedule")
+    sb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sb.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    sb.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")
+    sb.set_defaults(func=_sbatch_cmd)
+
     st = sub.add_parser("status", help="malleable jobs: cores and threads per node")
     st.add_argument("--dir", default=str(DEFAULT_ROOT))
     st.add_argument("--json", action="store_true")
@@ -181,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ClusterError, SpecError, CommandError, SlurmClientError, ValueError) as exc:
+    except (ClusterError, SpecError, CommandError, SlurmClientError, ValueError, OSError) as exc:
         _log(f"error: {exc}")
         return 2
 

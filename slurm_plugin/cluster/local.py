@@ -112,7 +112,9 @@ class LocalCluster:
         return CliSlurmClient(self._run, slurm_conf=self.paths.slurm_conf)
 
     def env(self) -> dict[str, str]:
-        return {"SLURM_CONF": str(self.paths.slurm_conf)}
+        """What points Slurm's commands (and malleable-srun) at this cluster."""
+        return {"SLURM_CONF": str(self.paths.slurm_conf),
+                "MALLEABLE_STATUS_BASE": str(self.paths.root / "status")}
 
     def env_lines(self) -> list[str]:
         return [f"export {k}={v}" for k, v in self.env().items()]

@@ -114,9 +114,10 @@ def test_cluster_cli_status_and_env(cluster):
     assert [line.split()[0] for line in out.stdout.splitlines() if line.startswith("tn")] == \
         ["tn1", "tn2", "tn3"]
     env = _cli("cluster", "env", "--dir", str(cluster.paths.root))
-    assert env.stdout.strip() == f"export SLURM_CONF={cluster.paths.slurm_conf}"
-    # The printed line points Slurm's own commands at the cluster.
-    sinfo = subprocess.run(["bash", "-c", f'eval "{env.stdout.strip()}"; sinfo -h -o %N'],
+    assert env.stdout.splitlines() == [f"export SLURM_CONF={cluster.paths.slurm_conf}",
+                                       f"export MALLEABLE_STATUS_BASE={cluster.paths.root}/status"]
+    # The printed lines point Slurm's own commands at the cluster.
+    sinfo = subprocess.run(["bash", "-c", f'eval "$(cat)"; sinfo -h -o %N'], input=env.stdout,
                            capture_output=True, text=True, timeout=30)
     assert sinfo.stdout.strip() == "tn[1-3]"
 
