@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import malleable_tf.horovod as mh
@@ -24,6 +25,8 @@ def parse_args(argv=None):
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--width", type=int, default=512, help="hidden layer width (compute per step)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop (all ranks together) after this long, with a checkpoint")
     ap.add_argument("--checkpoint-dir", default=None,
                     help="default: ./checkpoints/job_<SLURM_JOB_ID>")
     return ap.parse_args(argv)
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
         initial_epoch = int(state["epoch"])
         if hvd.rank() == 0:
             print(f"[train] resuming from the checkpoint of epoch {initial_epoch}", flush=True)
+    started = time.monotonic()
     stop_requested = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.update(flag=True))
 
@@ -91,12 +95,15 @@ def main(argv=None) -> int:
 
         def on_train_batch_end(self, batch, logs=None):
             if batch % 10 == 0:
-                flag = tf.constant(1.0 if stop_requested["flag"] else 0.0)
+                out_of_time = args.max_seconds is not None and \
+                    time.monotonic() - started > args.max_seconds
+                flag = tf.constant(1.0 if stop_requested["flag"] or out_of_time else 0.0)
                 if hvd_tf.allreduce(flag, op=hvd_tf.Max).numpy() > 0:
                     save(self.epoch)   # resume at the start of this epoch
                     self.model.stop_training = True
                     if hvd.rank() == 0:
-                        print(f"[train] SIGTERM: checkpoint saved at epoch {self.epoch}",
+                        why = "SIGTERM" if stop_requested["flag"] else "time budget"
+                        print(f"[train] {why}: checkpoint saved at epoch {self.epoch}",
                               flush=True)
 
         def on_epoch_end(self, epoch, logs=None):

@@ -1,66 +1,195 @@
-"""The main demo: a local 3-node Slurm cluster runs a real 3-node Horovod job, then goes away.
+"""The main demo: malleable Horovod jobs sharing a local 3-node Slurm cluster.
 
-Run it with `make demo` (which installs everything first). Later issues extend it with the
-co-scheduler and malleable training jobs.
+1. A local Slurm cluster (3 nodes, real cgroups) with the co-scheduler agent on every node.
+2. Job A (2 nodes, one rank each, from the multi-node template) starts on one core per node and
+   borrows the idle cores; job B and later job C (co-scheduling template) arrive on A's nodes, and
+   A gives the cores back before they start. An owner's `scontrol update ... cpus=1` shrinks A
+   later, and `cpus=2` grows it again. Every rank's TensorFlow threads follow, live.
+3. A status table refreshes while it runs; at the end, a summary per job and a PNG timeline of
+   cores per job per node. The cluster goes down at the end, also on Ctrl-C.
+
+Run it with `make demo` (which installs everything first).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from slurm_plugin.cluster import LocalCluster, default_spec  # noqa: E402
-from slurm_plugin.cli import format_status  # noqa: E402
-from slurm_plugin.slurm import JobState  # noqa: E402
+import launcher.train_digits as train_digits
+from sbatch_templates import render
+from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.coscheduler.status import collect_status, format_table
+from slurm_plugin.slurm import JobState
+
+TRAIN = Path(train_digits.__file__).resolve()
 
 
 def say(msg: str) -> None:
-    print(f"[demo] {msg}", flush=True)
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def submit(cluster: LocalCluster, template: str, values: dict[str, str]) -> int:
+    values = {"python": sys.executable,
+              "launcher": str(Path(sys.executable).with_name("malleable-srun")), **values}
+    script = cluster.paths.root / f"{values['job_name']}.sbatch"
+    script.write_text(render(template, values))
+    return cluster.client().submit(script, [f"--chdir={cluster.paths.root}"])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="/tmp/malleable-demo")
     ap.add_argument("--port-base", type=int, default=18817)
+    ap.add_argument("--out", default="demo-results", help="folder for the summary and the PNG")
     args = ap.parse_args()
     root = Path(args.dir)
+    if root.exists():
+        leftover = LocalCluster.load(root) if (root / "cluster.json").exists() else None
+        if leftover is not None and leftover.is_running():
+            leftover.down()
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
+    out_dir = Path(args.out).absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(default_spec(root, nodes=3, port_base=args.port_base))
     t0 = time.monotonic()
-    say(f"bringing up a 3-node Slurm cluster in {root}")
-    cluster.up(log=say)
+    say(f"bringing up a 3-node Slurm cluster with a co-scheduler agent per node in {root}")
+    cluster.up(log=say, agents="lend-idle")
+    env = {**os.environ, **cluster.env()}
+    timeline: list[dict] = []
+    jobs: dict[str, int] = {}
     try:
         client = cluster.client()
-        script = root / "allreduce.sbatch"
-        out = root / "allreduce.out"
-        script.write_text(
-            "#!/bin/bash\n"
-            f"srun --mpi=pmix {sys.executable} -m launcher.allreduce_check\n")
-        job_id = client.submit(script, ["-N3", "-n3", "-J", "allreduce", f"--output={out}"])
-        say(f"submitted job {job_id}: sbatch -N3 -n3 (one Horovod rank per node)")
-        last = None
+        train = str(TRAIN)
+        jobs["A"] = submit(cluster, "multi-node", {
+            "job_name": "A-multinode", "nodes": "2", "tasks_per_node": "1", "program": train,
+            "args": "--epochs 100000 --max-seconds 110", "output": "A-%j.out", "time": "10"})
+        say(f"job A ({jobs['A']}): 2 nodes x 1 rank, malleable:min=1,max=node")
+        events = [(35, "B"), (55, "C"), (80, "shrink"), (105, "grow")]
+        nodes_of_a: list[str] = []
+        live = sys.stdout.isatty()
+        start = time.monotonic()
         while True:
-            job = client.job(job_id)
-            if job.state is not last:
-                say(f"job {job_id}: {job.state.value}")
-                if job.state is JobState.RUNNING:
-                    print(format_status(cluster.status()), flush=True)
-                last = job.state
-            if not job.state.holds_cores and job.state is not JobState.PENDING:
+            now = time.monotonic() - start
+            while events and now >= events[0][0]:
+                _, what = events.pop(0)
+                if not nodes_of_a:
+                    nodes_of_a = list(client.job(jobs["A"]).nodes)
+                if what in ("B", "C"):
+                    node = nodes_of_a[0] if what == "B" else nodes_of_a[-1]
+                    jobs[what] = submit(cluster, "coschedule", {
+                        "job_name": f"{what}-cosched", "nodelist": node, "program": train,
+                        "args": "--epochs 100000 --max-seconds 20", "output": f"{what}-%j.out",
+                        "time": "5"})
+                    say(f"job {what} ({jobs[what]}) arrives on {node}: A gives the core back")
+                else:
+                    k = "1" if what == "shrink" else "2"
+                    subprocess.run(["scontrol", "update", f"JobId={jobs['A']}",
+                                    f"Comment=malleable:cpus={k}"], check=True, env=env)
+                    say(f"scontrol update JobId={jobs['A']} Comment=malleable:cpus={k}")
+            rows = collect_status(cluster)
+            for r in rows:
+                timeline.append({"t": round(now, 2), "job": r.job_id, "node": r.node,
+                                 "cores": len(_cpus(r.current_cpus)), "threads": r.threads})
+            table = format_table(rows)
+            if live:
+                print("\033[2J\033[H" + table, flush=True)
+            elif int(now) % 10 == 0:
+                print(table, flush=True)
+            states = {k: client.job(v).state for k, v in jobs.items()}
+            if not events and all(not s.holds_cores and s is not JobState.PENDING
+                                  for s in states.values()):
                 break
-            time.sleep(0.5)
-        say(f"job output ({out}):")
-        print("".join(line for line in out.read_text().splitlines(keepends=True)
-                      if "cpu_feature_guard" not in line and "rebuild TensorFlow" not in line
-                      and "AVX2" not in line), flush=True)
-        ok = job.state is JobState.COMPLETED
-        say(f"job {job_id} ended {job.state.value} after {time.monotonic() - t0:.1f}s")
+            if now > 420:
+                say("time is up: cancelling what still runs")
+                break
+            time.sleep(1.0)
+        summary = summarize(cluster, jobs, timeline)
+        (out_dir / "demo-summary.json").write_text(json.dumps(summary, indent=2))
+        png = out_dir / "demo-timeline.png"
+        plot(timeline, jobs, png)
+        print_summary(summary)
+        say(f"timeline: {png}")
+        say(f"all done in {time.monotonic() - t0:.0f}s")
+        ok = all(s["state"] == "COMPLETED" for s in summary.values())
         return 0 if ok else 1
     finally:
         problems = cluster.down()
         say("cluster down" + (f", problems: {problems}" if problems else ", nothing left behind"))
+
+
+def _cpus(text: str) -> list[int]:
+    from slurm_plugin.cpulist import parse_cpu_list
+    return sorted(parse_cpu_list(text)) if text and text != "-" else []
+
+
+def summarize(cluster: LocalCluster, jobs: dict[str, int], timeline: list[dict]) -> dict:
+    client = cluster.client()
+    out = {}
+    for name, job_id in jobs.items():
+        job = client.job(job_id)
+        points = [p for p in timeline if p["job"] == job_id]
+        per_node: dict[str, list[int]] = {}
+        for p in points:
+            per_node.setdefault(p["node"], []).append(p["cores"])
+        rates = {}
+        for f in sorted((cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json")):
+            d = json.loads(f.read_text())
+            rates[f"rank {d['rank']}"] = d["steps_per_s"]
+        outputs = sorted(cluster.paths.root.glob(f"{name}-{job_id}.out")) + \
+            sorted(cluster.paths.root.glob(f"*-{job_id}.out"))
+        done = [line for f in outputs[:1] for line in f.read_text().splitlines()
+                if line.startswith("[train] done")]
+        out[name] = {"job_id": job_id, "state": job.state.value,
+                     "seconds_seen_running": round(points[-1]["t"] - points[0]["t"], 1) if points else 0,
+                     "cores_over_time": {n: {"min": min(v), "max": max(v),
+                                             "mean": round(sum(v) / len(v), 2)}
+                                         for n, v in per_node.items()},
+                     "steps_per_s_by_threads": rates, "result": done[0] if done else None}
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    print("\nSummary")
+    print(f"{'JOB':<4} {'ID':>4} {'STATE':<10} {'SECONDS':>7}  CORES PER NODE (min/mean/max)   STEPS/S BY THREADS")
+    for name, s in summary.items():
+        cores = ", ".join(f"{n} {c['min']}/{c['mean']}/{c['max']}" for n, c in s["cores_over_time"].items())
+        rates = "; ".join(f"{r}: " + ", ".join(f"{k}t {v:.0f}" for k, v in d.items())
+                          for r, d in s["steps_per_s_by_threads"].items())
+        print(f"{name:<4} {s['job_id']:>4} {s['state']:<10} {s['seconds_seen_running']:>7}  "
+              f"{cores:<31} {rates}")
+        if s["result"]:
+            print(f"     {s['result']}")
+
+
+def plot(timeline: list[dict], jobs: dict[str, int], png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = {v: k for k, v in jobs.items()}
+    nodes = sorted({p["node"] for p in timeline})
+    fig, axes = plt.subplots(len(nodes), 1, figsize=(8, 2.2 * max(1, len(nodes))), sharex=True,
+                             squeeze=False)
+    colors = {job_id: f"C{i}" for i, job_id in enumerate(jobs.values())}
+    for ax, node in zip(axes[:, 0], nodes):
+        for job_id in jobs.values():
+            pts = [p for p in timeline if p["node"] == node and p["job"] == job_id]
+            if pts:
+                ax.step([p["t"] for p in pts], [p["cores"] for p in pts], where="post",
+                        label=f"job {names[job_id]} ({job_id})", lw=2, color=colors[job_id])
+        ax.set_ylabel(f"{node}\ncores")
+        ax.set_ylim(0, max(2, os.cpu_count()) + 0.5)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds since job A was submitted")
+    fig.suptitle("Cores per job per node (cgroup cpusets set by the co-scheduler)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ class LocalCluster:
     # --- what the outside sees -------------------------------------------------------------
 
     def client(self) -> CliSlurmClient:
-        return CliSlurmClient(self._run, slurm_conf=self.paths.slurm_conf)
+        return CliSlurmClient(self._run, env=self.env())
 
     def env(self) -> dict[str, str]:
         """What points Slurm's commands (and malleable-srun) at this cluster."""

@@ -72,9 +72,13 @@ class CliSlurmClient:
     backend = "cli"
 
     def __init__(self, runner: CommandRunner = run_command, *, slurm_conf: Path | None = None,
-                 timeout_s: float = 20.0):
+                 env: dict[str, str] | None = None, timeout_s: float = 20.0):
+        """``env`` is added to every command's environment (sbatch passes it on to the job)."""
         self._run = runner
-        self._env = {"SLURM_CONF": str(slurm_conf)} if slurm_conf else None
+        merged = dict(env or {})
+        if slurm_conf:
+            merged["SLURM_CONF"] = str(slurm_conf)
+        self._env = merged or None
         self._timeout = timeout_s
 
     def _cmd(self, args: Sequence[str]) -> str:
