@@ -56,7 +56,7 @@ def main() -> None:
             "#!/bin/bash\n"
             f"mkdir -p {base}/job_$SLURM_JOB_ID\n"
             f"export MALLEABLE_TF_STATUS={base}/job_$SLURM_JOB_ID/rank_{{rank}}.json\n"
-            f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target.json\n"
+            f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target-{{node}}.json\n"
             "export MALLEABLE_TF_ALLOWANCE=cgroup TF_CPP_MIN_LOG_LEVEL=2\n"
             f"srun --mpi=pmix --cpu-bind=none {sys.executable} {PROGRAM} {stop} 10000000\n")
         client = cluster.client()

@@ -37,7 +37,7 @@ class LaunchPlan:
 def malleable_env(job_id: str, status_base: Path, max_threads: int | None) -> dict[str, str]:
     folder = status_base / f"job_{job_id}"
     env = {"MALLEABLE_TF_STATUS": str(folder / "rank_{rank}.json"),
-           "MALLEABLE_TF_TARGET": str(folder / "target.json"),
+           "MALLEABLE_TF_TARGET": str(folder / "target-{node}.json"),
            "MALLEABLE_TF_ALLOWANCE": "cgroup"}
     if max_threads:
         env["MALLEABLE_TF_MAX_THREADS"] = str(max_threads)

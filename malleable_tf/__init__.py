@@ -11,7 +11,8 @@ the process's CPU allowance (affinity mask, cpuset cgroup, CPU quota), split amo
 that share the node, and a control signal (SIGUSR1 by default) makes the runtime look at once.
 
 Environment: MALLEABLE_TF_STATUS (status record path; may hold {rank}, {local_rank}, {pid},
-{job}), MALLEABLE_TF_TARGET (a JSON {"intra": N, "inter": M} re-read on a reload signal),
+{job}, {node}), MALLEABLE_TF_TARGET (a JSON {"intra": N, "inter": M} re-read on a reload
+signal; the same placeholders),
 MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS,
 MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_ALLOWANCE=cgroup to take
 the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
@@ -23,6 +24,7 @@ import atexit
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -108,14 +110,15 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         rk = rank if rank is not None else int(os.environ.get(
             "OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", os.environ.get("HOROVOD_RANK", 0))))
         status = status_path or os.environ.get("MALLEABLE_TF_STATUS")
-        status = None if not status else Path(str(status).format(
-            rank=rk, local_rank=lr, pid=os.getpid(), job=os.environ.get("SLURM_JOB_ID", "0")))
+        fields = {"rank": rk, "local_rank": lr, "pid": os.getpid(),
+                  "job": os.environ.get("SLURM_JOB_ID", "0"),
+                  "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
+        status = None if not status else Path(str(status).format(**fields))
         target = os.environ.get("MALLEABLE_TF_TARGET")
         source = os.environ.get("MALLEABLE_TF_ALLOWANCE", "auto")
         if source not in ("auto", "cgroup"):
             raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
-        target_path = None if not target else Path(target.format(
-            rank=rk, local_rank=lr, pid=os.getpid(), job=os.environ.get("SLURM_JOB_ID", "0")))
+        target_path = None if not target else Path(target.format(**fields))
         rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
                      status_path=status, target_path=target_path,

@@ -268,7 +268,7 @@ class Runtime:
     def status_record(self) -> telemetry.StatusRecord:
         with self._lock:
             return telemetry.StatusRecord(
-                pid=os.getpid(), rank=self.rank, local_rank=self.local_rank,
+                pid=os.getpid(), node=os.environ.get("SLURMD_NODENAME", ""), rank=self.rank, local_rank=self.local_rank,
                 local_size=self.local_size, intra_active=self._intra, intra_pool=self.intra_pool,
                 inter_active=self._inter, inter_pool=self.inter_pool,
                 allowed_cpus=sorted(self._allowance.cpus), share_cpus=sorted(self._share),

@@ -28,6 +28,7 @@ class ResizeEvent:
 @dataclass
 class StatusRecord:
     pid: int
+    node: str
     rank: int
     local_rank: int
     local_size: int

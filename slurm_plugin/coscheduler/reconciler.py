@@ -92,7 +92,7 @@ def node_lock(path: Path, timeout_s: float | None = None):
 
 class Reconciler:
     def __init__(self, config: AgentConfig, client: SlurmClient, actuator: CpusetActuator, *,
-                 read_ranks: Callable[[Path, int], list[RankStatus]] = read_job_ranks,
+                 read_ranks: Callable[[Path, int, str], list[RankStatus]] = read_job_ranks,
                  send_signal: Callable[[int, int], None] = os.kill,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
@@ -124,7 +124,7 @@ class Reconciler:
                 current = slurm
                 self._no_folder.add(j.job_id)
             spec, requested = job_spec_and_request(j)
-            rs = self._read_ranks(self.config.status_base, j.job_id) if spec else []
+            rs = self._read_ranks(self.config.status_base, j.job_id, node) if spec else []
             ranks[j.job_id] = rs
             views.append(JobView(job_id=j.job_id, user=j.user, slurm_cpus=slurm,
                                  current_cpus=current, spec=spec, requested_cpus=requested,
@@ -192,12 +192,13 @@ class Reconciler:
             self._signal(ranks)
 
     def _write_target(self, job_id: int, intra: int) -> None:
+        """The ranks of this job on this node read target-<node>.json on a reload signal."""
         folder = status_dir(self.config.status_base, job_id)
         if not folder.is_dir():
             return
-        tmp = folder / ".target.json.tmp"
+        tmp = folder / f".target-{self.config.node}.json.tmp"
         tmp.write_text(json.dumps({"intra": intra, "inter": intra}))
-        os.replace(tmp, folder / "target.json")
+        os.replace(tmp, folder / f"target-{self.config.node}.json")
 
     def _signal(self, ranks: list[RankStatus]) -> None:
         for r in ranks:
@@ -209,7 +210,7 @@ class Reconciler:
     def _wait_parked(self, job_id: int, per_rank: int) -> None:
         deadline = self._clock() + self.config.shrink_wait_s
         while self._clock() < deadline:
-            rs = self._read_ranks(self.config.status_base, job_id)
+            rs = self._read_ranks(self.config.status_base, job_id, self.config.node)
             if all(r.intra_active <= per_rank for r in rs):
                 return
             self._sleep(0.005)

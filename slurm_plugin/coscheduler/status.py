@@ -36,8 +36,8 @@ def collect_status(cluster) -> list[StatusRow]:
         if not job.state.holds_cores:
             continue
         spec, requested = job_spec_and_request(job)
-        ranks = read_job_ranks(config.status_base, job.job_id) if spec else []
         for node, slurm in sorted(job.cpu_ids.items()):
+            ranks = read_job_ranks(config.status_base, job.job_id, node) if spec else []
             cur = CpusetActuator(SlurmCgroupLayout(node, version)).current(job.uid, job.job_id)
             bounds = "-" if spec is None else \
                 f"{spec.min_cpus}..{'node' if spec.max_cpus is None else spec.max_cpus}"

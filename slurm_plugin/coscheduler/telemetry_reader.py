@@ -51,15 +51,21 @@ def parse_status(raw: bytes) -> RankStatus:
                       intra_pool=num("intra_pool", 1, 4096), steps_per_s=clean)
 
 
-def in_job_cgroup(pid: int, job_id: int) -> bool:
+def in_job_cgroup(pid: int, job_id: int, node: str) -> bool:
+    """True when ``pid`` runs in ``job_id``'s cgroup on ``node`` (several slurmd may share one
+    machine, and so one /proc)."""
     try:
         text = Path(f"/proc/{pid}/cgroup").read_text()
     except OSError:
         return False
-    return any(f"/job_{job_id}/" in line + "/" for line in text.splitlines())
+    marks = (f"/slurm_{node}/", f"/{node}_slurmstepd.scope/")
+    return any(f"/job_{job_id}/" in line + "/" and any(m in line for m in marks)
+               for line in text.splitlines())
 
 
-def read_job_ranks(base: Path, job_id: int, *, check_pid=in_job_cgroup) -> list[RankStatus]:
+def read_job_ranks(base: Path, job_id: int, node: str, *,
+                   check_pid=in_job_cgroup) -> list[RankStatus]:
+    """The status records of ``job_id``'s ranks that run on ``node``."""
     folder = status_dir(base, job_id)
     out = []
     try:
@@ -74,6 +80,6 @@ def read_job_ranks(base: Path, job_id: int, *, check_pid=in_job_cgroup) -> list[
                 st = parse_status(fh.read(MAX_BYTES + 1))
         except (OSError, ValueError):
             continue
-        if check_pid(st.pid, job_id):
+        if check_pid(st.pid, job_id, node):
             out.append(st)
     return out

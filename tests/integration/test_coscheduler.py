@@ -66,7 +66,7 @@ def submit_malleable(cluster, tmp_path, stop: Path) -> int:
         "#!/bin/bash\n"
         f"mkdir -p {base}/job_$SLURM_JOB_ID\n"
         f"export MALLEABLE_TF_STATUS={base}/job_$SLURM_JOB_ID/rank_{{rank}}.json\n"
-        f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target.json\n"
+        f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target-{{node}}.json\n"
         "export MALLEABLE_TF_ALLOWANCE=cgroup TF_CPP_MIN_LOG_LEVEL=2\n"
         f"srun --mpi=pmix --cpu-bind=none {sys.executable} {PROGRAM} {stop} 1000000\n")
     return cluster.client().submit(script, ["-N1", f"-w{NODE}", "-n1", f"--output={tmp_path}/a.out",

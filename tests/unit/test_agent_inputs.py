@@ -39,7 +39,7 @@ def test_read_job_ranks_skips_bad_files_links_and_strangers(tmp_path):
     (d / "rank_1.json").write_text("garbage")
     (d / "rank_2.json").symlink_to("/etc/passwd")
     (d / "rank_3.json").write_text(json.dumps({**GOOD, "pid": 11}))
-    got = read_job_ranks(tmp_path, 5, check_pid=lambda pid, job: pid == 10)
+    got = read_job_ranks(tmp_path, 5, "n1", check_pid=lambda pid, job, node: pid == 10)
     assert [r.pid for r in got] == [10]           # 11 is not in the job's cgroup
     for bad in (0, -1, "5/../x", True):
         with pytest.raises(ValueError):

@@ -14,7 +14,7 @@ def test_inside_allocation():
     assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=none", "-n", "4", "python",
                          "train.py"]
     assert plan.env == {"MALLEABLE_TF_STATUS": "/s/job_42/rank_{rank}.json",
-                        "MALLEABLE_TF_TARGET": "/s/job_42/target.json",
+                        "MALLEABLE_TF_TARGET": "/s/job_42/target-{node}.json",
                         "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "8"}
 
 
