@@ -22,6 +22,7 @@ from pathlib import Path
 
 from common import RESULTS, machine, median, percentile, save
 
+from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
 
 PROGRAM = Path(__file__).resolve().parent.parent / "tests" / "programs" / "hvd_train.py"
@@ -51,17 +52,13 @@ def main() -> None:
     stop = root / "stop"
     try:
         base = root / "status"
-        script = root / "a.sh"
-        script.write_text(
-            "#!/bin/bash\n"
-            f"mkdir -p {base}/job_$SLURM_JOB_ID\n"
-            f"export MALLEABLE_TF_STATUS={base}/job_$SLURM_JOB_ID/rank_{{rank}}.json\n"
-            f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target-{{node}}.json\n"
-            "export MALLEABLE_TF_ALLOWANCE=cgroup TF_CPP_MIN_LOG_LEVEL=2\n"
-            f"srun --mpi=pmix --cpu-bind=none {sys.executable} {PROGRAM} {stop} 10000000\n")
+        script = root / "a.sbatch"
+        script.write_text(render("single-node", {
+            "program": str(PROGRAM), "args": f"{stop} 10000000", "ntasks": "1",
+            "output": f"{root}/a.out", "python": sys.executable,
+            "launcher": str(Path(sys.executable).with_name("malleable-srun"))}))
         client = cluster.client()
-        a = client.submit(script, ["-N1", "-n1", "--comment=malleable:min=1,max=node",
-                                   f"--output={root}/a.out"])
+        a = client.submit(script)
         status = base / f"job_{a}" / "rank_0.json"
 
         def threads():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
 from slurm_plugin.cluster import daemons
 from slurm_plugin.cpulist import parse_cpu_list
@@ -60,17 +61,14 @@ def rank_status(cluster, job_id: int) -> dict | None:
 
 
 def submit_malleable(cluster, tmp_path, stop: Path) -> int:
-    base = cluster.paths.root / "status"
-    script = tmp_path / "a.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"mkdir -p {base}/job_$SLURM_JOB_ID\n"
-        f"export MALLEABLE_TF_STATUS={base}/job_$SLURM_JOB_ID/rank_{{rank}}.json\n"
-        f"export MALLEABLE_TF_TARGET={base}/job_$SLURM_JOB_ID/target-{{node}}.json\n"
-        "export MALLEABLE_TF_ALLOWANCE=cgroup TF_CPP_MIN_LOG_LEVEL=2\n"
-        f"srun --mpi=pmix --cpu-bind=none {sys.executable} {PROGRAM} {stop} 1000000\n")
-    return cluster.client().submit(script, ["-N1", f"-w{NODE}", "-n1", f"--output={tmp_path}/a.out",
-                                            "--comment=malleable:min=1,max=node", "--time=10"])
+    """A malleable Horovod job from the single-node template, launched by malleable-srun."""
+    script = tmp_path / "a.sbatch"
+    script.write_text(render("single-node", {
+        "program": str(PROGRAM), "args": f"{stop} 1000000", "ntasks": "1", "time": "10",
+        "output": f"{tmp_path}/a.out", "python": sys.executable,
+        "launcher": str(Path(sys.executable).with_name("malleable-srun"))}))
+    tmp_path.chmod(0o755)
+    return cluster.client().submit(script, [f"-w{NODE}"])
 
 
 def test_malformed_submit_is_refused_with_a_message(agent_cluster):

@@ -7,7 +7,8 @@ import sys
 
 import malleable_tf.horovod as mh
 
-mh.init(max_threads=int(os.environ.get("POOL", "2")))
+# Launched by malleable-srun, the pool size comes from MALLEABLE_TF_MAX_THREADS; else 2.
+mh.init(max_threads=None if "MALLEABLE_TF_MAX_THREADS" in os.environ else 2)
 import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
