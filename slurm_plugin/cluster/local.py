@@ -112,9 +112,13 @@ class LocalCluster:
         return CliSlurmClient(self._run, env=self.env())
 
     def env(self) -> dict[str, str]:
-        """What points Slurm's commands (and malleable-srun) at this cluster."""
+        """What points Slurm's commands (and malleable-srun) at this cluster. Jobs inherit it
+        from sbatch. The nodes share one host, but each has its own scratch folder, so Open MPI's
+        shared-memory transport between ranks of different nodes crashes (seen: a segfault in
+        mca_btl_vader with 2 ranks on each of 2 nodes); they talk over TCP on loopback instead."""
         return {"SLURM_CONF": str(self.paths.slurm_conf),
-                "MALLEABLE_STATUS_BASE": str(self.paths.root / "status")}
+                "MALLEABLE_STATUS_BASE": str(self.paths.root / "status"),
+                "OMPI_MCA_btl": "self,tcp"}
 
     def env_lines(self) -> list[str]:
         return [f"export {k}={v}" for k, v in self.env().items()]

@@ -115,7 +115,8 @@ def test_cluster_cli_status_and_env(cluster):
         ["tn1", "tn2", "tn3"]
     env = _cli("cluster", "env", "--dir", str(cluster.paths.root))
     assert env.stdout.splitlines() == [f"export SLURM_CONF={cluster.paths.slurm_conf}",
-                                       f"export MALLEABLE_STATUS_BASE={cluster.paths.root}/status"]
+                                       f"export MALLEABLE_STATUS_BASE={cluster.paths.root}/status",
+                                       "export OMPI_MCA_btl=self,tcp"]
     # The printed lines point Slurm's own commands at the cluster.
     sinfo = subprocess.run(["bash", "-c", f'eval "$(cat)"; sinfo -h -o %N'], input=env.stdout,
                            capture_output=True, text=True, timeout=30)

@@ -1,0 +1,118 @@
+"""A 2-node, 2-ranks-per-node Horovod job through malleable-srun under sbatch (the multi-node
+template), resized twice with scontrol update; and a SIGTERM checkpoint resumed after requeue."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sbatch_templates import render
+from slurm_plugin.slurm import JobState
+
+from .test_cluster import wait_for
+from .test_coscheduler import agent_cluster  # noqa: F401  (the module's cluster with agents)
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+HVD_TRAIN = REPO / "tests" / "programs" / "hvd_train.py"
+LAUNCHER = str(Path(sys.executable).with_name("malleable-srun"))
+
+
+def ranks(cluster, job_id: int) -> dict[int, dict]:
+    out = {}
+    for f in (cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json"):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        out[d["rank"]] = d
+    return out
+
+
+def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):  # noqa: F811
+    c = agent_cluster
+    tmp_path.chmod(0o755)
+    stop = tmp_path / "stop"
+    script = tmp_path / "job.sbatch"
+    script.write_text(render("multi-node", {
+        "program": str(HVD_TRAIN), "args": f"{stop} 1000000", "nodes": "2",
+        "tasks_per_node": "2", "output": f"{tmp_path}/out", "time": "10",
+        "python": sys.executable, "launcher": LAUNCHER}))
+    client = c.client()
+    job_id = client.submit(script)
+    env = {**os.environ, **c.env()}
+    cores = os.cpu_count()
+    try:
+        wait_for(lambda: len(st := ranks(c, job_id)) == 4 and
+                 all("1" in s["steps_per_s"] for s in st.values()), timeout=240,
+                 what="4 ranks training", show=lambda: ranks(c, job_id))
+        st = ranks(c, job_id)
+        # malleable-srun gave each rank a pool of the node's cores; two ranks per node split it.
+        assert all(s["intra_pool"] == cores and s["local_size"] == 2 for s in st.values()), st
+        for node in {s["node"] for s in st.values()}:
+            shares = [tuple(s["share_cpus"]) for s in st.values() if s["node"] == node]
+            assert len(shares) == 2 and not set(shares[0]) & set(shares[1]), st
+        # Resize 1: one core per node. Both ranks of a node now share it, one thread each.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "Comment=malleable:cpus=1"],
+                       check=True, env=env, capture_output=True)
+        wait_for(lambda: all(len(s["allowed_cpus"]) == 1 and s["intra_active"] == 1
+                             for s in ranks(c, job_id).values()), timeout=10,
+                 what="every rank on one core", show=lambda: ranks(c, job_id))
+        # Resize 2: back to every core of the node; the two ranks split them again.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}",
+                        f"Comment=malleable:cpus={cores}"], check=True, env=env,
+                       capture_output=True)
+        wait_for(lambda: all(len(s["allowed_cpus"]) == cores and
+                             len(s["share_cpus"]) == cores // 2
+                             for s in ranks(c, job_id).values()), timeout=10,
+                 what="every rank on its share again", show=lambda: ranks(c, job_id))
+        assert all(s["resizes"] >= 1 for s in ranks(c, job_id).values())
+        stop.touch()
+        job = wait_for(lambda: (lambda j: j if not j.state.holds_cores and
+                                j.state is not JobState.PENDING else None)(client.job(job_id)),
+                       timeout=120, what="job end")
+        out = (tmp_path / "out").read_text()
+        assert job.state is JobState.COMPLETED, out[-3000:]
+        lines = [line for line in out.splitlines() if line.startswith("rank ")]
+        assert len(lines) == 4, out[-3000:]
+        for line in lines:
+            f = line.split()
+            assert float(f[f.index("last_loss") + 1]) < float(f[f.index("first_loss") + 1]), line
+    finally:
+        stop.touch()
+        time.sleep(1)
+        client.cancel(job_id)
+
+
+def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):  # noqa: F811
+    c = agent_cluster
+    tmp_path.chmod(0o777)
+    script = tmp_path / "train.sbatch"
+    script.write_text(render("single-node", {
+        "program": str(REPO / "launcher" / "train_digits.py"), "ntasks": "1", "time": "10",
+        "args": f"--epochs 100000 --checkpoint-dir {tmp_path}/ckpt",
+        "output": f"{tmp_path}/out-%j.txt", "python": sys.executable,
+        "launcher": LAUNCHER}))
+    client = c.client()
+    job_id = client.submit(script, ["--open-mode=append"])   # the requeued run appends
+    env = {**os.environ, **c.env()}
+    out = tmp_path / f"out-{job_id}.txt"
+    try:
+        wait_for(lambda: out.exists() and out.read_text().count("epoch") >= 3, timeout=240,
+                 what="a few epochs", show=lambda: out.read_text()[-2000:] if out.exists() else "")
+        # What preemption or the time limit does: SIGTERM to the ranks.
+        subprocess.run(["scancel", "--signal=TERM", str(job_id)], check=True, env=env)
+        wait_for(lambda: "checkpoint saved at epoch" in out.read_text(), timeout=60,
+                 what="checkpoint", show=lambda: out.read_text()[-2000:])
+        saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())["epoch"]
+        wait_for(lambda: not client.job(job_id).state.holds_cores, timeout=60, what="stopped")
+        subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=env)
+        wait_for(lambda: f"resuming from the checkpoint of epoch {saved}" in out.read_text(),
+                 timeout=240, what="resume", show=lambda: out.read_text()[-2000:])
+    finally:
+        client.cancel(job_id)
