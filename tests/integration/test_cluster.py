@@ -7,31 +7,19 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from slurm_plugin import cgroups
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.cluster import daemons
 from slurm_plugin.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState, SignalTarget, UnknownJob
 
 from ..conftest import make_cluster_root
+from .helpers import wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-def wait_for(pred, timeout=30.0, what="condition", show=None):
-    """Poll ``pred`` until it returns something true; on timeout, say what and ``show()``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
 
 
 def job_cpuset(node: str, uid: int, job_id: int) -> Path:
@@ -118,7 +106,7 @@ def test_cluster_cli_status_and_env(cluster):
                                        f"export MALLEABLE_STATUS_BASE={cluster.paths.root}/status",
                                        "export OMPI_MCA_btl=self,tcp"]
     # The printed lines point Slurm's own commands at the cluster.
-    sinfo = subprocess.run(["bash", "-c", f'eval "$(cat)"; sinfo -h -o %N'], input=env.stdout,
+    sinfo = subprocess.run(["bash", "-c", 'eval "$(cat)"; sinfo -h -o %N'], input=env.stdout,
                            capture_output=True, text=True, timeout=30)
     assert sinfo.stdout.strip() == "tn[1-3]"
 

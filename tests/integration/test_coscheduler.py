@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,31 +14,15 @@ from pathlib import Path
 import pytest
 
 from sbatch_templates import render
-from slurm_plugin.cluster import LocalCluster, default_spec
 from slurm_plugin.cluster import daemons
 from slurm_plugin.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
-from ..conftest import make_cluster_root
-from .test_cluster import wait_for
+from .helpers import rank_statuses, wait_for
 
 pytestmark = pytest.mark.cluster
 PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
 NODE = "an1"
-
-
-@pytest.fixture(scope="module")
-def agent_cluster():
-    root = make_cluster_root("malleable-agents-")
-    c = LocalCluster(default_spec(root, nodes=2, port_base=37817, node_prefix="an",
-                                  name="malleableagents"))
-    c.up(timeout_s=120, agents="lend-idle")
-    try:
-        yield c
-    finally:
-        problems = c.down()
-        shutil.rmtree(root, ignore_errors=True)
-        assert not problems, problems
 
 
 def job_cpus(job_id: int, step: str | None = None) -> frozenset[int] | None:
@@ -53,11 +36,9 @@ def job_cpus(job_id: int, step: str | None = None) -> frozenset[int] | None:
 
 
 def rank_status(cluster, job_id: int) -> dict | None:
-    files = list((cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json"))
-    try:
-        return json.loads(files[0].read_text()) if files else None
-    except (OSError, ValueError):
-        return None
+    """The status record of the job's one rank, once it has written one."""
+    found = rank_statuses(cluster.paths.root / "status" / f"job_{job_id}", "rank_*.json")
+    return next(iter(found.values()), None)
 
 
 def submit_malleable(cluster, tmp_path, stop: Path) -> int:

@@ -2,7 +2,6 @@
 and shrunk from outside, as the co-scheduler will do, and its active threads follow."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 
 from slurm_plugin.slurm import JobState
 
-from .test_cluster import wait_for
+from .helpers import rank_statuses, wait_for
 
 pytestmark = pytest.mark.cluster
 PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
@@ -23,14 +22,7 @@ def write_cpus(folder: Path, cpus: str) -> None:
 
 
 def statuses(folder: Path) -> dict[int, dict]:
-    out = {}
-    for f in folder.glob("status-*.json"):
-        try:
-            d = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        out[d["rank"]] = d
-    return out
+    return rank_statuses(folder, "status-*.json")
 
 
 def test_two_ranks_follow_their_cpusets(cluster, tmp_path):

@@ -14,8 +14,7 @@ import pytest
 from sbatch_templates import render
 from slurm_plugin.slurm import JobState
 
-from .test_cluster import wait_for
-from .test_coscheduler import agent_cluster  # noqa: F401  (the module's cluster with agents)
+from .helpers import rank_statuses, wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -24,17 +23,10 @@ LAUNCHER = str(Path(sys.executable).with_name("malleable-srun"))
 
 
 def ranks(cluster, job_id: int) -> dict[int, dict]:
-    out = {}
-    for f in (cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json"):
-        try:
-            d = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        out[d["rank"]] = d
-    return out
+    return rank_statuses(cluster.paths.root / "status" / f"job_{job_id}", "rank_*.json")
 
 
-def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):  # noqa: F811
+def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):
     c = agent_cluster
     tmp_path.chmod(0o755)
     stop = tmp_path / "stop"
@@ -89,7 +81,7 @@ def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):  # noq
         client.cancel(job_id)
 
 
-def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):  # noqa: F811
+def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):
     c = agent_cluster
     tmp_path.chmod(0o777)
     script = tmp_path / "train.sbatch"

@@ -1,0 +1,30 @@
+"""Small helpers shared by the integration tests."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def wait_for(pred, timeout=30.0, what="condition", show=None):
+    """Poll ``pred`` until it returns something true; on timeout, say what and ``show()``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
+
+
+def rank_statuses(folder: Path, pattern: str = "*.json") -> dict[int, dict]:
+    """The malleable_tf status records in ``folder``, by rank (files being replaced are skipped)."""
+    out = {}
+    for f in folder.glob(pattern):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and "rank" in d:
+            out[d["rank"]] = d
+    return out
