@@ -26,10 +26,16 @@ model = tf.keras.Sequential([tf.keras.layers.Input((16,)), tf.keras.layers.Dense
 model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
 
 
+min_epochs = int(os.environ.get("MIN_EPOCHS", "3"))
+
+
 class StopTogether(tf.keras.callbacks.Callback):
-    """Every rank stops at the same epoch: the stop decision is an allreduce."""
+    """Every rank stops at the same epoch, not before ``MIN_EPOCHS`` (so a loss trend exists):
+    the stop decision is an allreduce."""
 
     def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 < min_epochs:
+            return
         seen = float(os.path.exists(stop_file))
         if hvd_tf.allreduce(tf.constant(seen), op=hvd_tf.Max).numpy() > 0:
             self.model.stop_training = True
