@@ -1,9 +1,10 @@
-"""Shared fixtures. The integration tests run on a real Slurm mini-cluster on this machine."""
+"""Shared fixtures. The integration tests run on real Slurm mini-clusters on this machine."""
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,23 @@ def make_cluster_root(prefix: str) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """A 3-node cluster for the whole session, on ports and node names of its own."""
-    root = make_cluster_root("malleable-test-")
-    spec = default_spec(root, nodes=3, port_base=int(os.environ.get("MALLEABLE_TEST_PORT", 27817)),
-                        node_prefix="tn", name="malleabletest")
-    c = LocalCluster(spec)
-    c.up(timeout_s=120)
+@contextmanager
+def running_cluster(prefix: str, *, agents: str | None = None, **spec):
+    """A cluster up for the block, then down: no process, cgroup folder or file left."""
+    root = make_cluster_root(prefix)
+    c = LocalCluster(default_spec(root, **spec))
+    c.up(timeout_s=120, agents=agents)
     try:
         yield c
     finally:
         problems = c.down()
         shutil.rmtree(root, ignore_errors=True)
         assert not problems, problems
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A 3-node cluster for the whole session, on ports and node names of its own."""
+    with running_cluster("malleable-test-", nodes=3, node_prefix="tn", name="malleabletest",
+                         port_base=int(os.environ.get("MALLEABLE_TEST_PORT", 27817))) as c:
+        yield c

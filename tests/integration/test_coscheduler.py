@@ -174,11 +174,18 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
 
 
 def test_metrics_endpoint_on_loopback(agent_cluster):
+    import urllib.error
     import urllib.request
     port = agent_cluster.spec.metrics_port("an2")   # an1's agent may have been killed above
-    text = wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                                   timeout=5).read().decode(), timeout=10,
-                    what="metrics")
+
+    def scrape():
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        except urllib.error.URLError:
+            return None   # the agent is still starting
+        return text.decode() if b"malleable_cycle_seconds_count" in text else None
+
+    text = wait_for(scrape, timeout=20, what="metrics")
     assert 'malleable_cycle_seconds_count{node="an2"}' in text
     count = float(text.split('malleable_cycle_seconds_count{node="an2"}')[1].split()[0])
     assert count >= 1
