@@ -170,15 +170,6 @@ class CgroupReader:
         return None
 
 
-def read_cpuset(mount: Path = Path("/sys/fs/cgroup"), pid: int | str = "self"
-                ) -> frozenset[int] | None:
-    return CgroupReader(mount, pid).cpuset()
-
-
-def read_quota(mount: Path = Path("/sys/fs/cgroup"), pid: int | str = "self") -> float | None:
-    return CgroupReader(mount, pid).quota()
-
-
 def read_affinity(pid: int) -> frozenset[int]:
     return frozenset(os.sched_getaffinity(pid))
 

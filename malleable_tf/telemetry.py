@@ -62,12 +62,6 @@ class StepRate:
             self.rates.pop(next(iter(self.rates)))
 
 
-def expand_status_path(template: str, *, rank: int, local_rank: int, pid: int) -> Path:
-    """Fill ``{rank}``, ``{local_rank}``, ``{pid}`` and ``{job}`` in a path from the environment."""
-    return Path(template.format(rank=rank, local_rank=local_rank, pid=pid,
-                                job=os.environ.get("SLURM_JOB_ID", "0")))
-
-
 def write_status(path: Path, record: StatusRecord) -> None:
     record.updated = time.time()
     data = json.dumps(asdict(record), sort_keys=True)

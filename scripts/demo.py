@@ -141,9 +141,8 @@ def summarize(cluster: LocalCluster, jobs: dict[str, int], timeline: list[dict])
         for f in sorted((cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json")):
             d = json.loads(f.read_text())
             rates[f"rank {d['rank']}"] = d["steps_per_s"]
-        outputs = sorted(cluster.paths.root.glob(f"{name}-{job_id}.out")) + \
-            sorted(cluster.paths.root.glob(f"*-{job_id}.out"))
-        done = [line for f in outputs[:1] for line in f.read_text().splitlines()
+        outputs = sorted(cluster.paths.root.glob(f"{name}-{job_id}.out"))  # the templates' output=
+        done = [line for f in outputs for line in f.read_text().splitlines()
                 if line.startswith("[train] done")]
         out[name] = {"job_id": job_id, "state": job.state.value,
                      "seconds_seen_running": round(points[-1]["t"] - points[0]["t"], 1) if points else 0,

@@ -101,18 +101,19 @@ def _install_hooks_cmd(args: argparse.Namespace) -> int:
 
 def _resize_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.request import parse_update
-    from .slurm import CliSlurmClient
     text = f"malleable:cpus={args.cpus}"
     parse_update(text)   # the same check Slurm's job_submit.lua makes
-    CliSlurmClient(slurm_conf=_slurm_conf(args)).set_comment(args.job_id, text)
+    _client(args).set_comment(args.job_id, text)
     print(f"job {args.job_id}: asked for {args.cpus} cores per node")
     return 0
 
 
-def _slurm_conf(args: argparse.Namespace) -> Path | None:
+def _client(args: argparse.Namespace):
+    """A local cluster's client (its whole environment reaches the jobs), or Slurm's own."""
+    from .slurm import CliSlurmClient
     if getattr(args, "dir", None):
-        return LocalCluster.load(Path(args.dir)).paths.slurm_conf
-    return None
+        return LocalCluster.load(Path(args.dir)).client()
+    return CliSlurmClient()
 
 
 def _status_cmd(args: argparse.Namespace) -> int:
@@ -130,7 +131,6 @@ def _sbatch_cmd(args: argparse.Namespace) -> int:
     import tempfile
 
     from sbatch_templates import parse_sets, render
-    from .slurm import CliSlurmClient
     values = parse_sets(args.set)
     # This installation's interpreter and launcher, unless the user names others.
     values.setdefault("python", sys.executable)
@@ -142,7 +142,7 @@ def _sbatch_cmd(args: argparse.Namespace) -> int:
         return 0
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
         f.write(script)
-    job_id = CliSlurmClient(slurm_conf=_slurm_conf(args)).submit(Path(f.name))
+    job_id = _client(args).submit(Path(f.name))
     print(f"submitted job {job_id} ({args.template}, script {f.name})")
     return 0
 

@@ -71,6 +71,16 @@ def job_spec_and_request(job: Job):
     return spec, requested
 
 
+@dataclass
+class Observation:
+    snapshot: NodeSnapshot
+    jobs: dict[int, Job]
+    ranks: dict[int, list[RankStatus]]
+    # Jobs whose cgroup does not exist yet (the Prolog runs before the step makes it): Slurm
+    # creates it on exactly the allocation, so there is nothing to write.
+    no_folder: set[int]
+
+
 @contextmanager
 def node_lock(path: Path, timeout_s: float | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,26 +113,23 @@ class Reconciler:
         self._send_signal = send_signal
         self._clock = clock
         self._sleep = sleep
-        self._no_folder: set[int] = set()
         self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
 
     # --- observe ---------------------------------------------------------------------------
 
-    def observe(self) -> tuple[NodeSnapshot, dict[int, Job], dict[int, list[RankStatus]]]:
+    def observe(self) -> Observation:
         node = self.config.node
         nodes = {n.name: n for n in self.client.nodes()}
         if node not in nodes:
             raise RuntimeError(f"Slurm knows no node {node!r}")
         jobs = [j for j in self.client.jobs(node=node) if j.state.holds_cores and node in j.cpu_ids]
-        views, by_id, ranks = [], {}, {}
+        views, by_id, ranks, no_folder = [], {}, {}, set()
         for j in jobs:
             slurm = j.cpu_ids[node]
             current = self.actuator.current(j.uid, j.job_id)
             if current is None:
-                # No cgroup yet (the Prolog runs before the step makes it): Slurm will create it
-                # on exactly its allocation, so that is what the job holds.
                 current = slurm
-                self._no_folder.add(j.job_id)
+                no_folder.add(j.job_id)
             spec, requested = job_spec_and_request(j)
             rs = self._read_ranks(self.config.status_base, j.job_id, node) if spec else []
             ranks[j.job_id] = rs
@@ -131,7 +138,8 @@ class Reconciler:
                                  steps_per_s=_node_rates(rs)))
             by_id[j.job_id] = j
         cpus = frozenset(range(nodes[node].cpus))
-        return NodeSnapshot(node=node, cpus=cpus, jobs=tuple(views)), by_id, ranks
+        return Observation(NodeSnapshot(node=node, cpus=cpus, jobs=tuple(views)), by_id, ranks,
+                           no_folder)
 
     # --- one cycle -------------------------------------------------------------------------
 
@@ -149,11 +157,12 @@ class Reconciler:
         return result
 
     def _cycle_locked(self) -> CycleResult:
-        self._no_folder: set[int] = set()
-        snapshot, jobs, ranks = self.observe()
+        seen = self.observe()
+        snapshot, jobs, ranks = seen.snapshot, seen.jobs, seen.ranks
         plan = decide(snapshot, self.config.policy)
         result = CycleResult(plan=plan, snapshot=snapshot)
-        changes = {jid: c for jid, c in plan.changes(snapshot).items() if jid not in self._no_folder}
+        changes = {jid: c for jid, c in plan.changes(snapshot).items()
+                   if jid not in seen.no_folder}
         # Shrinks before grows: a core is released before anyone else is given it.
         order = sorted(changes, key=lambda jid: len(changes[jid][1]) - len(changes[jid][0]))
         for jid in order:
@@ -170,7 +179,7 @@ class Reconciler:
             self._log_event(ch)
         # Steps whose folders Slurm reset (a new step) are put back in line.
         for view in snapshot.jobs:
-            if view.job_id not in changes and view.job_id not in self._no_folder:
+            if view.job_id not in changes and view.job_id not in seen.no_folder:
                 try:
                     self.actuator.apply(jobs[view.job_id].uid, view.job_id,
                                         plan.targets[view.job_id], view.slurm_cpus)
@@ -181,15 +190,16 @@ class Reconciler:
     def _apply(self, job: Job, before: frozenset[int], after: frozenset[int],
                ranks: list[RankStatus]) -> None:
         per_rank = max(1, len(after) // max(1, len(ranks)))
-        if len(after) < len(before) and ranks:
-            # Threads drop no later than the cpuset: ask the ranks to park first, briefly wait.
-            self._write_target(job.job_id, per_rank)
+        if not ranks:
+            self.actuator.apply(job.uid, job.job_id, after, job.cpu_ids[self.config.node])
+            return
+        self._write_target(job.job_id, per_rank)
+        if len(after) < len(before):
+            # Threads drop no later than the cpuset: the ranks park first (briefly awaited).
             self._signal(ranks)
             self._wait_parked(job.job_id, per_rank)
         self.actuator.apply(job.uid, job.job_id, after, job.cpu_ids[self.config.node])
-        if ranks:
-            self._write_target(job.job_id, per_rank)
-            self._signal(ranks)
+        self._signal(ranks)   # grown: use the new cores; shrunk: re-pin to the narrower set
 
     def _write_target(self, job_id: int, intra: int) -> None:
         """The ranks of this job on this node read target-<node>.json on a reload signal."""
