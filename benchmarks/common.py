@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +25,71 @@ def run_worker(args: list[str], *, timeout: float = 600, env: dict | None = None
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"worker {args} printed no result (exit {proc.returncode}):\n"
                        f"{proc.stderr[-3000:]}")
+
+
+class BurstWorker:
+    """A measuring process kept alive between its bursts and stopped (SIGSTOP) while another
+    one measures. Two configurations can then alternate every second in one run: slow drifts
+    of a shared machine's load hit both alike, and an idle worker's threads disturb nothing.
+
+    The worker prints "READY" once set up, then answers each stdin line "<workload> <seconds>"
+    with one "RESULT {json}" line.
+    """
+
+    def __init__(self, args: list[str], *, env: dict | None = None):
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> None:
+        self.proc = subprocess.Popen([sys.executable, *self.args], cwd=HERE, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=self.env)
+        self._expect("READY", timeout)
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def _expect(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError(f"worker {self.args} did not print {prefix!r} "
+                           f"(exit {self.proc.poll()})")
+
+    def burst(self, workload: str, seconds: float) -> dict:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        try:
+            self.proc.stdin.write(f"{workload} {seconds}\n")
+            self.proc.stdin.flush()
+            return json.loads(self._expect("RESULT ", seconds * 10 + 60))
+        finally:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def median_ci(xs: list[float], *, level: float = 0.95, resamples: int = 2000,
+              seed: int = 0) -> tuple[float, float]:
+    """A bootstrap confidence interval of the median."""
+    if not xs:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * resamples)]
+    hi = meds[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return lo, hi
 
 
 def machine() -> dict:

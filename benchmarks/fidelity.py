@@ -2,10 +2,15 @@
 
 For every N up to the machine's cores: steps/s of a process whose pools have M = cores threads
 with N active (malleable_tf following an N-core allowance) against a plain TensorFlow process
-started with N threads, both pinned to the same N cores. The two alternate, round after round,
-in one run, so machine noise hits both. N = M is the overhead of malleable_tf when not resizing.
+started with N threads, both pinned to the same N cores. N = M is the overhead of malleable_tf
+when not resizing.
 
-    python benchmarks/fidelity.py [--rounds 5] [--seconds 3]
+Both processes stay alive and take turns: a burst of ``--seconds`` each, in random order, round
+after round, the idle one stopped (SIGSTOP). Each round gives one ratio; the result is the
+median ratio with a bootstrap 95% confidence interval. ``--pairs`` restarts both processes that
+many times, so that one lucky or unlucky start-up cannot decide the result.
+
+    python benchmarks/fidelity.py [--rounds 40] [--seconds 1] [--pairs 2]
 
 Writes benchmarks/results/fidelity.json and fidelity.png.
 """
@@ -13,45 +18,68 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 
-from common import machine, median, run_worker, save
+from common import BurstWorker, machine, median, median_ci, save
+
+WORKLOADS = ("keras_cnn", "matmul")
+GOALS = {"fidelity": 0.95, "overhead": 0.98}
+
+
+def measure(n: int, pool: int, args, rng: random.Random) -> dict:
+    env = {"MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    rates: dict[str, dict[str, list[dict]]] = {w: {"plain": [], "malleable": []} for w in WORKLOADS}
+    for pair in range(args.pairs):
+        workers = {"plain": BurstWorker(["fidelity_worker.py", "plain", str(n)], env=env),
+                   "malleable": BurstWorker(["fidelity_worker.py", "malleable", str(n), str(pool)],
+                                            env=env)}
+        try:
+            for w in workers.values():
+                w.start()
+            for r in range(args.rounds // args.pairs):
+                for workload in WORKLOADS:
+                    order = list(workers)
+                    rng.shuffle(order)
+                    for mode in order:
+                        rates[workload][mode].append(workers[mode].burst(workload, args.seconds))
+            print(f"N={n} pair {pair}: " + ", ".join(
+                f"{wl} {median([a['wall'] / b['wall'] for a, b in zip(m['malleable'], m['plain'])]):.3f}"
+                for wl, m in rates.items()), flush=True)
+        finally:
+            for w in workers.values():
+                w.close()
+    row = {"active": n, "pool": pool, "workloads": {}}
+    for workload, modes in rates.items():
+        out = {}
+        for kind in ("wall", "cpu"):
+            ratios = [a[kind] / b[kind] for a, b in zip(modes["malleable"], modes["plain"])]
+            lo, hi = median_ci(ratios)
+            out[kind] = {"median": median(ratios), "ci95": [lo, hi], "ratios": ratios}
+        out["steps_per_s"] = {m: median([x["wall"] for x in v]) for m, v in modes.items()}
+        row["workloads"][workload] = out
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--pairs", type=int, default=2)
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
-    env = {"BENCH_SECONDS": str(args.seconds), "MALLEABLE_TF_LOG": "0"}
-    rows = []
-    for n in range(1, cores + 1):
-        ratios: dict[str, list[float]] = {}
-        cpu_ratios: dict[str, list[float]] = {}
-        samples = []
-        for r in range(args.rounds):
-            # Alternate which goes first, so a trend in machine load favours neither.
-            order = ["plain", "malleable"] if r % 2 == 0 else ["malleable", "plain"]
-            got = {}
-            for mode in order:
-                argv = ["fidelity_worker.py", mode, str(n)] + ([str(cores)] if mode == "malleable" else [])
-                got[mode] = run_worker(argv, env=env)
-            samples.append(got)
-            for w in got["plain"]:
-                ratios.setdefault(w, []).append(got["malleable"][w]["wall"] / got["plain"][w]["wall"])
-                cpu_ratios.setdefault(w, []).append(
-                    got["malleable"][w]["cpu"] / got["plain"][w]["cpu"])
-            print(f"N={n} round {r}: " + ", ".join(
-                f"{w} {got['malleable'][w]['wall']:.1f}/{got['plain'][w]['wall']:.1f}"
-                for w in got["plain"]), flush=True)
-        rows.append({"active": n, "pool": cores, "samples": samples,
-                     "ratio_median": {w: median(v) for w, v in ratios.items()},
-                     "ratios": ratios,
-                     "cpu_ratio_median": {w: median(v) for w, v in cpu_ratios.items()},
-                     "cpu_ratios": cpu_ratios})
+    rng = random.Random(1)
+    rows = [measure(n, cores, args, rng) for n in range(1, cores + 1)]
     data = {"benchmark": "fidelity", "machine": machine(), "rounds": args.rounds,
-            "seconds_per_measure": args.seconds, "goal": {"fidelity": 0.95, "overhead": 0.98},
+            "pairs": args.pairs, "seconds_per_burst": args.seconds, "goal": GOALS,
+            "method": "interleaved bursts, idle worker SIGSTOPped; ratio = malleable/plain "
+                      "steps/s per round; median with bootstrap 95% CI",
             "rows": rows}
+    for row in rows:
+        for workload, out in row["workloads"].items():
+            goal = GOALS["overhead" if row["active"] == row["pool"] else "fidelity"]
+            lo, hi = out["wall"]["ci95"]
+            print(f"N={row['active']}/{row['pool']} {workload}: median {out['wall']['median']:.3f} "
+                  f"(95% CI {lo:.3f}-{hi:.3f}), goal {goal}")
     save("fidelity", data)
     plot(data)
 
@@ -61,23 +89,28 @@ def plot(data: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = data["rows"]
-    workloads = list(rows[0]["ratio_median"])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    width = 0.8 / len(workloads)
-    for i, w in enumerate(workloads):
-        xs = [row["active"] + (i - (len(workloads) - 1) / 2) * width for row in rows]
-        ax.bar(xs, [row["ratio_median"][w] for row in rows], width, label=w)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    width = 0.8 / len(WORKLOADS)
+    for i, w in enumerate(WORKLOADS):
+        xs = [row["active"] + (i - (len(WORKLOADS) - 1) / 2) * width for row in rows]
+        meds = [row["workloads"][w]["wall"]["median"] for row in rows]
+        err = [[m - row["workloads"][w]["wall"]["ci95"][0] for m, row in zip(meds, rows)],
+               [row["workloads"][w]["wall"]["ci95"][1] - m for m, row in zip(meds, rows)]]
+        ax.bar(xs, meds, width, label=w, yerr=err, capsize=4)
         for row, x in zip(rows, xs):
-            ax.plot([x] * len(row["ratios"][w]), row["ratios"][w], "k.", ms=3)
-    ax.axhline(0.95, color="r", ls="--", lw=1, label="goal 0.95")
+            rs = row["workloads"][w]["wall"]["ratios"]
+            ax.plot([x] * len(rs), rs, "k.", ms=2, alpha=0.4)
+    ax.axhline(GOALS["fidelity"], color="r", ls="--", lw=1, label="fidelity goal 0.95")
+    ax.axhline(GOALS["overhead"], color="m", ls=":", lw=1, label="overhead goal 0.98 (N = M)")
     ax.axhline(1.0, color="gray", lw=0.5)
     ax.set_xticks([row["active"] for row in rows])
     ax.set_xlabel(f"active threads N (pool M = {rows[0]['pool']})")
     ax.set_ylabel("steps/s malleable / plain TF with N threads")
-    ax.set_title("Thread parking fidelity, wall-clock steps/s\n(bars: median of rounds; dots: rounds)",
-                 fontsize=10)
-    ax.set_ylim(0, max(1.3, max(max(r) for row in rows for r in row["ratios"].values()) + 0.05))
-    ax.legend(fontsize=8)
+    ax.set_title("Thread parking fidelity, interleaved 1 s bursts\n"
+                 "(bars: median ratio with bootstrap 95% CI; dots: rounds)", fontsize=10)
+    top = max(r for row in rows for w in WORKLOADS for r in row["workloads"][w]["wall"]["ratios"])
+    ax.set_ylim(0.6, max(1.3, top + 0.05))
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     out = os.path.join(os.path.dirname(__file__), "results", "fidelity.png")
     fig.savefig(out, dpi=110)

@@ -1,14 +1,15 @@
-"""One measurement process for fidelity.py: prints one JSON line of steps/s per workload.
+"""One measuring process for fidelity.py (a BurstWorker): steps/s of one configuration.
 
     fidelity_worker.py plain N        TensorFlow started with N threads, pinned to N cores
     fidelity_worker.py malleable N M  malleable_tf with pools of M, N active, pinned to N cores
+
+Extra environment: BENCH_POLL_S sets malleable_tf's allowance poll interval.
 """
 import json
 import os
 import sys
 
 mode, n = sys.argv[1], int(sys.argv[2])
-seconds = float(os.environ.get("BENCH_SECONDS", "3"))
 cpus = set(sorted(os.sched_getaffinity(0))[:n])
 os.sched_setaffinity(0, cpus)  # before TensorFlow starts any thread: all inherit it
 
@@ -19,11 +20,19 @@ if mode == "plain":
 else:
     import malleable_tf
     pool = int(sys.argv[3])
+    poll = os.environ.get("BENCH_POLL_S")
     # The allowance is N cores; the pools are M threads: following parks M - N of them.
-    state = malleable_tf.init(max_threads=pool)
+    state = malleable_tf.init(max_threads=pool,
+                              **({"poll_interval_s": float(poll)} if poll else {}))
     assert state.intra_active == n and state.intra_pool == pool, state
 
 from workloads import WORKLOADS, steps_per_second  # noqa: E402
 
-out = {name: steps_per_second(make(), seconds=seconds) for name, make in WORKLOADS.items()}
-print("RESULT " + json.dumps(out), flush=True)
+steps = {name: make() for name, make in WORKLOADS.items()}
+for step in steps.values():
+    steps_per_second(step, seconds=0.5)  # trace, compile, warm caches
+print("READY", flush=True)
+for line in sys.stdin:
+    workload, seconds = line.split()
+    rate = steps_per_second(steps[workload], seconds=float(seconds), warmup=1)
+    print("RESULT " + json.dumps(rate), flush=True)

@@ -69,13 +69,15 @@ def _env_int(name: str) -> int | None:
 
 def init(max_threads: int | None = None, *, inter_max_threads: int | None = None,
          follow: bool | None = None, signals: dict[int, Action] | None = None,
-         poll_interval_s: float = 0.025, status_path: str | os.PathLike | None = None,
+         poll_interval_s: float = 0.005, recheck_interval_s: float = 1.0, status_path: str | os.PathLike | None = None,
          local_rank: int | None = None, local_size: int | None = None,
          rank: int | None = None) -> ThreadState:
     """Size TensorFlow's pools at ``max_threads`` and start managing them.
 
     Must run before TensorFlow executes its first op. ``local_rank``/``local_size`` default to
-    what the launcher (mpirun, srun, horovodrun) put in the environment.
+    what the launcher (mpirun, srun, horovodrun) put in the environment. When following, a
+    native poll compares the affinity mask and the cgroup files every ``poll_interval_s``; the
+    whole allowance is also re-read every ``recheck_interval_s``.
     """
     global _runtime
     with _init_lock:
@@ -121,6 +123,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         target_path = None if not target else Path(target.format(**fields))
         rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
+                     recheck_interval_s=recheck_interval_s,
                      status_path=status, target_path=target_path,
                      mask_restricts=source != "cgroup")
         _setup_logging()

@@ -88,10 +88,15 @@ def load(tf) -> NativeLib:
         "mtf_wait_settled": [ctypes.c_int, ctypes.c_int], "mtf_signal_fd": [],
         "mtf_install_signal": [ctypes.c_int, ctypes.c_int], "mtf_uninstall_signal": [ctypes.c_int],
         "mtf_parked_tids": [ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_int],
+        "mtf_poll_set_paths": [ctypes.c_char_p, ctypes.c_int],
+        "mtf_poll_start": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
     }.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
-    lib.mtf_shutdown.argtypes = []
-    lib.mtf_shutdown.restype = None
+    for name in ("mtf_shutdown", "mtf_poll_stop"):
+        getattr(lib, name).argtypes = []
+        getattr(lib, name).restype = None
+    lib.mtf_poll_count.argtypes = [ctypes.c_int]
+    lib.mtf_poll_count.restype = ctypes.c_long
     return NativeLib(path=path, ops=ops, lib=lib)

@@ -150,6 +150,11 @@ class CgroupReader:
                 self._files = CgroupFiles.locate(text, self.mount)
         return self._files
 
+    def watched_paths(self) -> tuple[Path, ...]:
+        """The files whose change means the allowance may have changed: for a cheap poll."""
+        f = self.files()
+        return f.cpuset + (f.quota_v1 or ()) + ((f.quota_v2,) if f.quota_v2 else ())
+
     def cpuset(self) -> frozenset[int] | None:
         """The CPUs of the cpuset cgroup (v1 or v2), or None where none is readable."""
         for path in self.files().cpuset:

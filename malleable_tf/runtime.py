@@ -2,8 +2,9 @@
 
 ``Runtime`` owns the target thread counts and applies them: it parks pool threads through the
 native library, pins the process's threads to this rank's share of the allowed CPUs, and, when
-following, re-reads the allowance on every poll and on every control signal. Nothing starts in
-the constructor: ``start_watcher`` starts the one background thread.
+following, re-reads the allowance whenever the native poller sees the affinity mask or a cgroup
+file change, on every control signal, and once a second as a safety net. Nothing starts in the
+constructor: ``start_watcher`` starts the Python watcher thread and the native poller.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class Action(enum.Enum):
     INTRA_DOWN = 3
     INTER_UP = 4
     INTER_DOWN = 5
+    ALLOWANCE = 6    # re-read the allowance only (what the native poller sends on a change)
 
 
 DEFAULT_SIGNALS: dict[int, Action] = {signal.SIGUSR1: Action.RELOAD}
@@ -98,7 +100,8 @@ def pin_all_threads(cpus: frozenset[int]) -> None:
 
 class Runtime:
     def __init__(self, native: NativeLib, *, intra_pool: int, inter_pool: int, local_rank: int,
-                 local_size: int, rank: int = 0, follow: bool = True, poll_interval_s: float = 0.025,
+                 local_size: int, rank: int = 0, follow: bool = True, poll_interval_s: float = 0.005,
+                 recheck_interval_s: float = 1.0,
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
@@ -109,7 +112,11 @@ class Runtime:
         self.inter_pool = inter_pool
         self.local_rank, self.local_size, self.rank = local_rank, local_size, rank
         self.follow = follow
+        # The native poll (a few syscalls, no GIL) runs every poll_interval_s; the Python
+        # watcher re-reads everything itself every recheck_interval_s (and finds cgroup moves).
         self.poll_interval_s = poll_interval_s
+        self.recheck_interval_s = recheck_interval_s
+        self._polled_paths: tuple[Path, ...] | None = None
         self.status_path = status_path
         self.target_path = target_path
         self._read_affinity = read_affinity
@@ -291,7 +298,11 @@ class Runtime:
                 return
             if action is Action.RELOAD:
                 self._reload_target()
+                self._cgroup.invalidate()  # "look again" includes where our cgroup files are
                 self.refresh_allowance(reason="signal")
+                return
+            if action is Action.ALLOWANCE:
+                self.refresh_allowance()
                 return
             step = {Action.INTRA_UP: (1, 0), Action.INTRA_DOWN: (-1, 0),
                     Action.INTER_UP: (0, 1), Action.INTER_DOWN: (0, -1)}[action]
@@ -324,14 +335,28 @@ class Runtime:
     def start_watcher(self) -> None:
         if self._watcher is not None:
             return
+        if self.follow:
+            self._arm_poller()
+            rc = self._native.lib.mtf_poll_start(int(self.poll_interval_s * 1e6), os.getpid(),
+                                                 Action.ALLOWANCE.value)
+            if rc != 0:
+                raise MalleableError(f"cannot start the allowance poller: {-rc}")
         self._watcher = threading.Thread(target=self._watch, name="malleable-watcher",
                                          daemon=True)
         self._watcher.start()
 
+    def _arm_poller(self) -> None:
+        """Point the native poller at this process's cgroup files (again, after a move)."""
+        paths = tuple(self._cgroup.watched_paths())
+        if paths != self._polled_paths:
+            joined = b"\0".join(os.fsencode(p) for p in paths)
+            self._native.lib.mtf_poll_set_paths(joined, len(joined))
+            self._polled_paths = paths
+
     def _watch(self) -> None:
         sig_fd = self._native.lib.mtf_signal_fd()
         while True:
-            ready, _, _ = select.select([sig_fd, self._stop_r], [], [], self.poll_interval_s)
+            ready, _, _ = select.select([sig_fd, self._stop_r], [], [], self.recheck_interval_s)
             if self._stop_r in ready:
                 return
             try:
@@ -342,6 +367,8 @@ class Runtime:
                         except ValueError:
                             continue
                 self.refresh_allowance()
+                if self.follow:
+                    self._arm_poller()
             except Exception as exc:  # the watcher must outlive any one bad event
                 log.warning("malleable_tf: watcher: %s", exc)
 
