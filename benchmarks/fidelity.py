@@ -1,8 +1,8 @@
 """Fidelity and overhead of thread parking, against plain TensorFlow, side by side.
 
 For every N up to the machine's cores: steps/s of a process whose pools have M = cores threads
-with N active (malleable_tf following an N-core allowance) against a plain TensorFlow process
-started with N threads, both pinned to the same N cores. N = M is the overhead of malleable_tf
+with N active (malleable_tf following an N-core allowance, its tf.data map function gated)
+against a plain TensorFlow process started with N threads, both pinned to the same N cores. N = M is the overhead of malleable_tf
 when not resizing.
 
 Both processes stay alive and take turns: a burst of ``--seconds`` each, in random order, round
@@ -22,7 +22,7 @@ import random
 
 from common import BurstWorker, machine, median, median_ci, save
 
-WORKLOADS = ("keras_cnn", "matmul")
+WORKLOADS = ("keras_cnn", "matmul", "tf_data")
 GOALS = {"fidelity": 0.95, "overhead": 0.98}
 
 

@@ -35,7 +35,7 @@ trainer = threading.Thread(target=train, daemon=True)
 trainer.start()
 time.sleep(2.0)  # warm up: tracing, first steps
 rt = malleable_tf.runtime()
-lib = rt._native.lib
+lib = rt.native_lib
 pool = rt.intra_pool
 
 if mode == "follow":

@@ -1,6 +1,9 @@
-"""Workloads shared by the benchmarks: a Keras CNN training step and a matmul-heavy function.
+"""Workloads shared by the benchmarks: a Keras CNN training step, a matmul-heavy function and
+a tf.data input pipeline.
 
 Import this only after TensorFlow's thread settings are made (plain or malleable_tf.init).
+Each ``make(map_wrapper)`` returns a step function; ``map_wrapper`` wraps tf.data map functions
+(malleable_tf.data.gate in a malleable process).
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import time
 import tensorflow as tf
 
 
-def keras_cnn_step(batch: int = 64):
+def keras_cnn_step(map_wrapper=None, batch: int = 64):
     tf.random.set_seed(0)
     model = tf.keras.Sequential([
         tf.keras.layers.Input((28, 28, 1)),
@@ -37,7 +40,7 @@ def keras_cnn_step(batch: int = 64):
     return lambda: step().numpy()
 
 
-def matmul_step(size: int = 512, depth: int = 8):
+def matmul_step(map_wrapper=None, size: int = 512, depth: int = 8):
     a = tf.random.normal((size, size), seed=3)
 
     @tf.function
@@ -50,7 +53,22 @@ def matmul_step(size: int = 512, depth: int = 8):
     return lambda: step().numpy()
 
 
-WORKLOADS = {"keras_cnn": keras_cnn_step, "matmul": matmul_step}
+def tf_data_step(map_wrapper=None, batch: int = 8):
+    """A batch from a pipeline whose map function is CPU-bound (AUTOTUNE parallelism)."""
+    def parse(i):
+        x = tf.random.stateless_normal((128, 128), seed=tf.stack([i, 0]))
+        for _ in range(4):
+            x = tf.tanh(tf.matmul(x, x) / 128.0)
+        return tf.reduce_mean(x, axis=0)
+
+    fn = map_wrapper(parse) if map_wrapper else parse
+    ds = (tf.data.Dataset.range(2**62).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+          .batch(batch).prefetch(1))
+    it = iter(ds)
+    return lambda: next(it).numpy()
+
+
+WORKLOADS = {"keras_cnn": keras_cnn_step, "matmul": matmul_step, "tf_data": tf_data_step}
 
 
 def steps_per_second(step, *, seconds: float = 3.0, warmup: int = 3) -> dict[str, float]:

@@ -90,13 +90,15 @@ def load(tf) -> NativeLib:
         "mtf_parked_tids": [ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_int],
         "mtf_poll_set_paths": [ctypes.c_char_p, ctypes.c_int],
         "mtf_poll_start": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
+        "mtf_gate_set_capacity": [ctypes.c_int],
     }.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
-    for name in ("mtf_shutdown", "mtf_poll_stop"):
+    for name in ("mtf_shutdown", "mtf_poll_stop", "mtf_gate_reset_max"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = None
-    lib.mtf_poll_count.argtypes = [ctypes.c_int]
-    lib.mtf_poll_count.restype = ctypes.c_long
+    for name in ("mtf_poll_count", "mtf_gate_stat"):
+        getattr(lib, name).argtypes = [ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_long
     return NativeLib(path=path, ops=ops, lib=lib)

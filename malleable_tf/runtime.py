@@ -147,6 +147,16 @@ class Runtime:
 
     # --- state ---------------------------------------------------------------------------
 
+    @property
+    def native_lib(self):
+        """The native library's C functions (ctypes): counters for tests and benchmarks."""
+        return self._native.lib
+
+    @property
+    def native_ops(self):
+        """The native library's TensorFlow ops (the tf.data gate)."""
+        return self._native.ops
+
     def state(self) -> ThreadState:
         with self._lock:
             return ThreadState(self._intra, self.intra_pool, self._inter, self.inter_pool,
@@ -242,6 +252,9 @@ class Runtime:
             self._pinned = share
         self._set_parked(INTRA, self.intra_pool - intra)
         self._set_parked(INTER, self.inter_pool - inter)
+        # tf.data map calls (malleable_tf.data) run on threads of their own: as many at once
+        # as there are active inter-op threads, the pool that runs independent work.
+        self._native.lib.mtf_gate_set_capacity(inter)
         if wait_s > 0:
             self._native.lib.mtf_wait_settled(INTRA, int(wait_s * 1000))
             self._native.lib.mtf_wait_settled(INTER, int(wait_s * 1000))

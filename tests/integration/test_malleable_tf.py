@@ -191,3 +191,17 @@ def test_follows_cpuset_cgroup_changes(cpuset_cgroup):
         assert s["allowed"] == [0, 1] and s["parked"] == 0
     finally:
         f.close()
+
+
+def test_tf_data_pipeline_follows_the_inter_op_threads():
+    r = result_of(run_program("data_gate.py", env={"MALLEABLE_TF_LOG": "0"}))
+    # Elements whose function failed after taking a ticket gave it back.
+    assert r["failing_elements_kept"] == 20 and r["in_use_after_failures"] == 0
+    wide, narrow, wide_again = r["runs"]
+    for run in r["runs"]:
+        assert run["capacity"] == run["inter"] and run["max_in_use"] <= run["inter"], run
+    # AUTOTUNE asks for more calls than that: the gate is what holds them back.
+    assert wide["max_in_use"] == 2 and wide_again["max_in_use"] == 2
+    # One call at a time is at most one core of CPU for the pipeline's threads (plus the
+    # bookkeeping around the gated function).
+    assert narrow["pipeline_cores"] <= 1.2, narrow

@@ -39,7 +39,7 @@ for n in list(range(POOL, 0, -1)) + [POOL]:
     busy = busy_threads(1.5, min_share=0.05, exclude={threading.get_native_id()})
     import ctypes
     buf = (ctypes.c_long * 64)()
-    k = rt._native.lib.mtf_parked_tids(0, buf, 64)
+    k = rt.native_lib.mtf_parked_tids(0, buf, 64)
     parked = [buf[i] for i in range(k)]
     before = thread_cpu_ticks()
     import time

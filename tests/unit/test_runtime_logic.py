@@ -18,6 +18,10 @@ class FakeLib:
         self.parked[pool] = n
         return 0
 
+    def mtf_gate_set_capacity(self, n):
+        self.calls.append(("gate", n))
+        return 0
+
     def mtf_wait_settled(self, pool, timeout_ms):
         return self.parked[pool]
 

@@ -1,0 +1,67 @@
+"""The input pipeline follows the thread count: gated tf.data map functions.
+
+tf.data runs map functions on threads of its own, outside the intra-op and inter-op pools, so
+parking does not limit them (pinning keeps them on this rank's cores, nothing more). A gated
+map function takes a ticket before it reads its element and returns it once its outputs are
+computed; at most as many calls as there are active inter-op threads hold a ticket at once, and
+that number changes with every resize. The other calls wait, blocked, using no CPU.
+
+    import malleable_tf, malleable_tf.data
+    malleable_tf.init()
+    ds = malleable_tf.data.map(ds, parse, num_parallel_calls=tf.data.AUTOTUNE)
+    # or: ds.map(malleable_tf.data.gate(parse), num_parallel_calls=...)
+
+Work inside ``fn`` that does not depend on the element may start before the ticket is taken.
+Do not nest gated functions (a gated function that iterates another gated pipeline): the outer
+calls could hold every ticket the inner ones wait for.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+
+def _ops():
+    import malleable_tf
+    return malleable_tf.runtime().native_ops
+
+
+def gate(fn: Callable) -> Callable:
+    """Wrap a tf.data map function so that its calls pass the gate. Needs ``init()`` first."""
+    ops = _ops()
+
+    @functools.wraps(fn)
+    def gated(*args):
+        import tensorflow as tf
+        ticket = ops.malleable_gate_acquire()
+        with tf.control_dependencies([ticket]):
+            args = tf.nest.map_structure(tf.identity, args)
+        out = fn(*args)
+        leaves = [t for t in tf.nest.flatten(out, expand_composites=True) if tf.is_tensor(t)]
+        with tf.control_dependencies(leaves):
+            released = ops.malleable_gate_release(ticket)
+        with tf.control_dependencies([released]):
+            return tf.nest.map_structure(
+                lambda t: tf.identity(t) if tf.is_tensor(t) else t, out)
+
+    return gated
+
+
+def map(dataset, fn: Callable, num_parallel_calls=None, deterministic=None, name=None):  # noqa: A001
+    """``dataset.map(gate(fn), ...)``."""
+    return dataset.map(gate(fn), num_parallel_calls=num_parallel_calls,
+                       deterministic=deterministic, name=name)
+
+
+def stats() -> dict[str, int]:
+    """The gate now: capacity, calls holding a ticket, the most at once since the last
+    ``reset_max()``, tickets ever taken."""
+    import malleable_tf
+    lib = malleable_tf.runtime().native_lib
+    return {"capacity": lib.mtf_gate_stat(0), "in_use": lib.mtf_gate_stat(1),
+            "max_in_use": lib.mtf_gate_stat(2), "acquired": lib.mtf_gate_stat(3)}
+
+
+def reset_max() -> None:
+    import malleable_tf
+    malleable_tf.runtime().native_lib.mtf_gate_reset_max()
