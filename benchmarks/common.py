@@ -80,13 +80,17 @@ class BurstWorker:
         self.proc = None
 
 
-def median_ci(xs: list[float], *, level: float = 0.95, resamples: int = 2000,
+def median_ci(groups: list[list[float]], *, level: float = 0.95, resamples: int = 2000,
               seed: int = 0) -> tuple[float, float]:
-    """A bootstrap confidence interval of the median."""
-    if not xs:
+    """A bootstrap confidence interval of the median of all values, resampling whole groups
+    (the rounds of one pair of processes): a process can be lucky or unlucky for its whole life,
+    so its rounds are not independent of each other."""
+    groups = [g for g in groups if g]
+    if not groups:
         return float("nan"), float("nan")
     rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    meds = sorted(statistics.median([x for g in rng.choices(groups, k=len(groups)) for x in g])
+                  for _ in range(resamples))
     lo = meds[int((1 - level) / 2 * resamples)]
     hi = meds[min(resamples - 1, int((1 + level) / 2 * resamples))]
     return lo, hi

@@ -3,8 +3,6 @@
     fidelity_worker.py plain N        TensorFlow started with N threads, pinned to N cores
     fidelity_worker.py malleable N M  malleable_tf with pools of M, N active, pinned to N cores,
                                       tf.data map functions gated (malleable_tf.data)
-
-Extra environment: BENCH_POLL_S sets malleable_tf's allowance poll interval.
 """
 import json
 import os
@@ -22,10 +20,8 @@ if mode == "plain":
 else:
     import malleable_tf
     pool = int(sys.argv[3])
-    poll = os.environ.get("BENCH_POLL_S")
     # The allowance is N cores; the pools are M threads: following parks M - N of them.
-    state = malleable_tf.init(max_threads=pool,
-                              **({"poll_interval_s": float(poll)} if poll else {}))
+    state = malleable_tf.init(max_threads=pool)
     assert state.intra_active == n and state.intra_pool == pool, state
     import malleable_tf.data
     map_wrapper = malleable_tf.data.gate
