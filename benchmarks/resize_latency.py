@@ -1,5 +1,5 @@
-"""Resize latency during training, by API and by signal, and follow latency after a cpuset
-change from outside. A Keras CNN trains continuously on every measure.
+"""Resize latency during training, by API and by signal, and follow latency after a cpuset or
+affinity change from outside. A Keras CNN trains continuously on every measure.
 
     python benchmarks/resize_latency.py [--resizes 200] [--follows 40]
 
@@ -16,13 +16,24 @@ import time
 from pathlib import Path
 
 from common import HERE, RESULTS, machine, median, percentile, run_worker, save
+from slurm_plugin.cpulist import parse_cpu_list
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 
 
-def follow_latencies(count: int) -> list[float]:
-    """Move a training process between a 2-core and a 1-core cpuset; time each change until
-    the process has adjusted its threads (its status record's resize time)."""
+def set_affinity_of_all_threads(pid: int, cpus: set[int]) -> None:
+    """What ``taskset -a -p`` does: every thread of the process."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass  # a thread that just exited
+
+
+def follow_latencies(count: int, how: str) -> list[float]:
+    """Narrow and widen a training process's CPUs, 2 cores <-> 1, by its cpuset (``how`` =
+    "cpuset") or by the affinity of all its threads ("affinity"); time each change until the
+    process has adjusted its threads (its status record's resize time)."""
     cg = CPUSET / f"malleable_bench_{os.getpid()}"
     cg.mkdir()
     status = Path(f"/tmp/malleable_bench_status_{os.getpid()}.json")
@@ -41,7 +52,11 @@ def follow_latencies(count: int) -> list[float]:
         for i in range(count):
             before = json.loads(status.read_text())["resizes"]
             t0 = time.time()
-            (cg / "cpuset.cpus").write_text("0" if i % 2 == 0 else full)
+            if how == "cpuset":
+                (cg / "cpuset.cpus").write_text("0" if i % 2 == 0 else full)
+            else:
+                set_affinity_of_all_threads(proc.pid, {0} if i % 2 == 0 else set(
+                    parse_cpu_list(full)))
             deadline = time.time() + 5
             while time.time() < deadline:
                 rec = json.loads(status.read_text())
@@ -77,15 +92,18 @@ def main() -> None:
     args = ap.parse_args()
     inproc = run_worker(["latency_worker.py", "inproc", str(args.resizes)],
                         env={"MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    follows = follow_latencies(args.follows)
+    follows = follow_latencies(args.follows, "cpuset")
+    follows_affinity = follow_latencies(args.follows, "affinity")
     data = {"benchmark": "resize_latency", "machine": machine(),
             "goal": {"resize_p50_ms": 5, "resize_p99": "under one training step",
                      "follow_p50_ms": 50},
             "api": summary(inproc["api_s"]), "signal": summary(inproc["signal_s"]),
-            "follow_cpuset": summary(follows), "train_step": summary(inproc["step_s"]),
-            "raw_s": {"api": inproc["api_s"], "signal": inproc["signal_s"], "follow": follows}}
+            "follow_cpuset": summary(follows), "follow_affinity": summary(follows_affinity),
+            "train_step": summary(inproc["step_s"]),
+            "raw_s": {"api": inproc["api_s"], "signal": inproc["signal_s"], "follow": follows,
+                      "follow_affinity": follows_affinity}}
     save("resize_latency", data)
-    for k in ("api", "signal", "follow_cpuset", "train_step"):
+    for k in ("api", "signal", "follow_cpuset", "follow_affinity", "train_step"):
         print(f"{k:>14}: p50 {data[k]['p50_ms']:.2f} ms, p99 {data[k]['p99_ms']:.2f} ms (n={data[k]['n']})")
     plot(data)
 
@@ -96,7 +114,8 @@ def plot(data: dict) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.5, 4))
     series = [("API", data["raw_s"]["api"]), ("signal", data["raw_s"]["signal"]),
-              ("follow cpuset", data["raw_s"]["follow"])]
+              ("follow cpuset", data["raw_s"]["follow"]),
+              ("follow affinity", data["raw_s"]["follow_affinity"])]
     ax.boxplot([[x * 1000 for x in s] for _, s in series], tick_labels=[n for n, _ in series],
                whis=(1, 99), showfliers=True)
     ax.axhline(data["train_step"]["p50_ms"], color="g", ls=":", label="median training step")
