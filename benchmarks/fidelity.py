@@ -126,8 +126,8 @@ def plot(data: dict) -> None:
                  "(bars: median ratio, 95% CI over pairs; dots: pair medians)", fontsize=10)
     top = max(r for row in rows for w in WORKLOADS
               for r in row["workloads"][w]["wall"]["pair_medians"] + row["workloads"][w]["wall"]["ci95"])
-    ax.set_ylim(0.6, max(1.3, top + 0.05))
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_ylim(0.6, max(1.3, top) + 0.15)
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
     fig.tight_layout()
     out = os.path.join(os.path.dirname(__file__), "results", "fidelity.png")
     fig.savefig(out, dpi=110)
