@@ -14,7 +14,9 @@ Environment: MALLEABLE_TF_STATUS (status record path; may hold {rank}, {local_ra
 {job}, {node}), MALLEABLE_TF_TARGET (a JSON {"intra": N, "inter": M} re-read on a reload
 signal; the same placeholders),
 MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS,
-MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_ALLOWANCE=cgroup to take
+MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_SPLIT (active: kernels
+split work as many ways as there are active intra-op threads, the default; eigen: only Eigen
+kernels do; pool: kernels split by the pool size), MALLEABLE_TF_ALLOWANCE=cgroup to take
 the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
 mask at launch, and that mask does not widen when the co-scheduler grows the cpuset).
 """
@@ -30,7 +32,7 @@ import threading
 from pathlib import Path
 
 from . import allowance
-from .runtime import (DEFAULT_SIGNALS, Action, MalleableError, NotInitialized, Runtime,
+from .runtime import (DEFAULT_SIGNALS, Action, MalleableError, NotInitialized, Runtime, Split,
                       ThreadState, parse_signal_spec)
 from ._native import NativeBuildError
 
@@ -121,11 +123,16 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         if source not in ("auto", "cgroup"):
             raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
         target_path = None if not target else Path(target.format(**fields))
+        try:
+            split = Split(os.environ.get("MALLEABLE_TF_SPLIT", "active"))
+        except ValueError:
+            raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not "
+                             f"{os.environ['MALLEABLE_TF_SPLIT']!r}") from None
         rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
                      recheck_interval_s=recheck_interval_s,
                      status_path=status, target_path=target_path,
-                     mask_restricts=source != "cgroup")
+                     mask_restricts=source != "cgroup", split=split)
         _setup_logging()
         rt.install_signals(signals)
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")

@@ -49,6 +49,14 @@ class Action(enum.Enum):
     ALLOWANCE = 6    # re-read the allowance only (what the native poller sends on a change)
 
 
+class Split(enum.Enum):
+    """How many ways kernels split their work (MALLEABLE_TF_SPLIT)."""
+
+    ACTIVE = "active"  # as many as active intra-op threads: Eigen kernels and Shard()
+    EIGEN = "eigen"    # Eigen kernels only; Shard() splits by the pool size
+    POOL = "pool"      # by the pool size, whatever is active (parking alone)
+
+
 DEFAULT_SIGNALS: dict[int, Action] = {signal.SIGUSR1: Action.RELOAD}
 
 
@@ -105,6 +113,7 @@ class Runtime:
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
+                 split: Split | None = None,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
                  clock: Callable[[], float] = time.monotonic):
         self._native = native
@@ -125,6 +134,7 @@ class Runtime:
         # slurmstepd binds a task to at launch is not a limit (it does not widen when the cpuset
         # grows): MALLEABLE_TF_ALLOWANCE=cgroup turns mask restrictions off.
         self.mask_restricts = mask_restricts
+        self.split = split or Split.ACTIVE
         self._pinned: frozenset[int] | None = None
         self._pin = pin
         self._clock = clock
@@ -144,6 +154,7 @@ class Runtime:
         self._last: telemetry.ResizeEvent | None = None
         self._watcher: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
+        self._warned_split = False
 
     # --- state ---------------------------------------------------------------------------
 
@@ -252,6 +263,8 @@ class Runtime:
             self._pinned = share
         self._set_parked(INTRA, self.intra_pool - intra)
         self._set_parked(INTER, self.inter_pool - inter)
+        if self.split is not Split.POOL:
+            self._set_split_width(intra)
         # tf.data map calls (malleable_tf.data) run on threads of their own: as many at once
         # as there are active inter-op threads, the pool that runs independent work.
         self._native.lib.mtf_gate_set_capacity(inter)
@@ -272,6 +285,16 @@ class Runtime:
                      "latency=%.2fms", self.rank, before[0], intra, before[1], inter,
                      format_cpu_list(share), reason, latency_ms)
         self.write_status()
+
+    def _set_split_width(self, n: int) -> None:
+        """New Eigen kernels split their work n ways, as in a process started with n threads."""
+        rc = self._native.lib.mtf_set_split_width(n, int(self.split is Split.ACTIVE))
+        if rc == -2 and not self._warned_split:
+            self._warned_split = True
+            log.warning("malleable_tf: this TensorFlow's table of Eigen devices was not found; "
+                        "kernels keep splitting work %d ways", self.intra_pool)
+        elif rc not in (0, -2):
+            raise MalleableError(f"native set_split_width({n}) failed with {rc}")
 
     def _set_parked(self, pool: int, n: int) -> None:
         rc = self._native.lib.mtf_set_parked(pool, n)

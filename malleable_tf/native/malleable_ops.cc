@@ -9,6 +9,15 @@
 // Signals: a C-level handler writes one byte per signal to a pipe, so a watcher thread wakes at
 // once even while the Python main thread is inside a training step.
 //
+// Split width: parking alone leaves kernels splitting work by the pool size M, so N < M active
+// threads run M-way splits with extra hand-offs. TensorFlow keeps one Eigen device per
+// parallelism level (DeviceBase::eigen_cpu_devices_, the table tf.data's per-thread max
+// parallelism picks from). Pointing the levels above N at the level-N device makes Eigen kernels
+// split N ways like a process started with N threads; setting CpuWorkerThreads::num_threads to N
+// does the same for kernels that split with Shard(). Both are restored at shutdown. The pool's
+// own ParallelFor and NumThreads() still say M (its threads exist), and kernels that size
+// per-thread buffers use those, which stay right.
+//
 // Input pipeline gate: tf.data runs map functions on threads of its own (not in the two pools),
 // so parking cannot limit them. A gated map function takes a ticket first (MalleableGateAcquire,
 // blocking while `capacity` calls hold one) and returns it at its end (MalleableGateRelease).
@@ -66,6 +75,44 @@ struct ParkingLot {
 ParkingLot g_lots[2];
 std::mutex g_attach_mu;
 bool g_attached = false;
+
+// Reading a private member through an explicit instantiation (which skips access checks): the
+// layout is the one of the headers this file is compiled against, the installed wheel's.
+template <typename Tag, typename Tag::type Member>
+struct PrivateAccess {
+  friend typename Tag::type Get(Tag) { return Member; }
+};
+struct EigenCpuDevicesTag {
+  using type = std::vector<Eigen::ThreadPoolDevice*> tensorflow::DeviceBase::*;
+  friend type Get(EigenCpuDevicesTag);
+};
+template struct PrivateAccess<EigenCpuDevicesTag, &tensorflow::DeviceBase::eigen_cpu_devices_>;
+
+struct SplitWidth {
+  std::mutex mu;
+  std::vector<Eigen::ThreadPoolDevice*>* levels = nullptr;   // the device's table, live
+  std::vector<Eigen::ThreadPoolDevice*> original;            // as TensorFlow built it
+  tensorflow::DeviceBase::CpuWorkerThreads* workers = nullptr;  // Shard()'s thread count
+  bool shard_too = false;  // also set the count Shard() splits by
+  int width = 0;
+};
+
+SplitWidth g_split;
+
+// Level k (1-based) uses the device of level min(k, n). Pointer-sized aligned stores: a kernel
+// that reads the table meanwhile gets the old or the new device, both alive for the process.
+void ApplyWidthLocked(int n) {
+  if (g_split.levels == nullptr) return;
+  for (size_t k = 1; k <= g_split.original.size(); ++k) {
+    Eigen::ThreadPoolDevice* d = g_split.original[std::min<size_t>(k, n) - 1];
+    __atomic_store_n(&(*g_split.levels)[k - 1], d, __ATOMIC_RELEASE);
+  }
+  if (g_split.workers != nullptr) {
+    __atomic_store_n(&g_split.workers->num_threads, g_split.shard_too ? n :
+                     static_cast<int>(g_split.original.size()), __ATOMIC_RELEASE);
+  }
+  g_split.width = n;
+}
 
 bool ExcessLocked(ParkingLot* lot) { return lot->shutdown || lot->scheduled > lot->target; }
 
@@ -214,6 +261,24 @@ struct MalleableGateTicket {
 };
 
 extern "C" {
+
+// New Eigen kernels split their work `n` ways (1..pool size), and with `shard_too` also the
+// kernels that split by CpuWorkerThreads::num_threads (Shard()). Returns 0, -2 where the
+// device's table was not found (before attach, or a TensorFlow that builds it otherwise), -3 out
+// of range.
+int mtf_set_split_width(int n, int shard_too) {
+  std::lock_guard<std::mutex> l(g_split.mu);
+  if (g_split.levels == nullptr) return -2;
+  if (n < 1 || static_cast<size_t>(n) > g_split.original.size()) return -3;
+  g_split.shard_too = shard_too != 0;
+  ApplyWidthLocked(n);
+  return 0;
+}
+
+int mtf_split_width() {
+  std::lock_guard<std::mutex> l(g_split.mu);
+  return g_split.width;
+}
 
 // Calls of gated map functions allowed at once; 0 removes the limit. Wakes waiters to re-check.
 int mtf_gate_set_capacity(int capacity) {
@@ -375,6 +440,14 @@ long mtf_poll_count(int which) {
 void mtf_shutdown() {
   mtf_poll_stop();
   mtf_gate_set_capacity(0);  // nothing may wait at the gate while the process exits
+  {
+    // TensorFlow deletes every entry of its table when the device goes: give it back as built.
+    std::lock_guard<std::mutex> l(g_split.mu);
+    if (g_split.levels != nullptr) {
+      g_split.shard_too = false;
+      ApplyWidthLocked(static_cast<int>(g_split.original.size()));
+    }
+  }
   for (ParkingLot& lot : g_lots) {
     std::unique_lock<std::mutex> lock(lot.mu);
     lot.shutdown = true;
@@ -449,6 +522,16 @@ class MalleableAttachOp : public OpKernel {
           g_lots[kIntra].schedule = [intra](std::function<void()> fn) {
             intra->Schedule(std::move(fn));
           };
+        }
+        {
+          std::lock_guard<std::mutex> ls(g_split.mu);
+          auto& levels = ctx->device()->*Get(EigenCpuDevicesTag());
+          if (levels.size() == static_cast<size_t>(intra->NumThreads())) {
+            g_split.levels = &levels;
+            g_split.original = levels;
+            g_split.width = intra->NumThreads();
+            g_split.workers = const_cast<DeviceBase::CpuWorkerThreads*>(workers);
+          }
         }
         auto* runner = ctx->runner();
         if (runner != nullptr && *runner) {

@@ -35,8 +35,10 @@ def test_busy_threads_drop_one_by_one_and_parked_threads_use_no_cpu():
     others = by_active[4]["busy"] - 4    # caller and inter-op threads that also run
     for n in (4, 3, 2, 1):
         r = by_active[n]
-        assert r["parked"] == 4 - n
-        assert r["busy"] == n + others, res
+        assert r["parked"] == 4 - n and r["split_width"] == n
+        # Work split one way runs inline in the caller, as in TensorFlow started with 1 thread:
+        # the one active pool thread then has nothing to do.
+        assert r["busy"] == (others if n == 1 else n + others), res
         assert r["parked_overlap_busy"] == 0 and r["parked_cpu_ticks"] == 0, res
     assert res[-1]["active"] == 4 and res[-1]["busy"] == 4 + others  # all back
 

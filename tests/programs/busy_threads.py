@@ -48,7 +48,8 @@ for n in list(range(POOL, 0, -1)) + [POOL]:
     parked_ticks = sum(after.get(t, 0) - before.get(t, 0) for t in parked)
     results.append({"active": n, "busy": len(busy), "parked": len(parked),
                     "parked_overlap_busy": len(set(parked) & set(busy)),
-                    "parked_cpu_ticks": parked_ticks})
+                    "parked_cpu_ticks": parked_ticks,
+                    "split_width": rt.native_lib.mtf_split_width()})
 stop.set()
 worker.join()
 print("RESULT " + json.dumps(results), flush=True)

@@ -18,6 +18,10 @@ class FakeLib:
         self.parked[pool] = n
         return 0
 
+    def mtf_set_split_width(self, n, shard_too):
+        self.calls.append(("split", n))
+        return 0
+
     def mtf_gate_set_capacity(self, n):
         self.calls.append(("gate", n))
         return 0
