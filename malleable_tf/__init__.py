@@ -97,6 +97,16 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         if follow is None:
             follow = os.environ.get("MALLEABLE_TF_FOLLOW", "1") != "0"
         signals = _configured_signals() if signals is None else signals
+        # Every setting is checked before TensorFlow is touched: a bad one leaves init() free
+        # to run again.
+        source = os.environ.get("MALLEABLE_TF_ALLOWANCE", "auto")
+        if source not in ("auto", "cgroup"):
+            raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
+        try:
+            split = Split(os.environ.get("MALLEABLE_TF_SPLIT", "active"))
+        except ValueError:
+            raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not "
+                             f"{os.environ['MALLEABLE_TF_SPLIT']!r}") from None
         try:
             tf.config.threading.set_intra_op_parallelism_threads(max_threads)
             tf.config.threading.set_inter_op_parallelism_threads(inter_max)
@@ -119,15 +129,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                   "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
         status = None if not status else Path(str(status).format(**fields))
         target = os.environ.get("MALLEABLE_TF_TARGET")
-        source = os.environ.get("MALLEABLE_TF_ALLOWANCE", "auto")
-        if source not in ("auto", "cgroup"):
-            raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
         target_path = None if not target else Path(target.format(**fields))
-        try:
-            split = Split(os.environ.get("MALLEABLE_TF_SPLIT", "active"))
-        except ValueError:
-            raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not "
-                             f"{os.environ['MALLEABLE_TF_SPLIT']!r}") from None
         rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
                      recheck_interval_s=recheck_interval_s,

@@ -61,7 +61,13 @@ try:
     malleable_tf.set_threads(1)
 except malleable_tf.NotInitialized as e:
     errors.append("before-init")
-malleable_tf.init(max_threads=2)
+os.environ["MALLEABLE_TF_SPLIT"] = "sideways"
+try:
+    malleable_tf.init(max_threads=2)
+except ValueError as e:
+    errors.append("bad-split" if "MALLEABLE_TF_SPLIT" in str(e) else str(e))
+del os.environ["MALLEABLE_TF_SPLIT"]
+malleable_tf.init(max_threads=2)   # the bad setting changed nothing: init runs again
 for bad in (0, -1, 3, "1", 1.5):
     try:
         malleable_tf.set_threads(intra=bad)
@@ -83,8 +89,9 @@ print("RESULT " + __import__("json").dumps(errors))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **QUIET})
-    assert result_of(proc) == ["before-init", "ValueError", "ValueError", "ValueError",
-                               "TypeError", "TypeError", "double-init", "after-shutdown"]
+    assert result_of(proc) == ["before-init", "bad-split", "ValueError", "ValueError",
+                               "ValueError", "TypeError", "TypeError", "double-init",
+                               "after-shutdown"]
 
 
 def test_init_after_first_op_is_a_clear_error():
