@@ -16,18 +16,10 @@ import time
 from pathlib import Path
 
 from common import HERE, RESULTS, machine, median, percentile, run_worker, save
+from malleable_tf.runtime import pin_all_threads
 from slurm_plugin.cpulist import parse_cpu_list
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
-
-
-def set_affinity_of_all_threads(pid: int, cpus: set[int]) -> None:
-    """What ``taskset -a -p`` does: every thread of the process."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass  # a thread that just exited
 
 
 def follow_latencies(count: int, how: str) -> list[float]:
@@ -55,8 +47,8 @@ def follow_latencies(count: int, how: str) -> list[float]:
             if how == "cpuset":
                 (cg / "cpuset.cpus").write_text("0" if i % 2 == 0 else full)
             else:
-                set_affinity_of_all_threads(proc.pid, {0} if i % 2 == 0 else set(
-                    parse_cpu_list(full)))
+                pin_all_threads(frozenset({0}) if i % 2 == 0 else parse_cpu_list(full),
+                                pid=proc.pid)
             deadline = time.time() + 5
             while time.time() < deadline:
                 rec = json.loads(status.read_text())

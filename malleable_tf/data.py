@@ -20,15 +20,12 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-
-def _ops():
-    import malleable_tf
-    return malleable_tf.runtime().native_ops
+import malleable_tf
 
 
 def gate(fn: Callable) -> Callable:
     """Wrap a tf.data map function so that its calls pass the gate. Needs ``init()`` first."""
-    ops = _ops()
+    ops = malleable_tf.runtime().native_ops
 
     @functools.wraps(fn)
     def gated(*args):
@@ -56,12 +53,10 @@ def map(dataset, fn: Callable, num_parallel_calls=None, deterministic=None, name
 def stats() -> dict[str, int]:
     """The gate now: capacity, calls holding a ticket, the most at once since the last
     ``reset_max()``, tickets ever taken."""
-    import malleable_tf
     lib = malleable_tf.runtime().native_lib
     return {"capacity": lib.mtf_gate_stat(0), "in_use": lib.mtf_gate_stat(1),
             "max_in_use": lib.mtf_gate_stat(2), "acquired": lib.mtf_gate_stat(3)}
 
 
 def reset_max() -> None:
-    import malleable_tf
     malleable_tf.runtime().native_lib.mtf_gate_reset_max()

@@ -90,16 +90,17 @@ class ThreadState:
     following: bool
 
 
-def thread_ids() -> list[int]:
+def thread_ids(pid: int | str = "self") -> list[int]:
     try:
-        return [int(t) for t in os.listdir("/proc/self/task")]
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
-        return [threading.get_native_id()]
+        return [threading.get_native_id()] if pid == "self" else []
 
 
-def pin_all_threads(cpus: frozenset[int]) -> None:
-    """Set the affinity of every thread of this process (threads created later inherit it)."""
-    for tid in thread_ids():
+def pin_all_threads(cpus: frozenset[int], pid: int | str = "self") -> None:
+    """Set the affinity of every thread of a process, this one by default (what
+    ``taskset -a -p`` does; threads created later inherit their creator's mask)."""
+    for tid in thread_ids(pid):
         try:
             os.sched_setaffinity(tid, cpus)
         except (ProcessLookupError, PermissionError, OSError):
@@ -113,7 +114,7 @@ class Runtime:
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
-                 split: Split | None = None,
+                 split: Split = Split.ACTIVE,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
                  clock: Callable[[], float] = time.monotonic):
         self._native = native
@@ -134,7 +135,7 @@ class Runtime:
         # slurmstepd binds a task to at launch is not a limit (it does not widen when the cpuset
         # grows): MALLEABLE_TF_ALLOWANCE=cgroup turns mask restrictions off.
         self.mask_restricts = mask_restricts
-        self.split = split or Split.ACTIVE
+        self.split = split
         self._pinned: frozenset[int] | None = None
         self._pin = pin
         self._clock = clock
@@ -338,8 +339,7 @@ class Runtime:
                 self.refresh_allowance(reason="signal")
                 return
             if action is Action.ALLOWANCE:
-                self.refresh_allowance()
-                return
+                return  # the watcher re-reads the allowance after every wake
             step = {Action.INTRA_UP: (1, 0), Action.INTRA_DOWN: (-1, 0),
                     Action.INTER_UP: (0, 1), Action.INTER_DOWN: (0, -1)}[action]
             intra = min(self.intra_pool, max(1, self._want_intra + step[0]))
