@@ -25,7 +25,7 @@ from slurm_plugin.coscheduler.config import AgentConfig
 from slurm_plugin.coscheduler.model import Policy
 from slurm_plugin.coscheduler.reconciler import Reconciler
 from slurm_plugin.slurm.client import CliSlurmClient
-from slurm_plugin.runner import CommandResult
+from malleable_protocol.runner import CommandResult
 
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "slurm-22.05"
 

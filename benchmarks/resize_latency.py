@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import HERE, RESULTS, machine, median, percentile, run_worker, save
 from malleable_tf.runtime import pin_all_threads
-from slurm_plugin.cpulist import parse_cpu_list
+from malleable_protocol.cpulist import parse_cpu_list
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 

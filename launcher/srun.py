@@ -6,22 +6,28 @@ Inside an allocation (sbatch, salloc) it runs ``srun --mpi=pmix --cpu-bind=none`
 which the co-scheduler resizes, stays in charge of CPUs; a launch binding would not widen when
 the cgroup grows) with every other srun option passed through, and sets for each rank:
 
-- MALLEABLE_TF_MAX_THREADS: the pool size, the node's cores or the job's max= bound;
-- MALLEABLE_TF_STATUS / MALLEABLE_TF_TARGET: the rank's status record and the job's target file
-  under $MALLEABLE_STATUS_BASE/job_<id>/ (where the agent reads them);
+- MALLEABLE_TF_MAX_THREADS=node: each rank's pool is as large as its node's cores (the agent
+  never gives a job more than its max= bound, so the extra threads stay parked);
+- MALLEABLE_TF_STATUS / MALLEABLE_TF_TARGET: the rank's status record and its node's target,
+  where ``malleable_protocol.RunLayout`` puts them under $MALLEABLE_RUN_DIR (/run/malleable);
 - MALLEABLE_TF_ALLOWANCE=cgroup.
 
-Outside an allocation it says so, or with ``--local N`` runs N ranks here under mpirun.
+It asks slurmctld nothing. The job's folder for status records is made by the Prolog for the
+job's user; without it (no co-scheduler on the cluster) the ranks still follow their cpusets and
+run without status records. Outside an allocation it says so, or with ``--local N`` runs N
+ranks here under mpirun.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_STATUS_BASE = "/run/malleable/status"
+from malleable_protocol import RunLayout
+from malleable_protocol.layout import DEFAULT_RUN_DIR
 
 
 class LaunchError(RuntimeError):
@@ -32,57 +38,49 @@ class LaunchError(RuntimeError):
 class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
+    status_dir: Path | None     # where the rank records go (None: no co-scheduler folder)
 
 
-def malleable_env(job_id: str, status_base: Path, max_threads: int | None) -> dict[str, str]:
-    folder = status_base / f"job_{job_id}"
-    env = {"MALLEABLE_TF_STATUS": str(folder / "rank_{rank}.json"),
-           "MALLEABLE_TF_TARGET": str(folder / "target-{node}.json"),
-           "MALLEABLE_TF_ALLOWANCE": "cgroup"}
-    if max_threads:
-        env["MALLEABLE_TF_MAX_THREADS"] = str(max_threads)
-    return env
-
-
-def job_max_threads(job_id: str, environ: dict[str, str]) -> int | None:
-    """The per-rank pool size: the job's max= bound if it has one, else its nodes' cores."""
-    from slurm_plugin.coscheduler.reconciler import job_spec_and_request
-    from slurm_plugin.slurm import CliSlurmClient
-    client = CliSlurmClient()
-    job = client.job(int(job_id))
-    spec, _ = job_spec_and_request(job)
-    node_cores = max((n.cpus for n in client.nodes() if n.name in job.nodes), default=None)
-    if spec is not None and spec.max_cpus is not None and node_cores:
-        return min(spec.max_cpus, node_cores)
-    return node_cores
+def malleable_env(layout: RunLayout, job_id: int) -> dict[str, str]:
+    return {"MALLEABLE_TF_STATUS": str(layout.status_file(job_id, "{rank}")),
+            "MALLEABLE_TF_TARGET": str(layout.target_file(job_id, "{node}")),
+            "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "node"}
 
 
 def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
-                max_threads_of=job_max_threads) -> LaunchPlan:
-    status_base = Path(environ.get("MALLEABLE_STATUS_BASE", DEFAULT_STATUS_BASE))
+                is_dir=os.path.isdir) -> LaunchPlan:
+    layout = RunLayout(Path(environ.get("MALLEABLE_RUN_DIR", str(DEFAULT_RUN_DIR))))
     if args[:1] == ["--local"]:
         if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
             raise LaunchError("usage: malleable-srun --local N PROGRAM [ARGS...]")
         mpirun = which("mpirun")
         if mpirun is None:
             raise LaunchError("mpirun not found on PATH (apt-get install openmpi-bin)")
-        env = malleable_env(f"local-{os.getpid()}", status_base, None)
-        env["MALLEABLE_TF_ALLOWANCE"] = "auto"
+        # No agent here: the records go to a private folder of this user's.
+        local = Path(tempfile.mkdtemp(prefix="malleable-local-"))
+        env = {"MALLEABLE_TF_STATUS": str(local / RunLayout.status_name("{rank}")),
+               "MALLEABLE_TF_ALLOWANCE": "auto"}
         argv = [mpirun, "-np", args[1], "--bind-to", "none", "--oversubscribe"]
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-        return LaunchPlan(argv + args[2:], env)
-    job_id = environ.get("SLURM_JOB_ID")
-    if not job_id:
+        return LaunchPlan(argv + args[2:], env, local)
+    job = environ.get("SLURM_JOB_ID")
+    if not job:
         raise LaunchError("not inside a Slurm allocation (no SLURM_JOB_ID): run it from an "
                           "sbatch script or salloc, or try it here with --local N")
+    if not job.isdigit() or not 0 < int(job) < 2**32:
+        raise LaunchError(f"SLURM_JOB_ID={job!r} is not a job id")
     srun = which("srun")
     if srun is None:
         raise LaunchError("srun not found on PATH")
     if any(a.startswith("--cpu-bind") for a in args):
         raise LaunchError("malleable-srun sets --cpu-bind=none itself: the cgroup decides")
-    env = malleable_env(job_id, status_base, max_threads_of(job_id, environ))
-    return LaunchPlan([srun, "--mpi=pmix", "--cpu-bind=none", *args], env)
+    env = malleable_env(layout, int(job))
+    status_dir = layout.job_dir(int(job))
+    if not is_dir(status_dir):
+        del env["MALLEABLE_TF_STATUS"]
+        status_dir = None
+    return LaunchPlan([srun, "--mpi=pmix", "--cpu-bind=none", *args], env, status_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"malleable-srun: {exc}", file=sys.stderr)
         return 2
-    folder = Path(plan.env["MALLEABLE_TF_TARGET"]).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"malleable-srun: cannot make the status folder {folder}: {exc}", file=sys.stderr)
-        return 2
+    if plan.status_dir is None:
+        print("malleable-srun: no co-scheduler folder for this job (no Prolog installed?): the "
+              "ranks follow their cpusets but write no status records", file=sys.stderr)
     os.execve(plan.argv[0], plan.argv, {**os.environ, **plan.env})
     return 127  # not reached
 

@@ -11,9 +11,9 @@ the process's CPU allowance (affinity mask, cpuset cgroup, CPU quota), split amo
 that share the node, and a control signal (SIGUSR1 by default) makes the runtime look at once.
 
 Environment: MALLEABLE_TF_STATUS (status record path; may hold {rank}, {local_rank}, {pid},
-{job}, {node}), MALLEABLE_TF_TARGET (a JSON {"intra": N, "inter": M} re-read on a reload
-signal; the same placeholders),
-MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS,
+{job}, {node}), MALLEABLE_TF_TARGET (the co-scheduler's ``malleable_protocol.Target``, the cores the
+job holds on this node, re-read on a reload signal and once a second; the same placeholders),
+MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS (a number or "node"),
 MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_SPLIT (active: kernels
 split work as many ways as there are active intra-op threads, the default; eigen: only Eigen
 kernels do; pool: kernels split by the pool size), MALLEABLE_TF_ALLOWANCE=cgroup to take
@@ -64,9 +64,17 @@ def _ignore_until_init() -> None:
 _ignore_until_init()
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
+def _env_max_threads() -> int | None:
+    """MALLEABLE_TF_MAX_THREADS: a number, or "node" for every core of this node (what
+    malleable-srun sets: the pool must be able to grow past the cores held at launch)."""
+    value = os.environ.get("MALLEABLE_TF_MAX_THREADS")
+    if not value:
+        return None
+    if value == "node":
+        return os.cpu_count() or 1
+    if not value.isdigit():
+        raise ValueError(f"MALLEABLE_TF_MAX_THREADS must be a number or 'node', not {value!r}")
+    return int(value)
 
 
 def init(max_threads: int | None = None, *, inter_max_threads: int | None = None,
@@ -89,7 +97,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
 
         from ._native import load
 
-        max_threads = max_threads or _env_int("MALLEABLE_TF_MAX_THREADS") or len(os.sched_getaffinity(0))
+        max_threads = max_threads or _env_max_threads() or len(os.sched_getaffinity(0))
         inter_max = inter_max_threads or max_threads
         for name, value in (("max_threads", max_threads), ("inter_max_threads", inter_max)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
@@ -137,6 +145,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                      mask_restricts=source != "cgroup", split=split)
         _setup_logging()
         rt.install_signals(signals)
+        rt.load_target()
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")
         rt.start_watcher()
         _runtime = rt

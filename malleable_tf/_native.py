@@ -58,7 +58,7 @@ def build(tf, *, compiler: str | None = None) -> Path:
             return target
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            from slurm_plugin.runner import CommandError, run_command
+            from malleable_protocol.runner import CommandError, run_command
             try:
                 run_command([cxx, "-std=c++17", "-shared", "-fPIC", "-O2", str(SOURCE), "-o",
                              str(out), *_flags(tf)], timeout=600)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_plugin.cpulist import parse_cpu_list
+from malleable_protocol import parse_cpu_list, rank_share
 
 
 @dataclass(frozen=True)
@@ -31,19 +31,9 @@ class Allowance:
 
 
 def share_of(allowance: Allowance, local_rank: int, local_size: int) -> frozenset[int]:
-    """This rank's CPUs when ``local_size`` ranks split the allowance: contiguous blocks whose
-    sizes differ by at most one. With fewer cores than ranks, ranks share one core each."""
-    if local_size < 1 or not 0 <= local_rank < local_size:
-        raise ValueError(f"bad local rank {local_rank} of {local_size}")
-    cpus = sorted(allowance.cpus)[: allowance.usable]
-    if not cpus:
-        raise ValueError("empty allowance")
-    if len(cpus) < local_size:
-        return frozenset({cpus[local_rank % len(cpus)]})
-    base, extra = divmod(len(cpus), local_size)
-    start = local_rank * base + min(local_rank, extra)
-    size = base + (1 if local_rank < extra else 0)
-    return frozenset(cpus[start:start + size])
+    """This rank's CPUs when ``local_size`` ranks split the allowance (the protocol's split,
+    which the agent uses too to tell each rank its thread target)."""
+    return rank_share(allowance.cpus, local_rank, local_size, usable=allowance.usable)
 
 
 # --- readers -------------------------------------------------------------------------------

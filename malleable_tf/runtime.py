@@ -9,7 +9,6 @@ constructor: ``start_watcher`` starts the Python watcher thread and the native p
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import select
@@ -20,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from slurm_plugin.cpulist import format_cpu_list
+from malleable_protocol import ProtocolError, RankStatus, ResizeEvent, Target, format_cpu_list
+from malleable_protocol.records import MAX_RECORD_BYTES
+from malleable_protocol.safe_io import read_bounded
 
 from . import allowance as allow
 from . import telemetry
@@ -152,7 +153,11 @@ class Runtime:
         self._share = self._allowance.cpus
         self._rate = telemetry.StepRate()
         self._resizes = 0
-        self._last: telemetry.ResizeEvent | None = None
+        self._last: ResizeEvent | None = None
+        # The co-scheduler's Target for this job on this node: the cores the job holds there,
+        # or is about to hold (a shrink parks threads before the cpuset narrows).
+        self._target: Target | None = None
+        self._steps = 0
         self._watcher: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
         self._warned_split = False
@@ -246,10 +251,19 @@ class Runtime:
             cpus = self._outside_mask or mask
         return allow.Allowance(cpus=frozenset(cpus), quota_cpus=self._cgroup.quota())
 
+    def _effective_allowance(self) -> allow.Allowance:
+        """The allowance capped by the agent's target (a target disjoint from it is stale)."""
+        if self._target is None:
+            return self._allowance
+        capped = self._allowance.cpus & self._target.cpus
+        if not capped:
+            return self._allowance
+        return allow.Allowance(cpus=capped, quota_cpus=self._allowance.quota_cpus)
+
     def _apply(self, reason: str, wait_s: float) -> None:
         t0 = self._clock()
         if self.follow:
-            share = allow.share_of(self._allowance, self.local_rank, self.local_size)
+            share = allow.share_of(self._effective_allowance(), self.local_rank, self.local_size)
         else:
             share = self._share
         cap = len(share) if self.follow else max(self.intra_pool, self.inter_pool)
@@ -280,7 +294,7 @@ class Runtime:
         latency_ms = (self._clock() - t0) * 1000
         if before != (intra, inter):
             self._resizes += 1
-            self._last = telemetry.ResizeEvent(time.time(), before[0], intra, before[1], inter,
+            self._last = ResizeEvent(time.time(), before[0], intra, before[1], inter,
                                                reason, round(latency_ms, 3))
             log.info("malleable_tf: rank %d resize intra %d->%d inter %d->%d cpus=%s reason=%s "
                      "latency=%.2fms", self.rank, before[0], intra, before[1], inter,
@@ -308,16 +322,18 @@ class Runtime:
         """Credit ``steps`` done in ``seconds`` to ``threads`` intra-op threads (default: now)."""
         with self._lock:
             self._rate.record(self._intra if threads is None else threads, steps, seconds)
+            self._steps += max(0, steps)
 
-    def status_record(self) -> telemetry.StatusRecord:
+    def status_record(self) -> RankStatus:
         with self._lock:
-            return telemetry.StatusRecord(
-                pid=os.getpid(), node=os.environ.get("SLURMD_NODENAME", ""), rank=self.rank, local_rank=self.local_rank,
-                local_size=self.local_size, intra_active=self._intra, intra_pool=self.intra_pool,
+            return RankStatus(
+                pid=os.getpid(), node=os.environ.get("SLURMD_NODENAME", "")[:64], rank=self.rank,
+                local_rank=self.local_rank, local_size=self.local_size,
+                intra_active=self._intra, intra_pool=self.intra_pool,
                 inter_active=self._inter, inter_pool=self.inter_pool,
-                allowed_cpus=sorted(self._allowance.cpus), share_cpus=sorted(self._share),
-                steps_per_s={str(k): round(v, 4) for k, v in sorted(self._rate.rates.items())},
-                resizes=self._resizes, last_resize=self._last)
+                allowed_cpus=self._allowance.cpus, share_cpus=self._share,
+                steps_per_s=dict(self._rate.rates), steps=self._steps,
+                resizes=self._resizes, last_resize=self._last, updated=time.time())
 
     def write_status(self) -> None:
         if self.status_path is None:
@@ -334,9 +350,12 @@ class Runtime:
             if self._closed:
                 return
             if action is Action.RELOAD:
-                self._reload_target()
+                before = self._target
+                self.load_target()
                 self._cgroup.invalidate()  # "look again" includes where our cgroup files are
-                self.refresh_allowance(reason="signal")
+                if not self.refresh_allowance(reason="signal") and self._target != before \
+                        and self.follow:
+                    self._apply("target-file", 5.0)
                 return
             if action is Action.ALLOWANCE:
                 return  # the watcher re-reads the allowance after every wake
@@ -346,20 +365,16 @@ class Runtime:
             inter = min(self.inter_pool, max(1, self._want_inter + step[1]))
             self.set_threads(intra, inter, reason=f"signal:{action.name.lower()}")
 
-    def _reload_target(self) -> None:
-        """The target file: {"intra": N, "inter": M}, either key optional. Bad files are
-        reported and change nothing."""
+    def load_target(self) -> None:
+        """Read the co-scheduler's Target (bounded, no links followed). A bad or missing file is
+        reported (bad) and changes nothing."""
         if self.target_path is None:
             return
         try:
-            raw = self.target_path.read_bytes()[:4096]
-            data = json.loads(raw)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            self.set_threads(data.get("intra"), data.get("inter"), reason="target-file")
+            self._target = Target.decode(read_bounded(self.target_path, MAX_RECORD_BYTES))
         except FileNotFoundError:
             return
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ProtocolError) as exc:
             log.warning("malleable_tf: ignoring target file %s: %s", self.target_path, exc)
 
     def install_signals(self, mapping: dict[int, Action]) -> None:
@@ -402,7 +417,10 @@ class Runtime:
                             self.handle(Action(code))
                         except ValueError:
                             continue
-                self.refresh_allowance()
+                if not ready:   # the once-a-second safety net: a missed signal, a moved cgroup
+                    self.handle(Action.RELOAD)
+                else:
+                    self.refresh_allowance()
                 if self.follow:
                     self._arm_poller()
             except Exception as exc:  # the watcher must outlive any one bad event

@@ -23,7 +23,9 @@ from pathlib import Path
 import launcher.train_digits as train_digits
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.coscheduler.ranks import read_job_statuses
 from slurm_plugin.coscheduler.status import collect_status, format_table
+from slurm_plugin.feed import FeedStore
 from slurm_plugin.slurm import JobState
 
 TRAIN = Path(train_digits.__file__).resolve()
@@ -62,6 +64,8 @@ def main() -> int:
     cluster.up(log=say, agents="lend-idle")
     env = {**os.environ, **cluster.env()}
     timeline: list[dict] = []
+    rates: dict[str, dict] = {}
+    store = FeedStore(cluster.paths.root / "feed")
     jobs: dict[str, int] = {}
     try:
         client = cluster.client()
@@ -92,7 +96,13 @@ def main() -> int:
                     subprocess.run(["scontrol", "update", f"JobId={jobs['A']}",
                                     f"Comment=malleable:cpus={k}"], check=True, env=env)
                     say(f"scontrol update JobId={jobs['A']} Comment=malleable:cpus={k}")
-            rows = collect_status(cluster)
+            rows = collect_status(store)
+            for name, job_id in jobs.items():   # the records go with the job: keep the last
+                seen = read_job_statuses(cluster.run_layout, job_id)
+                if seen:
+                    rates[name] = {f"rank {st.rank}": {str(k): round(v, 2) for k, v in
+                                                       sorted(st.steps_per_s.items())}
+                                   for st in seen}
             for r in rows:
                 timeline.append({"t": round(now, 2), "job": r.job_id, "node": r.node,
                                  "cores": len(_cpus(r.current_cpus)), "threads": r.threads})
@@ -109,7 +119,7 @@ def main() -> int:
                 say("time is up: cancelling what still runs")
                 break
             time.sleep(1.0)
-        summary = summarize(cluster, jobs, timeline)
+        summary = summarize(cluster, jobs, timeline, rates)
         (out_dir / "demo-summary.json").write_text(json.dumps(summary, indent=2))
         png = out_dir / "demo-timeline.png"
         plot(timeline, jobs, png)
@@ -124,11 +134,12 @@ def main() -> int:
 
 
 def _cpus(text: str) -> list[int]:
-    from slurm_plugin.cpulist import parse_cpu_list
+    from malleable_protocol.cpulist import parse_cpu_list
     return sorted(parse_cpu_list(text)) if text and text != "-" else []
 
 
-def summarize(cluster: LocalCluster, jobs: dict[str, int], timeline: list[dict]) -> dict:
+def summarize(cluster: LocalCluster, jobs: dict[str, int], timeline: list[dict],
+              rates_by_job: dict[str, dict]) -> dict:
     client = cluster.client()
     out = {}
     for name, job_id in jobs.items():
@@ -137,10 +148,7 @@ def summarize(cluster: LocalCluster, jobs: dict[str, int], timeline: list[dict])
         per_node: dict[str, list[int]] = {}
         for p in points:
             per_node.setdefault(p["node"], []).append(p["cores"])
-        rates = {}
-        for f in sorted((cluster.paths.root / "status" / f"job_{job_id}").glob("rank_*.json")):
-            d = json.loads(f.read_text())
-            rates[f"rank {d['rank']}"] = d["steps_per_s"]
+        rates = rates_by_job.get(name, {})
         outputs = sorted(cluster.paths.root.glob(f"{name}-{job_id}.out"))  # the templates' output=
         done = [line for f in outputs for line in f.read_text().splitlines()
                 if line.startswith("[train] done")]

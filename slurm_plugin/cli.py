@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from .cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
 from .cluster.local import ClusterStatus
-from .runner import CommandError
+from malleable_protocol.runner import CommandError
 from .slurm import SlurmClientError
 
 
@@ -73,6 +74,8 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
 
 
 def _agent_cmd(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from .coscheduler.agent import run_agent
     from .coscheduler.config import AgentConfig
     from .coscheduler.model import Policy
@@ -81,10 +84,36 @@ def _agent_cmd(args: argparse.Namespace) -> int:
         overrides["node"] = args.node
     if args.policy:
         overrides["policy"] = Policy(args.policy)
-    import dataclasses
     config = AgentConfig.from_json(Path(args.config).read_text())
     config = dataclasses.replace(config, **overrides)
     return run_agent(config, once=args.once, metrics_port=args.metrics_port)
+
+
+def _watcher_cmd(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from .feed import ClusterWatcher, FeedStore, WatcherConfig
+    from .slurm import CliSlurmClient
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s watcher %(message)s")
+    config = WatcherConfig(feed_dir=Path(args.feed_dir),
+                           slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None,
+                           resync_s=args.resync)
+    watcher = ClusterWatcher(config, CliSlurmClient(slurm_conf=config.slurm_conf),
+                             FeedStore(config.feed_dir))
+    if args.once:
+        watcher.store.prepare()
+        result = watcher.poll()
+        print(f"{result.jobs} jobs, published {len(result.nodes_written)} node(s)"
+              + (f"; error: {result.error}" if result.error else ""))
+        return 1 if result.error else 0
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    watcher.run(stop.is_set)
+    return 0
 
 
 def _install_hooks_cmd(args: argparse.Namespace) -> int:
@@ -92,8 +121,8 @@ def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.hooks import install
     from .coscheduler.model import Policy
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
-                         slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None,
-                         status_base=Path(args.status_base), state_dir=Path(args.state_dir))
+                         run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
+                         feed_dir=Path(args.feed_dir))
     for name, path in install(Path(args.dir), config, max_value=args.max_cpus).items():
         print(f"{name}: {path}")
     return 0
@@ -118,7 +147,8 @@ def _client(args: argparse.Namespace):
 
 def _status_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.status import collect_status, format_table
-    rows = collect_status(LocalCluster.load(Path(args.dir)))
+    from .feed import FeedStore
+    rows = collect_status(FeedStore(Path(args.feed_dir)), only_malleable=not args.all)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
@@ -177,12 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     ag.set_defaults(func=_agent_cmd)
 
-    ih = sub.add_parser("install-slurm-hooks", help="render job_submit.lua, Prolog, Epilog")
+    wa = sub.add_parser("watcher", help="the cluster's one reader of slurmctld (foreground)")
+    wa.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
+                                                         "/run/malleable/feed"))
+    wa.add_argument("--slurm-conf", help="Slurm's configuration (default: Slurm's own)")
+    wa.add_argument("--resync", type=float, default=10.0,
+                    help="seconds between polls when no event came (default %(default)s)")
+    wa.add_argument("--once", action="store_true", help="one poll, then exit")
+    wa.set_defaults(func=_watcher_cmd)
+
+    ih = sub.add_parser("install-slurm-hooks",
+                        help="render job_submit.lua, Prolog, Epilog, PrologSlurmctld")
     ih.add_argument("dir")
     ih.add_argument("--policy", default="lend-idle", choices=["static", "lend-idle", "throughput"])
-    ih.add_argument("--slurm-conf")
-    ih.add_argument("--status-base", default="/run/malleable/status")
-    ih.add_argument("--state-dir", default="/run/malleable")
+    ih.add_argument("--run-dir", default="/run/malleable", help="the protocol's folders")
+    ih.add_argument("--state-dir", default="/run/malleable/agent")
+    ih.add_argument("--feed-dir", default="/run/malleable/feed",
+                    help="a folder the watcher and every node agent share")
     ih.add_argument("--max-cpus", type=int, default=4096, help="site limit on min=, max=, cpus=")
     ih.set_defaults(func=_install_hooks_cmd)
 
@@ -200,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     sb.set_defaults(func=_sbatch_cmd)
 
     st = sub.add_parser("status", help="malleable jobs: cores and threads per node")
-    st.add_argument("--dir", default=str(DEFAULT_ROOT))
+    st.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
+                                                         "/run/malleable/feed"))
+    st.add_argument("--all", action="store_true", help="rigid jobs too")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status_cmd)
     return parser

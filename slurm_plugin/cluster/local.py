@@ -19,7 +19,7 @@ from typing import Callable
 import psutil
 
 from .. import cgroups
-from ..runner import CommandError, CommandNotFound, CommandRunner, run_command
+from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 from ..slurm import CliSlurmClient, Job, Node
 from . import daemons
 from .spec import ClusterSpec, HostTopology, parse_slurmd_c, render_cgroup_conf, render_slurm_conf
@@ -117,8 +117,15 @@ class LocalCluster:
         shared-memory transport between ranks of different nodes crashes (seen: a segfault in
         mca_btl_vader with 2 ranks on each of 2 nodes); they talk over TCP on loopback instead."""
         return {"SLURM_CONF": str(self.paths.slurm_conf),
-                "MALLEABLE_STATUS_BASE": str(self.paths.root / "status"),
+                "MALLEABLE_RUN_DIR": str(self.paths.root / "malleable"),
+                "MALLEABLE_FEED_DIR": str(self.paths.root / "feed"),
                 "OMPI_MCA_btl": "self,tcp"}
+
+    @property
+    def run_layout(self):
+        """Where this cluster's ranks and agents meet (malleable_protocol.RunLayout)."""
+        from malleable_protocol import RunLayout
+        return RunLayout(self.paths.root / "malleable")
 
     def env_lines(self) -> list[str]:
         return [f"export {k}={v}" for k, v in self.env().items()]
@@ -196,22 +203,24 @@ class LocalCluster:
     def hooks_dir(self) -> Path:
         return self.paths.root / "hooks"
 
-    def agent_config(self, policy: str = "lend-idle"):
+    def agent_config(self):
+        """The agent settings the hooks were installed with (hooks/agent.json)."""
         from ..coscheduler.config import AgentConfig
-        from ..coscheduler.model import Policy
-        return AgentConfig(node=self.spec.node_names[0], policy=Policy(policy),
-                           slurm_conf=self.paths.slurm_conf,
-                           status_base=self.paths.root / "status",
-                           state_dir=self.paths.root / "agent")
+        return AgentConfig.from_json((self.hooks_dir / "agent.json").read_text())
 
     def _install_hooks(self, policy: str) -> None:
-        from ..coscheduler.hooks import install
-        config = self.agent_config(policy)
+        """What `malleable install-slurm-hooks` does on a real cluster, below this folder."""
+        from ..coscheduler.config import AgentConfig
+        from ..coscheduler.hooks import install, prepare_node_folders
+        from ..coscheduler.model import Policy
+        from ..feed.store import FeedStore
+        config = AgentConfig.under(self.paths.root, policy=Policy(policy))
         paths = install(self.hooks_dir, config)
-        config.status_base.mkdir(parents=True, exist_ok=True)
-        os.chmod(config.status_base, 0o1777)   # ranks of every user write their records here
+        prepare_node_folders(config)
+        FeedStore(config.feed_dir).prepare()
         self.spec = self.spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],
-                                         job_submit_lua=paths["job_submit.lua"])
+                                         job_submit_lua=paths["job_submit.lua"],
+                                         ctld_event=paths["ctld_event.sh"])
 
     def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
            agents: str | None = None) -> None:
@@ -247,6 +256,9 @@ class LocalCluster:
                        log_of={f"slurmd {n}": p.log / f"slurmd-{n}.log"
                                for n in self.spec.node_names})
             if agents is not None:
+                start("watcher", [sys.executable, "-m", "slurm_plugin.cli", "watcher",
+                                  "--feed-dir", str(self.paths.root / "feed"),
+                                  "--slurm-conf", str(p.slurm_conf)])
                 for node in self.spec.node_names:
                     start(f"agent {node}", [sys.executable, "-m", "slurm_plugin.cli", "agent",
                                             "--config", str(self.hooks_dir / "agent.json"),

@@ -84,6 +84,9 @@ class ClusterPaths:
     def daemons_file(self) -> Path: return self.run / "daemons.json"
 
 
+_PATH_FIELDS = ("root", "prolog", "epilog", "job_submit_lua", "ctld_event")
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     root: Path
@@ -105,6 +108,7 @@ class ClusterSpec:
     prolog: Path | None = None
     epilog: Path | None = None
     job_submit_lua: Path | None = None
+    ctld_event: Path | None = None     # PrologSlurmctld and EpilogSlurmctld: wakes the watcher
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -150,7 +154,7 @@ class ClusterSpec:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for k in ("root", "prolog", "epilog", "job_submit_lua"):
+        for k in _PATH_FIELDS:
             d[k] = None if d[k] is None else str(d[k])
         return json.dumps(d, indent=2, sort_keys=True)
 
@@ -158,13 +162,14 @@ class ClusterSpec:
     def from_json(cls, text: str) -> "ClusterSpec":
         d = json.loads(text)
         d["topology"] = HostTopology(**d["topology"])
-        for k in ("root", "prolog", "epilog", "job_submit_lua"):
+        for k in _PATH_FIELDS:
             d[k] = None if d.get(k) is None else Path(d[k])
         return cls(**d)
 
     def with_hooks(self, *, prolog: Path | None, epilog: Path | None,
-                   job_submit_lua: Path | None) -> "ClusterSpec":
-        return replace(self, prolog=prolog, epilog=epilog, job_submit_lua=job_submit_lua)
+                   job_submit_lua: Path | None, ctld_event: Path | None = None) -> "ClusterSpec":
+        return replace(self, prolog=prolog, epilog=epilog, job_submit_lua=job_submit_lua,
+                       ctld_event=ctld_event)
 
 
 def _template(name: str) -> string.Template:
@@ -188,6 +193,9 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         optional.append(f"Prolog={spec.prolog}")
     if spec.epilog is not None:
         optional.append(f"Epilog={spec.epilog}")
+    if spec.ctld_event is not None:
+        optional.append(f"PrologSlurmctld={spec.ctld_event}")
+        optional.append(f"EpilogSlurmctld={spec.ctld_event}")
     node_lines = [
         f"NodeName={n} NodeHostname={spec.hostname} NodeAddr={spec.address} "
         f"Port={spec.node_port(n)} {layout} State=UNKNOWN"

@@ -1,5 +1,6 @@
-"""``malleable agent``: the per-node daemon. Foreground; one reconcile cycle every interval,
-at once on SIGUSR1 (the Epilog sends it), clean stop on SIGTERM/SIGINT."""
+"""``malleable agent``: the per-node daemon. Foreground; a reconcile cycle every interval, at
+once when the node's feed changes or on SIGUSR1 (the Epilog sends it), clean stop on
+SIGTERM/SIGINT. It never asks slurmctld anything."""
 from __future__ import annotations
 
 import logging
@@ -18,18 +19,18 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     rec = make_reconciler(config)
     if once:
         result = rec.cycle()
-        for ch in result.changes:
-            print(f"job {ch.job_id}: {sorted(ch.before)} -> {sorted(ch.after)} ({ch.reason})")
-        for err in result.errors:
-            print(f"error: {err}", file=sys.stderr)
-        return 1 if result.errors else 0
+        for o in result.outcomes:
+            a = o.action
+            print(f"job {a.job_id}: {a.kind.value} {sorted(a.before)} -> {sorted(a.after)} "
+                  f"({a.reason.value}) {o.status.value}")
+        for failure in result.failures:
+            print(f"error: {failure}", file=sys.stderr)
+        return 1 if result.failures else 0
     if metrics_port is not None:
         from .metrics import AgentMetrics
         metrics = AgentMetrics(config.node)
         metrics.serve(metrics_port)
-        rec.on_cycle = lambda r: metrics.observe(r.snapshot, r.plan, len(r.changes),
-                                                 len(r.errors), r.seconds)
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+        rec.on_cycle = metrics.observe
     config.pid_file.write_text(str(os.getpid()))
     stop = threading.Event()
     wake = threading.Event()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cgroups import CgroupVersion
-from ..cpulist import format_cpu_list, parse_cpu_list
+from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 
 CPUS_FILE = "cpuset.cpus"
 
@@ -63,6 +63,33 @@ def read_cpus(folder: Path | str) -> frozenset[int] | None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class CgroupJob:
+    """A job folder found on the node: its owner, its CPUs, and whether every step folder
+    agrees with it (see ``folder_cpus``)."""
+
+    uid: int
+    job_id: int
+    cpus: frozenset[int]
+    folders: dict[str, frozenset[int]]          # step folders (relative path) -> CPUs
+
+    def in_line(self, allocation: frozenset[int]) -> bool:
+        return all(cpus == folder_cpus(rel, self.cpus, allocation)
+                   for rel, cpus in self.folders.items())
+
+
+def folder_cpus(rel: str, cpus: frozenset[int], allocation: frozenset[int] | None
+                ) -> frozenset[int]:
+    """What the folder ``rel`` (below the job folder) should hold when the job holds ``cpus``.
+    The batch and extern steps stay within Slurm's ``allocation``: slurmstepd resets the job
+    folder to the allocation whenever a new step starts, which the kernel refuses (EBUSY: the
+    step then fails to launch) while any child holds more. Seen here with Slurm 22.05."""
+    step = rel.split("/", 1)[0]
+    if step in ("step_batch", "step_extern") and allocation:
+        return (cpus & allocation) or cpus
+    return cpus
+
+
 def _descendants(folder: Path) -> list[str]:
     """Sub-folders (steps, tasks), parents before children; links are never followed."""
     out = []
@@ -80,12 +107,41 @@ class CpusetActuator:
         """The job folder's CPUs, or None when the folder does not exist (yet)."""
         return read_cpus(self.layout.job_dir(uid, job_id))
 
+    def node_cpus(self) -> frozenset[int]:
+        """The CPUs of slurmd's own folder for this node (empty when it is not made yet)."""
+        return read_cpus(self.layout.node_dir()) or frozenset()
+
+    def scan(self) -> dict[int, CgroupJob]:
+        """Every job folder of this node, with its step folders' CPUs (one read each)."""
+        node_dir = self.layout.node_dir()
+        found: dict[int, CgroupJob] = {}
+        try:
+            if self.layout.version is CgroupVersion.V1:
+                parents = [(int(d[4:]), os.path.join(node_dir, d)) for d in os.listdir(node_dir)
+                           if d.startswith("uid_") and d[4:].isdigit()]
+            else:
+                parents = [(-1, str(node_dir))]
+        except OSError:
+            return found
+        for uid, parent in parents:
+            try:
+                names = [d for d in os.listdir(parent) if d.startswith("job_") and d[4:].isdigit()]
+            except OSError:
+                continue
+            for name in names:
+                top = os.path.join(parent, name)
+                cpus = read_cpus(top)
+                if not cpus:
+                    continue   # being made or removed
+                folders = {f[len(top) + 1:]: read_cpus(f) or frozenset()
+                           for f in _descendants(Path(top))}
+                owner = uid if uid >= 0 else os.stat(top).st_uid
+                found[int(name[4:])] = CgroupJob(owner, int(name[4:]), cpus, folders)
+        return found
+
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],
               allocation: frozenset[int] | None = None) -> None:
-        """Give the job ``cpus``. The batch and extern steps stay within Slurm's ``allocation``:
-        they run no compute, and slurmstepd resets the job folder to the allocation whenever a
-        new step starts, which the kernel refuses (EBUSY: the step then fails to launch) while
-        any child holds more. Seen here with Slurm 22.05."""
+        """Give the job ``cpus`` (its batch and extern steps: see ``folder_cpus``)."""
         if not cpus:
             raise ValueError("a job cannot be left without CPUs")
         job_dir = self.layout.job_dir(uid, job_id)
@@ -93,11 +149,8 @@ class CpusetActuator:
             raise ActuatorError(f"no cgroup folder {job_dir}")
         top = str(job_dir)
         folders = [top] + _descendants(job_dir)
-        desired = {}
-        for f in folders:
-            step = f[len(top) + 1:].split("/", 1)[0]
-            quiet = step in ("step_batch", "step_extern")
-            desired[f] = (cpus & allocation) or cpus if quiet and allocation else cpus
+        desired = {f: folder_cpus(f[len(top) + 1:], cpus, allocation) if f != top else cpus
+                   for f in folders}
         old = {f: read_cpus(f) or frozenset() for f in folders}
         # The uid folder must hold every CPU its jobs hold (v1 parents bound children).
         parent_cpus = read_cpus(job_dir.parent)

@@ -2,22 +2,40 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from malleable_protocol import RunLayout
+
 from .model import Policy
+
+_PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount")
 
 
 @dataclass(frozen=True)
 class AgentConfig:
     node: str
     policy: Policy = Policy.LEND_IDLE
-    slurm_conf: Path | None = None
-    status_base: Path = Path("/run/malleable/status")    # ranks' status records, per job
-    state_dir: Path = Path("/run/malleable")             # lock, pid and event log
+    run_dir: Path = Path("/run/malleable")            # the protocol's folders (RunLayout)
+    state_dir: Path = Path("/run/malleable/agent")    # root only: lock, pid, ledger, events
+    feed_dir: Path = Path("/run/malleable/feed")      # the watcher's feed (a shared folder)
     cgroup_mount: Path = Path("/sys/fs/cgroup")
-    interval_s: float = 0.5
+    interval_s: float = 0.5       # a reconcile cycle at least this often
+    feed_check_s: float = 0.05    # how often the feed file is looked at (a local stat)
     shrink_wait_s: float = 0.5    # how long a shrink waits for ranks to park before narrowing
+    prolog_lock_timeout_s: float = 10.0
+
+    @classmethod
+    def under(cls, base: Path, *, node: str = "(set by SLURMD_NODENAME or --node)",
+              policy: Policy = Policy.LEND_IDLE) -> "AgentConfig":
+        """Every folder below ``base`` (a site's /run/malleable, a local cluster's folder)."""
+        base = Path(base)
+        return cls(node=node, policy=policy, run_dir=base / "malleable",
+                   state_dir=base / "agent", feed_dir=base / "feed")
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
 
     @property
     def lock_file(self) -> Path:
@@ -34,15 +52,20 @@ class AgentConfig:
     def to_json(self) -> str:
         d = asdict(self)
         d["policy"] = self.policy.value
-        for k in ("slurm_conf", "status_base", "state_dir", "cgroup_mount"):
-            d[k] = None if d[k] is None else str(d[k])
+        for k in _PATHS:
+            d[k] = str(d[k])
         return json.dumps(d, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, **overrides) -> "AgentConfig":
         d = {**json.loads(text), **overrides}
-        d["policy"] = Policy(d["policy"])
-        for k in ("status_base", "state_dir", "cgroup_mount"):
-            d[k] = Path(d[k])
-        d["slurm_conf"] = Path(d["slurm_conf"]) if d.get("slurm_conf") else None
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown agent settings: {', '.join(sorted(unknown))}")
+        d["policy"] = Policy(d["policy"]) if not isinstance(d.get("policy"), Policy) \
+            else d["policy"]
+        for k in _PATHS:
+            if k in d:
+                d[k] = Path(d[k])
         return cls(**d)

@@ -1,12 +1,17 @@
-"""Prolog and Epilog entry points, and the installer of the Slurm hooks.
+"""The Slurm hooks of a node (Prolog, Epilog), the agent's factory, and the hooks' installer.
 
-A Prolog must never fail a job for a reason of ours (Slurm would drain the node): errors are
-logged to the event folder and the Prolog exits 0; the agent's next cycle repairs what is left.
+The Prolog runs as root before a job's tasks start on the node. It asks slurmctld nothing: it
+makes the job's status folder for the job's user, marks the job as starting and runs one
+reconcile cycle, in which every core lent out of an allocation comes back (the new job's cores
+are not known on the node yet). It then checks the real cgroup tree. It fails closed: if a
+core could still be held outside its job's allocation, it exits 1 and Slurm drains the node and
+requeues the job (held) rather than start it on a core another job holds.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import string
 import sys
@@ -14,11 +19,17 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from ..slurm import CliSlurmClient
+from malleable_protocol import RunLayout, check_job_id
+from malleable_protocol.safe_io import ensure_private_dir, open_dir
+
 from ..cgroups import detect_version
+from ..feed.store import FeedStore
 from .cgroup_actuator import CpusetActuator, SlurmCgroupLayout
 from .config import AgentConfig
-from .reconciler import Reconciler
+from .executor import PlanExecutor
+from .ledger import LedgerFile
+from .observe import NodeObserver
+from .reconciler import Reconciler, node_lock
 
 
 def _template(name: str) -> string.Template:
@@ -27,16 +38,31 @@ def _template(name: str) -> string.Template:
 
 def install(dest: Path, config: AgentConfig, *, max_value: int = 4096,
             python: str = sys.executable) -> dict[str, Path]:
-    """Render job_submit.lua, prolog.sh, epilog.sh and agent.json into ``dest``."""
+    """Render job_submit.lua, the node Prolog and Epilog, the controller's event hook
+    (PrologSlurmctld and EpilogSlurmctld) and agent.json into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    paths = {name: dest / name for name in ("job_submit.lua", "prolog.sh", "epilog.sh", "agent.json")}
+    names = ("job_submit.lua", "prolog.sh", "epilog.sh", "ctld_event.sh", "agent.json")
+    paths = {name: dest / name for name in names}
+    events = FeedStore(config.feed_dir).events_file
     paths["agent.json"].write_text(config.to_json())
-    paths["job_submit.lua"].write_text(_template("job_submit.lua.tmpl").substitute(max_value=max_value))
+    paths["job_submit.lua"].write_text(_template("job_submit.lua.tmpl").substitute(
+        max_value=max_value, events_file=events))
+    paths["ctld_event.sh"].write_text(_template("ctld_event.sh.tmpl").substitute(
+        events_file=events))
     for hook in ("prolog.sh", "epilog.sh"):
         paths[hook].write_text(_template(f"{hook}.tmpl").substitute(
             python=python, config=paths["agent.json"]))
+    for hook in ("prolog.sh", "epilog.sh", "ctld_event.sh"):
         paths[hook].chmod(0o755)
     return paths
+
+
+def prepare_node_folders(config: AgentConfig) -> None:
+    """The protocol's folders on a node: root's, readable by all, writable by root only."""
+    for folder in (config.run_dir, config.layout.jobs_dir, config.layout.targets_dir):
+        ensure_private_dir(folder)
+        folder.chmod(0o755)
+    ensure_private_dir(config.state_dir)
 
 
 def load_config(path: Path) -> AgentConfig:
@@ -45,9 +71,60 @@ def load_config(path: Path) -> AgentConfig:
     return AgentConfig.from_json(path.read_text(), **overrides)
 
 
+def make_actuator(config: AgentConfig) -> CpusetActuator:
+    return CpusetActuator(SlurmCgroupLayout(config.node, detect_version(config.cgroup_mount),
+                                            config.cgroup_mount))
+
+
 def make_reconciler(config: AgentConfig) -> Reconciler:
-    layout = SlurmCgroupLayout(config.node, detect_version(config.cgroup_mount), config.cgroup_mount)
-    return Reconciler(config, CliSlurmClient(slurm_conf=config.slurm_conf), CpusetActuator(layout))
+    actuator = make_actuator(config)
+    store = FeedStore(config.feed_dir)
+    observer = NodeObserver(config.node, config.layout, store, actuator)
+    executor = PlanExecutor(config.node, config.layout, actuator,
+                            shrink_wait_s=config.shrink_wait_s)
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    return Reconciler(config, observer, executor, LedgerFile(config.state_dir, config.node),
+                      store)
+
+
+def lent_cores(config: AgentConfig) -> list[str]:
+    """Read from the real cgroup tree: jobs holding cores outside their allocation (as the
+    ledger knows it), and cores held by two jobs. Empty when the node is safe to start on."""
+    found = make_actuator(config).scan()
+    ledger = LedgerFile(config.state_dir, config.node).load()
+    problems, owner = [], {}
+    for job_id, cg in sorted(found.items()):
+        alloc = ledger.allocations.get(job_id)
+        if alloc is not None and not cg.cpus <= alloc.cpus:
+            problems.append(f"job {job_id} holds {sorted(cg.cpus - alloc.cpus)} outside its "
+                            "allocation")
+        for c in cg.cpus:
+            if c in owner:
+                problems.append(f"core {c} in jobs {owner[c]} and {job_id}")
+            owner[c] = job_id
+    return problems
+
+
+def make_job_folder(layout: RunLayout, job_id: int, uid: int, gid: int) -> Path:
+    """The folder where the job's ranks write their records, owned by the job's user, in a
+    folder only root writes (nobody can make it ahead of the job)."""
+    jobs = ensure_private_dir(layout.jobs_dir)
+    name = layout.job_dir(job_id).name
+    jfd = open_dir(jobs)
+    try:
+        try:
+            os.mkdir(name, 0o755, dir_fd=jfd)
+        except FileExistsError:
+            pass     # a requeued job: the folder is checked and re-owned below
+        dfd = open_dir(name, dir_fd=jfd)
+        try:
+            os.fchown(dfd, uid, gid)
+            os.fchmod(dfd, 0o755)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(jfd)
+    return jobs / name
 
 
 def _note(config: AgentConfig, text: str) -> None:
@@ -59,22 +136,67 @@ def _note(config: AgentConfig, text: str) -> None:
         pass
 
 
+def _job_env() -> tuple[int, int, int]:
+    env = os.environ
+    try:
+        return (check_job_id(int(env["SLURM_JOB_ID"])), int(env["SLURM_JOB_UID"]),
+                int(env.get("SLURM_JOB_GID", env["SLURM_JOB_UID"])))
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"not run by slurmd as a Prolog/Epilog (bad job environment: {exc})")
+
+
 def prolog(config: AgentConfig) -> int:
     t0 = time.monotonic()
-    result = make_reconciler(config).cycle(lock_timeout_s=10)
-    job = os.environ.get("SLURM_JOB_ID", "?")
-    _note(config, f"prolog job {job}: {len(result.changes)} changes in "
-                  f"{(time.monotonic() - t0) * 1000:.0f} ms" +
-          (f"; errors: {result.errors}" if result.errors else ""))
+    job_id, uid, gid = _job_env()
+    make_job_folder(config.layout, job_id, uid, gid)
+    result = make_reconciler(config).cycle(lock_timeout_s=config.prolog_lock_timeout_s,
+                                           starting_job=job_id)
+    problems = result.failures + lent_cores(config)
+    ms = (time.monotonic() - t0) * 1000
+    if problems:
+        msg = f"prolog job {job_id}: NOT SAFE to start ({ms:.0f} ms): {'; '.join(problems)}"
+        _note(config, msg)
+        print(f"malleable {msg}", file=sys.stderr)
+        return 1
+    _note(config, f"prolog job {job_id}: {len(result.applied)} resizes in {ms:.0f} ms")
     return 0
 
 
-def epilog(config: AgentConfig) -> int:
+def agent_pid(config: AgentConfig) -> int | None:
+    """The node's agent, if the pid file names a live root process running the agent."""
     try:
-        pid = int(config.pid_file.read_text())
-        os.kill(pid, signal.SIGUSR1)
+        pid = int(config.pid_file.read_text()[:16])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(4096).split(b"\0")
+        if os.stat(f"/proc/{pid}").st_uid != 0:
+            return None
     except (OSError, ValueError):
-        pass   # no agent: its next start lends the cores
+        return None
+    if b"agent" in argv and any(b"slurm_plugin" in a or a.endswith(b"malleable") for a in argv):
+        return pid
+    return None
+
+
+def epilog(config: AgentConfig) -> int:
+    job_id, _, _ = _job_env()
+    layout = config.layout
+    try:
+        os.unlink(layout.target_file(job_id, config.node))
+    except FileNotFoundError:
+        pass
+    if layout.jobs_dir.is_dir() and not layout.jobs_dir.is_symlink():
+        # rmtree works through descriptors on Linux: a link planted inside is removed, never
+        # followed (shutil.rmtree.avoids_symlink_attacks).
+        shutil.rmtree(layout.job_dir(job_id), ignore_errors=True)
+    with node_lock(config.lock_file, config.prolog_lock_timeout_s):
+        ledger_file = LedgerFile(config.state_dir, config.node)
+        ledger = ledger_file.load()
+        ledger.starting.pop(job_id, None)
+        ledger.ended[job_id] = time.time()
+        ledger_file.save(ledger)
+    pid = agent_pid(config)
+    if pid is not None:
+        os.kill(pid, signal.SIGUSR1)   # lend the freed cores now
     return 0
 
 
@@ -85,14 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         config = load_config(args.config)
-    except Exception as exc:  # noqa: BLE001 - never fail the job
-        print(f"malleable {args.which}: bad config {args.config}: {exc}", file=sys.stderr)
-        return 0
-    try:
         return prolog(config) if args.which == "prolog" else epilog(config)
-    except Exception as exc:  # noqa: BLE001 - never fail the job; the agent repairs
-        _note(config, f"{args.which} failed: {exc!r}")
-        return 0
+    except Exception as exc:  # noqa: BLE001 - reported, and the Prolog fails closed
+        print(f"malleable {args.which} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        try:
+            _note(config, f"{args.which} failed: {exc!r}")   # noqa: F821 - when config loaded
+        except NameError:
+            pass
+        return 1 if args.which == "prolog" else 0
 
 
 if __name__ == "__main__":

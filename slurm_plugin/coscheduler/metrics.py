@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .model import NodeSnapshot, Plan
 
 
 class AgentMetrics:
@@ -24,20 +23,20 @@ class AgentMetrics:
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
 
-    def observe(self, snapshot: NodeSnapshot | None, plan: Plan | None, changes: int,
-                errors: int, seconds: float) -> None:
-        self.cycle.labels(self.node).observe(seconds)
-        self.resizes.labels(self.node).inc(changes)
-        if errors:
+    def observe(self, result) -> None:
+        """One reconcile cycle's result (a ``CycleResult``)."""
+        self.cycle.labels(self.node).observe(result.seconds)
+        self.resizes.labels(self.node).inc(len(result.applied))
+        if result.failures:
             self.errors.labels(self.node).inc()
-        if snapshot is None or plan is None:
+        if result.snapshot is None or result.plan is None:
             return
         seen = set()
-        for job in snapshot.jobs:
+        for job in result.snapshot.jobs:
             jid = str(job.job_id)
             seen.add(jid)
-            self.cores.labels(self.node, jid, "slurm").set(len(job.slurm_cpus))
-            self.cores.labels(self.node, jid, "current").set(len(plan.targets[job.job_id]))
+            self.cores.labels(self.node, jid, "slurm").set(len(job.allocation))
+            self.cores.labels(self.node, jid, "current").set(len(result.plan.targets[job.job_id]))
         for gone in self._jobs - seen:   # ended jobs leave the exposition
             for kind in ("slurm", "current"):
                 self.cores.remove(self.node, gone, kind)

@@ -1,20 +1,37 @@
 """The pure policies: ``decide(snapshot, policy) -> Plan``. No I/O, no clock.
 
 1. How many cores each malleable job should have (by policy; an explicit request wins within
-   the job's bounds). Rigid jobs keep exactly their allocation.
-2. Which cores: a job keeps what it holds where it can, its own Slurm cores come first, and
-   borrowed cores are taken from the idle ones nearest to what it has, so sets move little and
-   stay local. Slurm's allocation is each job's guarantee: its owner gets those cores back
-   before anyone borrows them.
+   the job's bounds). Rigid jobs, and jobs whose cgroup is not made yet, keep exactly their
+   allocation. While a job is starting on the node with cores not known yet, nobody holds cores
+   outside their own allocation.
+2. A multi-node job is one job: each node offers it cores per rank, and no node gives it more
+   per rank than the smallest offer of its other nodes (a synchronous job runs at its slowest
+   rank's pace); the surplus goes to other jobs.
+3. Which cores: a job keeps what it holds where it can, its own Slurm cores come first, and
+   borrowed cores are the idle ones nearest to what it has. Slurm's allocation is each job's
+   guarantee: its owner gets those cores back before anyone borrows them.
+4. Actions: what changes for each job, with each rank's thread target (the protocol's split).
 """
 from __future__ import annotations
 
-from .model import JobView, NodeSnapshot, Plan, Policy, check_plan
+from malleable_protocol import threads_per_rank
+
+from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, Policy, Reason,
+                    check_plan)
 
 
-def _bounds(job: JobView, node_cpus: int) -> tuple[int, int]:
-    lo = min(job.spec.min_cpus, node_cpus)
-    return lo, max(lo, job.spec.max_on(node_cpus))
+def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> tuple[int, int]:
+    n_node = len(snapshot.cpus)
+    lo = min(job.spec.min_cpus, n_node)
+    hi = max(lo, job.spec.max_on(n_node))
+    alloc = len(job.allocation)
+    if snapshot.pending_starts:
+        # The reclaim: the allocation is the only guarantee while cores are unknown.
+        return min(lo, alloc), min(hi, alloc)
+    if peer_cap and job.peer_cap_per_rank is not None:
+        # Borrowed cores only: a job never falls below its own allocation for a peer.
+        hi = max(min(hi, job.peer_cap_per_rank * job.local_size), min(alloc, hi), lo)
+    return lo, hi
 
 
 def _water_fill(counts: dict[int, int], caps: dict[int, int], weights: dict[int, int],
@@ -51,19 +68,19 @@ def estimated_rate(job: JobView, n: int) -> float:
     return pts[-1][1] + slope * (n - pts[-1][0])
 
 
-def _throughput_counts(jobs: list[JobView], pool: int, node_cpus: int) -> dict[int, int]:
+def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
+                       pool: int) -> dict[int, int]:
     """Each job starts at its floor; each further core goes where it adds the most steps/s,
     relative to the job's own rate at its Slurm allocation (jobs are not comparable in
     absolute steps/s)."""
-    counts = {j.job_id: _bounds(j, node_cpus)[0] for j in jobs}
-    caps = {j.job_id: _bounds(j, node_cpus)[1] for j in jobs}
-    base = {j.job_id: max(estimated_rate(j, max(1, len(j.slurm_cpus))), 1e-9) for j in jobs}
+    counts = {j.job_id: bounds[j.job_id][0] for j in jobs}
+    base = {j.job_id: max(estimated_rate(j, max(1, len(j.allocation))), 1e-9) for j in jobs}
     by_id = {j.job_id: j for j in jobs}
     spare = pool - sum(counts.values())
     while spare > 0:
         best, gain = None, 0.0
         for jid in sorted(counts):
-            if counts[jid] >= caps[jid]:
+            if counts[jid] >= bounds[jid][1]:
                 continue
             j = by_id[jid]
             g = (estimated_rate(j, counts[jid] + 1) - estimated_rate(j, counts[jid])) / base[jid]
@@ -76,62 +93,72 @@ def _throughput_counts(jobs: list[JobView], pool: int, node_cpus: int) -> dict[i
     return counts
 
 
-def target_counts(snapshot: NodeSnapshot, policy: Policy) -> tuple[dict[int, int], dict[int, str]]:
+def target_counts(snapshot: NodeSnapshot, policy: Policy, *, peer_cap: bool = True
+                  ) -> tuple[dict[int, int], dict[int, Reason]]:
     n_node = len(snapshot.cpus)
-    mall = [j for j in snapshot.jobs if j.malleable]
-    counts = {j.job_id: len(j.slurm_cpus) for j in snapshot.jobs}
-    reasons = {j.job_id: "allocation" for j in snapshot.jobs}
-    free = n_node - sum(len(j.slurm_cpus) for j in snapshot.jobs)
+    mall = [j for j in snapshot.jobs if j.malleable and j.has_folder]
+    counts = {j.job_id: len(j.allocation) for j in snapshot.jobs}
+    reasons = {j.job_id: Reason.ALLOCATION for j in snapshot.jobs}
+    bounds = {j.job_id: _bounds(j, snapshot, peer_cap=peer_cap) for j in mall}
+    free = n_node - sum(len(j.allocation) for j in snapshot.jobs)
     # Explicit requests first: they win within the bounds, and a shrink frees cores.
     flexible = []
     for j in mall:
-        lo, hi = _bounds(j, n_node)
-        if j.requested_cpus is not None:
-            counts[j.job_id] = max(lo, min(hi, j.requested_cpus))
-            reasons[j.job_id] = f"request cpus={j.requested_cpus}"
-            free += len(j.slurm_cpus) - counts[j.job_id]
+        lo, hi = bounds[j.job_id]
+        if j.requested is not None:
+            counts[j.job_id] = max(lo, min(hi, j.requested))
+            reasons[j.job_id] = Reason.REQUEST
+            free += len(j.allocation) - counts[j.job_id]
         else:
             flexible.append(j)
-    if policy is Policy.STATIC or not flexible:
+    if policy is Policy.STATIC or snapshot.pending_starts or not flexible:
         for j in flexible:
-            counts[j.job_id] = max(_bounds(j, n_node)[0], len(j.slurm_cpus))
-        return _fit(counts, reasons, snapshot), reasons
-    if policy is Policy.LEND_IDLE:
+            counts[j.job_id] = max(bounds[j.job_id][0], len(j.allocation))
+    elif policy is Policy.LEND_IDLE:
         # Every flexible job keeps its allocation (raised to its floor); idle cores are then
         # shared by weight up to each job's maximum.
-        base = {j.job_id: max(len(j.slurm_cpus), _bounds(j, n_node)[0]) for j in flexible}
-        free -= sum(base[j.job_id] - len(j.slurm_cpus) for j in flexible)
-        caps = {j.job_id: _bounds(j, n_node)[1] for j in flexible}
-        weights = {j.job_id: j.spec.weight for j in flexible}
-        filled = _water_fill(base, caps, weights, max(0, free))
+        base = {j.job_id: max(len(j.allocation), bounds[j.job_id][0]) for j in flexible}
+        free -= sum(base[j.job_id] - len(j.allocation) for j in flexible)
+        caps = {j.job_id: max(bounds[j.job_id][1], base[j.job_id]) for j in flexible}
+        filled = _water_fill(base, caps, {j.job_id: j.spec.weight for j in flexible},
+                             max(0, free))
         for j in flexible:
             counts[j.job_id] = filled[j.job_id]
-            if counts[j.job_id] > len(j.slurm_cpus):
-                reasons[j.job_id] = "lend-idle"
+            if counts[j.job_id] > len(j.allocation):
+                reasons[j.job_id] = Reason.LEND_IDLE
     else:
-        pool = sum(len(j.slurm_cpus) for j in flexible) + max(0, free)
-        for jid, c in _throughput_counts(flexible, pool, n_node).items():
+        pool = sum(len(j.allocation) for j in flexible) + max(0, free)
+        for jid, c in _throughput_counts(flexible, bounds, pool).items():
             counts[jid] = c
-            reasons[jid] = "throughput"
-    return _fit(counts, reasons, snapshot), reasons
+            reasons[jid] = Reason.THROUGHPUT
+    if snapshot.pending_starts:
+        for j in mall:
+            if counts[j.job_id] < len(j.current):
+                reasons[j.job_id] = Reason.RECLAIM
+    elif peer_cap:
+        for j in mall:
+            uncapped_hi = _bounds(j, snapshot, peer_cap=False)[1]
+            if j.peer_cap_per_rank is not None and bounds[j.job_id][1] < uncapped_hi and \
+                    counts[j.job_id] == bounds[j.job_id][1] and j.requested is None:
+                reasons[j.job_id] = Reason.PEER_CAP
+    return _fit(counts, reasons, snapshot, bounds), reasons
 
 
-def _fit(counts: dict[int, int], reasons: dict[int, str], snapshot: NodeSnapshot
-         ) -> dict[int, int]:
+def _fit(counts: dict[int, int], reasons: dict[int, Reason], snapshot: NodeSnapshot,
+         bounds: dict[int, tuple[int, int]]) -> dict[int, int]:
     """Trim growth that does not fit the node (requests above what is free) by taking back from
     the largest borrowers first; floors and rigid jobs are never trimmed."""
-    n_node = len(snapshot.cpus)
-    over = sum(counts.values()) - n_node
+    over = sum(counts.values()) - len(snapshot.cpus)
     if over <= 0:
         return counts
-    trimmable = sorted((j for j in snapshot.jobs if j.malleable),
-                       key=lambda j: -(counts[j.job_id] - len(j.slurm_cpus)))
+    trimmable = sorted((j for j in snapshot.jobs if j.job_id in bounds),
+                       key=lambda j: -(counts[j.job_id] - len(j.allocation)))
     for j in trimmable:
-        floor = max(_bounds(j, n_node)[0], min(len(j.slurm_cpus), counts[j.job_id]))
+        floor = max(bounds[j.job_id][0], min(len(j.allocation), counts[j.job_id]))
         take = min(over, counts[j.job_id] - floor)
         if take > 0:
             counts[j.job_id] -= take
-            reasons[j.job_id] += " (trimmed to fit)"
+            reasons[j.job_id] = Reason.TRIMMED
             over -= take
         if over == 0:
             break
@@ -144,26 +171,26 @@ def assign_cores(snapshot: NodeSnapshot, counts: dict[int, int]) -> dict[int, fr
     targets: dict[int, set[int]] = {}
     taken: set[int] = set()
     jobs = sorted(snapshot.jobs, key=lambda j: j.job_id)
+    flexible = [j for j in jobs if j.malleable and j.has_folder]
     for j in jobs:
-        if not j.malleable:
-            targets[j.job_id] = set(j.slurm_cpus)
-            taken |= j.slurm_cpus
-    for j in jobs:
-        if j.malleable:
-            own = sorted(j.slurm_cpus - taken, key=lambda c: (c not in j.current_cpus, c))
-            keep = set(own[: counts[j.job_id]])
-            targets[j.job_id] = keep
-            taken |= keep
+        if j not in flexible:
+            targets[j.job_id] = set(j.allocation)
+            taken |= j.allocation
+    for j in flexible:
+        own = sorted(j.allocation - taken, key=lambda c: (c not in j.current, c))
+        keep = set(own[: counts[j.job_id]])
+        targets[j.job_id] = keep
+        taken |= keep
     # What is left: cores no job was given, and allocated cores their owners gave up.
-    for j in (j for j in jobs if j.malleable):
+    for j in flexible:
         need = counts[j.job_id] - len(targets[j.job_id])
         if need <= 0:
             continue
-        mine = targets[j.job_id] or j.current_cpus
+        mine = targets[j.job_id] or j.current
 
         def closeness(c: int) -> tuple:
             near = min((abs(c - m) for m in mine), default=0)
-            return (c not in j.current_cpus, near, c)
+            return (c not in j.current, near, c)
 
         grab = sorted(snapshot.cpus - taken, key=closeness)[:need]
         targets[j.job_id] |= set(grab)
@@ -171,8 +198,45 @@ def assign_cores(snapshot: NodeSnapshot, counts: dict[int, int]) -> dict[int, fr
     return {jid: frozenset(c) for jid, c in targets.items()}
 
 
+def _kind(before: frozenset[int], after: frozenset[int]) -> ActionKind | None:
+    if before == after:
+        return None
+    if after <= before:
+        return ActionKind.SHRINK
+    if before <= after:
+        return ActionKind.GROW
+    return ActionKind.MOVE
+
+
+def plan_actions(snapshot: NodeSnapshot, targets: dict[int, frozenset[int]],
+                 reasons: dict[int, Reason]) -> tuple[Action, ...]:
+    actions = []
+    for j in snapshot.jobs:
+        if not j.has_folder:
+            continue   # Slurm makes the folder on exactly the allocation: nothing to write
+        after = targets[j.job_id]
+        kind = _kind(j.current, after)
+        reason = reasons[j.job_id]
+        if kind is None:
+            if j.folders_in_line:
+                continue
+            kind, reason = ActionKind.REALIGN, Reason.REALIGN
+        actions.append(Action(kind=kind, job_id=j.job_id, uid=j.uid, allocation=j.allocation,
+                              before=j.current, after=after,
+                              threads_per_rank=threads_per_rank(after, j.local_size),
+                              reason=reason))
+    return tuple(actions)
+
+
 def decide(snapshot: NodeSnapshot, policy: Policy) -> Plan:
     counts, reasons = target_counts(snapshot, policy)
-    plan = Plan(node=snapshot.node, targets=assign_cores(snapshot, counts), reasons=reasons)
+    targets = assign_cores(snapshot, counts)
+    offers = {}
+    if not snapshot.pending_starts:
+        uncapped, _ = target_counts(snapshot, policy, peer_cap=False)
+        offers = {j.job_id: max(1, uncapped[j.job_id] // j.local_size)
+                  for j in snapshot.jobs if j.malleable and j.has_folder and j.nodes > 1}
+    plan = Plan(node=snapshot.node, policy=policy, targets=targets, reasons=reasons,
+                actions=plan_actions(snapshot, targets, reasons), offers=offers)
     check_plan(snapshot, plan)
     return plan

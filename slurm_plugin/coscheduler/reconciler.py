@@ -1,88 +1,60 @@
-"""One node's reconcile loop: observe (Slurm, cgroups, rank telemetry) -> decide (a pure
-policy) -> act (cpusets, rank targets and signals), then log what changed.
+"""One node's reconcile cycle: observe (feed, cgroups, ledger, ranks) -> decide (a pure policy)
+-> execute (cpusets, rank targets and signals) -> report (event log, offers to the job's other
+nodes). No slurmctld call anywhere: a cycle takes milliseconds and holds the node's lock only
+that long.
 
-No state of its own survives a cycle: everything is read again from Slurm and the cgroups, so
-killing the agent at any moment and starting it again converges. The whole cycle holds the
-node's lock, which the Prolog takes too, so a stale snapshot can never undo a Prolog's reclaim.
+The whole cycle holds the node's lock, which the Prolog takes too, so a stale snapshot can
+never undo a Prolog's reclaim. Nothing but the ledger survives a cycle: killing the agent at any
+moment and starting it again converges.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import logging
-import os
-import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..cpulist import format_cpu_list
-from ..runner import CommandError
-from ..slurm import Job, SlurmClient
-from ..slurm.parsers import SlurmParseError
-from .cgroup_actuator import ActuatorError, CpusetActuator
+from malleable_protocol import format_cpu_list
+
+from ..feed.model import JobReport, NodeReport, Offers
+from ..feed.store import FeedStore
 from .config import AgentConfig
-from .model import JobView, NodeSnapshot, Plan
+from .executor import Outcome, OutcomeStatus, PlanExecutor
+from .ledger import LedgerFile
+from .model import NodeSnapshot, Plan, PlanInvariantError
+from .observe import NodeObserver
 from .policy import decide
-from .request import RequestError, apply_update, is_malleable_text, parse_submit, parse_update
-from .telemetry_reader import RankStatus, read_job_ranks, status_dir
 
 log = logging.getLogger("malleable.agent")
 
 
 @dataclass
-class Change:
-    job_id: int
-    before: frozenset[int]
-    after: frozenset[int]
-    reason: str
-    latency_ms: float = 0.0
-
-
-@dataclass
 class CycleResult:
-    plan: Plan | None
-    changes: list[Change] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
     snapshot: NodeSnapshot | None = None
+    plan: Plan | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)      # the cycle itself could not run
     seconds: float = 0.0
 
+    @property
+    def applied(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status is OutcomeStatus.APPLIED]
 
-def job_spec_and_request(job: Job):
-    """Bounds from AdminComment (written by job_submit.lua; users cannot forge it), updated and
-    requested cpus from Comment (the owner's or an admin's scontrol update). Malformed text is
-    ignored: it changes nothing."""
-    if not is_malleable_text(job.admin_comment):
-        return None, None
-    try:
-        spec = parse_submit(job.admin_comment)
-    except RequestError:
-        return None, None
-    requested = None
-    if is_malleable_text(job.comment):
-        try:
-            up = parse_update(job.comment)
-            spec = apply_update(spec, up)
-            requested = up.cpus
-        except RequestError:
-            pass
-    return spec, requested
-
-
-@dataclass
-class Observation:
-    snapshot: NodeSnapshot
-    jobs: dict[int, Job]
-    ranks: dict[int, list[RankStatus]]
-    # Jobs whose cgroup does not exist yet (the Prolog runs before the step makes it): Slurm
-    # creates it on exactly the allocation, so there is nothing to write.
-    no_folder: set[int]
+    @property
+    def failures(self) -> list[str]:
+        """Every failure of this cycle, of the cycle or of one action."""
+        return self.errors + [f"job {o.action.job_id} {o.action.kind.value} {o.status.value}: "
+                              f"{o.error}" for o in self.outcomes
+                              if o.status is not OutcomeStatus.APPLIED]
 
 
 @contextmanager
-def node_lock(path: Path, timeout_s: float | None = None):
+def node_lock(path: Path, timeout_s: float | None = None,
+              sleep: Callable[[float], None] = time.sleep):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -92,8 +64,8 @@ def node_lock(path: Path, timeout_s: float | None = None):
                 break
             except BlockingIOError:
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"could not take {path}")
-                time.sleep(0.005)
+                    raise TimeoutError(f"could not take {path} in {timeout_s:g}s")
+                sleep(0.005)
         try:
             yield
         finally:
@@ -101,171 +73,105 @@ def node_lock(path: Path, timeout_s: float | None = None):
 
 
 class Reconciler:
-    def __init__(self, config: AgentConfig, client: SlurmClient, actuator: CpusetActuator, *,
-                 read_ranks: Callable[[Path, int, str], list[RankStatus]] = read_job_ranks,
-                 send_signal: Callable[[int, int], None] = os.kill,
+    def __init__(self, config: AgentConfig, observer: NodeObserver, executor: PlanExecutor,
+                 ledger: LedgerFile, store: FeedStore, *,
                  clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep):
         self.config = config
-        self.client = client
-        self.actuator = actuator
-        self._read_ranks = read_ranks
-        self._send_signal = send_signal
-        self._clock = clock
-        self._sleep = sleep
+        self.observer = observer
+        self.executor = executor
+        self.ledger = ledger
+        self.store = store
+        self._clock, self._wall, self._sleep = clock, wall, sleep
         self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
 
-    # --- observe ---------------------------------------------------------------------------
-
-    def observe(self) -> Observation:
-        node = self.config.node
-        nodes = {n.name: n for n in self.client.nodes()}
-        if node not in nodes:
-            raise RuntimeError(f"Slurm knows no node {node!r}")
-        jobs = [j for j in self.client.jobs(node=node) if j.state.holds_cores and node in j.cpu_ids]
-        views, by_id, ranks, no_folder = [], {}, {}, set()
-        for j in jobs:
-            slurm = j.cpu_ids[node]
-            current = self.actuator.current(j.uid, j.job_id)
-            if current is None:
-                current = slurm
-                no_folder.add(j.job_id)
-            spec, requested = job_spec_and_request(j)
-            rs = self._read_ranks(self.config.status_base, j.job_id, node) if spec else []
-            ranks[j.job_id] = rs
-            views.append(JobView(job_id=j.job_id, user=j.user, slurm_cpus=slurm,
-                                 current_cpus=current, spec=spec, requested_cpus=requested,
-                                 steps_per_s=_node_rates(rs)))
-            by_id[j.job_id] = j
-        cpus = frozenset(range(nodes[node].cpus))
-        return Observation(NodeSnapshot(node=node, cpus=cpus, jobs=tuple(views)), by_id, ranks,
-                           no_folder)
-
-    # --- one cycle -------------------------------------------------------------------------
-
-    def cycle(self, *, lock_timeout_s: float | None = None) -> CycleResult:
+    def cycle(self, *, lock_timeout_s: float | None = None,
+              starting_job: int | None = None) -> CycleResult:
+        """One cycle. ``starting_job`` (the Prolog's job) is marked as starting first: until its
+        cores are known, every lent core comes back."""
         t0 = self._clock()
+        result = CycleResult()
         try:
-            with node_lock(self.config.lock_file, lock_timeout_s):
-                result = self._cycle_locked()
-        except (CommandError, SlurmParseError, RuntimeError, TimeoutError) as exc:
-            # slurmctld unreachable and the like: keep the cpusets as they are.
-            result = CycleResult(plan=None, errors=[str(exc)])
+            with node_lock(self.config.lock_file, lock_timeout_s, self._sleep):
+                self._cycle_locked(result, starting_job)
+        except (TimeoutError, OSError, ValueError, PlanInvariantError) as exc:
+            result.errors.append(f"{type(exc).__name__}: {exc}")
         result.seconds = self._clock() - t0
+        for line in self._event_lines(result):
+            self._log_event(line)
         if self.on_cycle is not None:
             self.on_cycle(result)
         return result
 
-    def _cycle_locked(self) -> CycleResult:
-        seen = self.observe()
-        snapshot, jobs, ranks = seen.snapshot, seen.jobs, seen.ranks
-        plan = decide(snapshot, self.config.policy)
-        result = CycleResult(plan=plan, snapshot=snapshot)
-        changes = {jid: c for jid, c in plan.changes(snapshot).items()
-                   if jid not in seen.no_folder}
-        # Shrinks before grows: a core is released before anyone else is given it.
-        order = sorted(changes, key=lambda jid: len(changes[jid][1]) - len(changes[jid][0]))
-        for jid in order:
-            before, after = changes[jid]
-            t0 = self._clock()
-            try:
-                self._apply(jobs[jid], before, after, ranks.get(jid, []))
-            except (ActuatorError, ValueError) as exc:
-                result.errors.append(f"job {jid}: {exc}")
-                continue
-            ch = Change(jid, before, after, plan.reasons.get(jid, ""),
-                        round((self._clock() - t0) * 1000, 3))
-            result.changes.append(ch)
-            self._log_event(ch)
-        # Steps whose folders Slurm reset (a new step) are put back in line.
-        for view in snapshot.jobs:
-            if view.job_id not in changes and view.job_id not in seen.no_folder:
-                try:
-                    self.actuator.apply(jobs[view.job_id].uid, view.job_id,
-                                        plan.targets[view.job_id], view.slurm_cpus)
-                except (ActuatorError, ValueError):
-                    pass
-        return result
+    def _cycle_locked(self, result: CycleResult, starting_job: int | None) -> None:
+        ledger = self.ledger.load()
+        if starting_job is not None:
+            ledger.starting[starting_job] = self._wall()
+        result.snapshot = self.observer.observe(ledger)
+        self.ledger.save(ledger)
+        result.plan = decide(result.snapshot, self.config.policy)
+        result.outcomes = self.executor.execute(result.plan, result.snapshot)
+        self._publish_offers(result.plan)
+        self._publish_report(result)
 
-    def _apply(self, job: Job, before: frozenset[int], after: frozenset[int],
-               ranks: list[RankStatus]) -> None:
-        per_rank = max(1, len(after) // max(1, len(ranks)))
-        if not ranks:
-            self.actuator.apply(job.uid, job.job_id, after, job.cpu_ids[self.config.node])
-            return
-        self._write_target(job.job_id, per_rank)
-        if len(after) < len(before):
-            # Threads drop no later than the cpuset: the ranks park first (briefly awaited).
-            self._signal(ranks)
-            self._wait_parked(job.job_id, per_rank)
-        self.actuator.apply(job.uid, job.job_id, after, job.cpu_ids[self.config.node])
-        self._signal(ranks)   # grown: use the new cores; shrunk: re-pin to the narrower set
+    def _publish_report(self, result: CycleResult) -> None:
+        held = {o.action.job_id: o.action.after for o in result.applied}
+        report = NodeReport(node=self.config.node, jobs=tuple(
+            JobReport(job_id=j.job_id, current=held.get(j.job_id, j.current),
+                      threads=tuple(r.intra_active for r in sorted(j.ranks, key=lambda r: r.rank)),
+                      steps_per_s=tuple(round(r.rate_now, 2)
+                                        for r in sorted(j.ranks, key=lambda r: r.rank)))
+            for j in result.snapshot.jobs))
+        if report != self.store.read_report(self.config.node):
+            self.store.write_report(report)
 
-    def _write_target(self, job_id: int, intra: int) -> None:
-        """The ranks of this job on this node read target-<node>.json on a reload signal."""
-        folder = status_dir(self.config.status_base, job_id)
-        if not folder.is_dir():
-            return
-        tmp = folder / f".target-{self.config.node}.json.tmp"
-        tmp.write_text(json.dumps({"intra": intra, "inter": intra}))
-        os.replace(tmp, folder / f"target-{self.config.node}.json")
+    def _publish_offers(self, plan: Plan) -> None:
+        offers = Offers(node=self.config.node, per_rank=dict(plan.offers))
+        old = self.store.read_offers(self.config.node)
+        if (old.per_rank if old else {}) != offers.per_rank:
+            self.store.write_offers(offers)
 
-    def _signal(self, ranks: list[RankStatus]) -> None:
-        for r in ranks:
-            try:
-                self._send_signal(r.pid, signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def _event_lines(self, result: CycleResult) -> list[dict]:
+        now = self._wall()
+        lines = [{"time": now, "node": self.config.node, "event": "cycle-error", "error": e}
+                 for e in result.errors]
+        for o in result.outcomes:
+            a = o.action
+            lines.append({"time": now, "node": self.config.node, "job": a.job_id,
+                          "event": a.kind.value, "status": o.status.value,
+                          "before": format_cpu_list(a.before), "after": format_cpu_list(a.after),
+                          "threads_per_rank": list(a.threads_per_rank),
+                          "reason": a.reason.value, "latency_ms": o.latency_ms,
+                          **({"error": o.error} if o.error else {})})
+        return lines
 
-    def _wait_parked(self, job_id: int, per_rank: int) -> None:
-        deadline = self._clock() + self.config.shrink_wait_s
-        while self._clock() < deadline:
-            rs = self._read_ranks(self.config.status_base, job_id, self.config.node)
-            if all(r.intra_active <= per_rank for r in rs):
-                return
-            self._sleep(0.005)
-
-    def _log_event(self, ch: Change) -> None:
-        line = json.dumps({"time": time.time(), "node": self.config.node, "job": ch.job_id,
-                           "before": format_cpu_list(ch.before), "after": format_cpu_list(ch.after),
-                           "reason": ch.reason, "latency_ms": ch.latency_ms})
-        log.info("resize %s", line)
+    def _log_event(self, line: dict) -> None:
+        text = json.dumps(line, sort_keys=True)
+        (log.info if line.get("status") == "applied" else log.warning)("%s", text)
         try:
-            self.config.event_log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.config.event_log, "a") as f:
-                f.write(line + "\n")
+                f.write(text + "\n")
         except OSError as exc:
             log.warning("cannot write event log: %s", exc)
 
-    # --- the loop ---------------------------------------------------------------------------
-
     def run(self, stop: Callable[[], bool], wake=None) -> None:
-        """Cycle every ``interval_s`` until ``stop()``; ``wake`` (an Event) cuts a wait short.
-        Failures back off up to 10 intervals and recover by themselves."""
-        backoff = self.config.interval_s
+        """Cycle every ``interval_s``, at once when the node's feed changes or ``wake`` (an
+        Event) is set, until ``stop()``."""
+        stamp = self.store.node_stamp(self.config.node)
+        next_at = self._clock()
         while not stop():
-            result = self.cycle()
-            if result.errors:
-                log.warning("cycle: %s", "; ".join(result.errors))
-                backoff = min(backoff * 2, self.config.interval_s * 10) if result.plan is None \
-                    else self.config.interval_s
-            else:
-                backoff = self.config.interval_s
+            now_stamp = self.store.node_stamp(self.config.node)
+            woken = wake is not None and wake.is_set()
+            if woken or now_stamp != stamp or self._clock() >= next_at:
+                if wake is not None:
+                    wake.clear()
+                stamp = now_stamp
+                result = self.cycle()
+                next_at = self._clock() + self.config.interval_s
+                if result.errors:
+                    next_at += self.config.interval_s * 4    # back off; a later cycle repairs
             if wake is not None:
-                wake.wait(backoff)
-                wake.clear()
+                wake.wait(self.config.feed_check_s)
             else:
-                self._sleep(backoff)
-
-
-def _node_rates(ranks: list[RankStatus]) -> dict[int, float]:
-    """A job's steps/s on this node by per-rank thread count: the mean over its ranks, scaled
-    to node cores (ranks * threads) so policies compare cores with cores."""
-    if not ranks:
-        return {}
-    n = len(ranks)
-    sums: dict[int, list[float]] = {}
-    for r in ranks:
-        for k, v in r.steps_per_s.items():
-            sums.setdefault(k * n, []).append(v)
-    return {k: sum(v) / len(v) for k, v in sums.items() if len(v) == n}
+                self._sleep(self.config.feed_check_s)

@@ -109,3 +109,24 @@ def apply_update(spec: MalleableSpec, up: Update) -> MalleableSpec:
     if new.max_cpus is not None and new.max_cpus < new.min_cpus:
         raise RequestError(f"min={new.min_cpus} is above max={new.max_cpus}")
     return new
+
+
+def spec_and_request(admin_comment: str, comment: str) -> tuple[MalleableSpec | None, int | None]:
+    """A job's bounds from AdminComment (written by job_submit.lua; users cannot forge it), with
+    the updated bounds and requested cores from Comment (the owner's or an admin's scontrol
+    update). Malformed text is ignored: it changes nothing."""
+    if not is_malleable_text(admin_comment):
+        return None, None
+    try:
+        spec = parse_submit(admin_comment)
+    except RequestError:
+        return None, None
+    requested = None
+    if is_malleable_text(comment):
+        try:
+            up = parse_update(comment)
+            spec = apply_update(spec, up)
+            requested = up.cpus
+        except RequestError:
+            pass
+    return spec, requested

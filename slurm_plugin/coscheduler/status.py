@@ -1,14 +1,14 @@
-"""``malleable status``: per malleable job and node, Slurm's cores, the current cores, the bounds,
-each rank's active threads and steps/s."""
+"""``malleable status``: per malleable job and node, Slurm's cores, the current cores, the
+bounds, each rank's active threads and steps/s. It reads only the feed folder (the watcher's
+view of Slurm and each node agent's report): it works wherever that folder is mounted, and
+costs slurmctld nothing."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..cgroups import detect_version
-from ..cpulist import format_cpu_list
-from .cgroup_actuator import CpusetActuator, SlurmCgroupLayout
-from .reconciler import job_spec_and_request
-from .telemetry_reader import read_job_ranks
+from malleable_protocol import format_cpu_list
+
+from ..feed.store import FeedStore
 
 
 @dataclass
@@ -27,29 +27,30 @@ class StatusRow:
         return asdict(self)
 
 
-def collect_status(cluster) -> list[StatusRow]:
-    config = cluster.agent_config()
-    client = cluster.client()
+def collect_status(store: FeedStore, *, only_malleable: bool = True) -> list[StatusRow]:
     rows = []
-    version = detect_version()
-    for job in client.jobs():
-        if not job.state.holds_cores:
+    for node in store.node_names():
+        feed = store.read_node(node)
+        if feed is None:
             continue
-        spec, requested = job_spec_and_request(job)
-        for node, slurm in sorted(job.cpu_ids.items()):
-            ranks = read_job_ranks(config.status_base, job.job_id, node) if spec else []
-            cur = CpusetActuator(SlurmCgroupLayout(node, version)).current(job.uid, job.job_id)
-            bounds = "-" if spec is None else \
-                f"{spec.min_cpus}..{'node' if spec.max_cpus is None else spec.max_cpus}"
-            rows.append(StatusRow(job.job_id, job.user, node, format_cpu_list(slurm),
-                                  format_cpu_list(cur) if cur else "-", bounds, requested,
-                                  [r.intra_active for r in ranks],
-                                  [round(r.steps_per_s.get(r.intra_active, 0.0), 2) for r in ranks]))
-    return rows
+        report = store.read_report(node)
+        seen = {j.job_id: j for j in report.jobs} if report is not None else {}
+        for job in feed.jobs:
+            if only_malleable and job.spec is None:
+                continue
+            r = seen.get(job.job_id)
+            bounds = "-" if job.spec is None else \
+                f"{job.spec.min_cpus}..{'node' if job.spec.max_cpus is None else job.spec.max_cpus}"
+            rows.append(StatusRow(job.job_id, job.user, node, format_cpu_list(job.allocation),
+                                  format_cpu_list(r.current) if r else "?", bounds, job.requested,
+                                  list(r.threads) if r else [],
+                                  list(r.steps_per_s) if r else []))
+    return sorted(rows, key=lambda r: (r.job_id, r.node))
 
 
 def format_table(rows: list[StatusRow]) -> str:
-    head = f"{'JOB':>6} {'USER':<8} {'NODE':<6} {'SLURM':<8} {'NOW':<8} {'BOUNDS':<9} {'ASKED':>5}  THREADS/RANK  STEPS/S"
+    head = (f"{'JOB':>6} {'USER':<8} {'NODE':<6} {'SLURM':<8} {'NOW':<8} {'BOUNDS':<9} "
+            f"{'ASKED':>5}  THREADS/RANK  STEPS/S")
     lines = [head]
     for r in rows:
         lines.append(f"{r.job_id:>6} {r.user:<8} {r.node:<6} {r.slurm_cpus:<8} {r.current_cpus:<8} "

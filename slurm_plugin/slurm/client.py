@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
-from ..runner import CommandError, CommandRunner, run_command
+from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from .model import Job, JobState, Node
 from .parsers import (cpu_ids_of, parse_sbatch_parsable, parse_scontrol_ping, parse_sinfo_json,
                       parse_squeue_json)
@@ -56,8 +56,8 @@ def validate_job_id(job_id: object) -> int:
 class SlurmClient(Protocol):
     def ping(self) -> bool: ...
     def nodes(self) -> list[Node]: ...
-    def jobs(self, *, node: str | None = None,
-             states: Iterable[JobState] | None = None) -> list[Job]: ...
+    def jobs(self, *, node: str | None = None, states: Iterable[JobState] | None = None,
+             layout: Sequence[Node] | None = None) -> list[Job]: ...
     def job(self, job_id: int) -> Job: ...
     def set_comment(self, job_id: int, comment: str, *, admin: bool = False) -> None: ...
     def signal(self, job_id: int, sig: _signal.Signals,
@@ -93,20 +93,22 @@ class CliSlurmClient:
     def nodes(self) -> list[Node]:
         return parse_sinfo_json(self._cmd(["sinfo", "--json"]))
 
-    def jobs(self, *, node: str | None = None,
-             states: Iterable[JobState] | None = None) -> list[Job]:
+    def jobs(self, *, node: str | None = None, states: Iterable[JobState] | None = None,
+             layout: Sequence[Node] | None = None) -> list[Job]:
+        """Every job (one REQUEST_JOB_INFO). The CPU ids of each job's cores need the nodes'
+        layout: pass ``layout`` (from an earlier ``nodes()``) to save the sinfo call."""
         jobs = parse_squeue_json(self._cmd(["squeue", "--json"]))
         wanted = set(states) if states is not None else None
         if wanted is not None:
             jobs = [j for j in jobs if j.state in wanted]
         if node is not None:
             jobs = [j for j in jobs if node in j.nodes]
-        return self._with_cpu_ids(jobs)
+        return self._with_cpu_ids(jobs, layout)
 
-    def _with_cpu_ids(self, jobs: list[Job]) -> list[Job]:
+    def _with_cpu_ids(self, jobs: list[Job], nodes: Sequence[Node] | None = None) -> list[Job]:
         if not any(j.cores for j in jobs):
             return jobs
-        layout = {n.name: n for n in self.nodes()}
+        layout = {n.name: n for n in (self.nodes() if nodes is None else nodes)}
         out = []
         for j in jobs:
             ids = {name: cpu_ids_of(cores, layout[name])

@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+from malleable_protocol import parse_cpu_list
+
 
 def wait_for(pred, timeout=30.0, what="condition", show=None):
     """Poll ``pred`` until it returns something true; on timeout, say what and ``show()``."""
@@ -17,8 +19,9 @@ def wait_for(pred, timeout=30.0, what="condition", show=None):
     raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
 
 
-def rank_statuses(folder: Path, pattern: str = "*.json") -> dict[int, dict]:
-    """The malleable_tf status records in ``folder``, by rank (files being replaced are skipped)."""
+def rank_statuses(folder: Path, pattern: str = "rank_*.json") -> dict[int, dict]:
+    """The malleable_tf status records in ``folder``, by rank (files being replaced are skipped);
+    the CPU lists as sorted lists of ids."""
     out = {}
     for f in folder.glob(pattern):
         try:
@@ -26,5 +29,7 @@ def rank_statuses(folder: Path, pattern: str = "*.json") -> dict[int, dict]:
         except (OSError, ValueError):
             continue
         if isinstance(d, dict) and "rank" in d:
+            for key in ("allowed_cpus", "share_cpus"):
+                d[key] = sorted(parse_cpu_list(d.get(key, "")))
             out[d["rank"]] = d
     return out

@@ -13,7 +13,7 @@ import pytest
 
 from slurm_plugin import cgroups
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.cpulist import parse_cpu_list
+from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState, SignalTarget, UnknownJob
 
 from ..conftest import make_cluster_root
@@ -103,7 +103,8 @@ def test_cluster_cli_status_and_env(cluster):
         ["tn1", "tn2", "tn3"]
     env = _cli("cluster", "env", "--dir", str(cluster.paths.root))
     assert env.stdout.splitlines() == [f"export SLURM_CONF={cluster.paths.slurm_conf}",
-                                       f"export MALLEABLE_STATUS_BASE={cluster.paths.root}/status",
+                                       f"export MALLEABLE_RUN_DIR={cluster.paths.root}/malleable",
+                                       f"export MALLEABLE_FEED_DIR={cluster.paths.root}/feed",
                                        "export OMPI_MCA_btl=self,tcp"]
     # The printed lines point Slurm's own commands at the cluster.
     sinfo = subprocess.run(["bash", "-c", 'eval "$(cat)"; sinfo -h -o %N'], input=env.stdout,

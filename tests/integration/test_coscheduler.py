@@ -15,7 +15,7 @@ import pytest
 
 from sbatch_templates import render
 from slurm_plugin.cluster import daemons
-from slurm_plugin.cpulist import parse_cpu_list
+from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
 from .helpers import rank_statuses, wait_for
@@ -37,7 +37,7 @@ def job_cpus(job_id: int, step: str | None = None) -> frozenset[int] | None:
 
 def rank_status(cluster, job_id: int) -> dict | None:
     """The status record of the job's one rank, once it has written one."""
-    found = rank_statuses(cluster.paths.root / "status" / f"job_{job_id}", "rank_*.json")
+    found = rank_statuses(cluster.run_layout.job_dir(job_id))
     return next(iter(found.values()), None)
 
 

@@ -23,7 +23,7 @@ LAUNCHER = str(Path(sys.executable).with_name("malleable-srun"))
 
 
 def ranks(cluster, job_id: int) -> dict[int, dict]:
-    return rank_statuses(cluster.paths.root / "status" / f"job_{job_id}", "rank_*.json")
+    return rank_statuses(cluster.run_layout.job_dir(job_id))
 
 
 def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):

@@ -29,18 +29,30 @@ def result_of(proc) -> dict | list:
 
 
 def test_busy_threads_drop_one_by_one_and_parked_threads_use_no_cpu():
+    # How many threads run a matmul loop depends on the CPU and the build (Eigen, oneDNN: e.g.
+    # whether work split one way runs inline in the caller), so the reference is plain
+    # TensorFlow started with n intra-op threads, measured here, each n in a fresh process.
+    plain = {n: result_of(run_program("busy_threads.py", "--plain", str(n)))[0]
+             for n in (1, 2, 3, 4)}
     # A pool of 4 on this 2-core machine: all 4 threads still get CPU, so each step shows.
     res = result_of(run_program("busy_threads.py", "4"))
-    by_active = {r["active"]: r for r in res}
-    others = by_active[4]["busy"] - 4    # caller and inter-op threads that also run
-    for n in (4, 3, 2, 1):
-        r = by_active[n]
-        assert r["parked"] == 4 - n and r["split_width"] == n
-        # Work split one way runs inline in the caller, as in TensorFlow started with 1 thread:
-        # the one active pool thread then has nothing to do.
-        assert r["busy"] == (others if n == 1 else n + others), res
-        assert r["parked_overlap_busy"] == 0 and r["parked_cpu_ticks"] == 0, res
-    assert res[-1]["active"] == 4 and res[-1]["busy"] == 4 + others  # all back
+    seen = {"plain": plain, "malleable": res}
+    print("busy threads: plain", {n: p["busy"] for n, p in plain.items()},
+          "malleable", [(r["active"], r["busy"]) for r in res])
+    # The measurement must tell 1 thread from 4, or the comparison below proves nothing.
+    assert plain[1]["busy"] < plain[4]["busy"], seen
+    assert [r["active"] for r in res] == [4, 3, 2, 1, 4], seen
+    for r in res:
+        n = r["active"]
+        assert r["parked"] == 4 - n and r["split_width"] == n and not r["parked_changed"], seen
+        assert r["parked_overlap_busy"] == 0 and r["parked_cpu_ticks"] == 0, seen
+        # Exactly as many busy threads as plain TensorFlow with n threads. Exact, not within
+        # 1: the count is a median over 3 windows and a thread counts as busy from 12% of a
+        # CPU, well apart from both kinds of thread (measured on 2 cores): the kernel's threads
+        # took 29-99% of a CPU each (22% with 4 of them beside a 2-job compile), the threads
+        # that only drive the loop (caller, inter-op) 1-6% with 1024x1024 matrices (at 512
+        # they sat at 5%, the old threshold, and plain TF at 1 thread counted 1 or 2).
+        assert r["busy"] == plain[n]["busy"], seen
 
 
 @pytest.mark.parametrize("how,code", [("normal", 0), ("exception", 1), ("sys_exit_thread", 3)])

@@ -6,7 +6,7 @@ import pytest
 from slurm_plugin.cgroups import CgroupVersion
 from slurm_plugin.coscheduler.cgroup_actuator import (ActuatorError, CpusetActuator,
                                                       SlurmCgroupLayout, read_cpus)
-from slurm_plugin.cpulist import format_cpu_list, parse_cpu_list
+from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 
 
 def make_tree(root: Path, layout: SlurmCgroupLayout, job_cpus: str, steps: dict[str, str]) -> Path:

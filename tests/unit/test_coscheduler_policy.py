@@ -2,7 +2,8 @@ import random
 
 import pytest
 
-from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Plan, Policy, check_plan, PlanInvariantError
+from slurm_plugin.coscheduler.model import (ActionKind, JobView, NodeSnapshot, Plan, PlanInvariantError, Policy, Reason,
+                                            RankView, check_plan)
 from slurm_plugin.coscheduler.policy import decide, estimated_rate
 from slurm_plugin.coscheduler.request import (MalleableSpec, RequestError, Update, apply_update,
                                               parse_submit, parse_update)
@@ -10,11 +11,13 @@ from slurm_plugin.coscheduler.request import (MalleableSpec, RequestError, Updat
 CPUS8 = frozenset(range(8))
 
 
-def job(jid, slurm, current=None, spec=None, req=None, rates=None):
+def job(jid, slurm, current=None, spec=None, req=None, rates=None, **kw):
     slurm = frozenset(slurm)
-    return JobView(job_id=jid, user="u", slurm_cpus=slurm,
-                   current_cpus=frozenset(current) if current is not None else slurm,
-                   spec=spec, requested_cpus=req, steps_per_s=rates or {})
+    kw.setdefault("ranks", (RankView(pid=100 + jid, rank=0, local_rank=0, local_size=1,
+                                     intra_active=1, steps_per_s=rates),) if rates else ())
+    return JobView(job_id=jid, uid=1000, user="u", allocation=slurm,
+                   current=frozenset(current) if current is not None else slurm,
+                   spec=spec, requested=req, **kw)
 
 
 M = MalleableSpec  # bounds shorthand
@@ -115,7 +118,7 @@ def test_random_snapshots_never_break_invariants(policy):
 def test_check_plan_catches_double_booking():
     snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M()), job(2, {1}, spec=M())))
     with pytest.raises(PlanInvariantError):
-        check_plan(snap, Plan("n", {1: frozenset({0, 1}), 2: frozenset({1})}, {}))
+        check_plan(snap, Plan("n", Policy.STATIC, {1: frozenset({0, 1}), 2: frozenset({1})}, {}, ()))
 
 
 @pytest.mark.parametrize("text,spec", [
@@ -147,3 +150,87 @@ def test_parse_and_apply_update():
             parse_update(bad)
     with pytest.raises(RequestError):
         apply_update(M(1, 4), parse_update("malleable:min=6"))
+
+
+def ranks(n):
+    return tuple(RankView(pid=10 + r, rank=r, local_rank=r, local_size=n, intra_active=1)
+                 for r in range(n))
+
+
+def test_three_cores_two_ranks_each_rank_is_told_the_cores_it_holds():
+    from malleable_tf.allowance import Allowance, share_of
+    snap = NodeSnapshot("n", frozenset(range(3)),
+                        (job(1, {0}, spec=M(1, None), ranks=ranks(2)),))
+    (a,) = decide(snap, Policy.LEND_IDLE).actions
+    assert a.after == {0, 1, 2} and a.threads_per_rank == (2, 1)
+    # Each rank takes its share of that cpuset with the same split (malleable_tf's side).
+    assert [len(share_of(Allowance(a.after), r, 2)) for r in range(2)] == [2, 1]
+
+
+def test_a_starting_job_brings_every_lent_core_back_and_freezes_lending():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, current={0, 1, 2, 3}, spec=M(1, None)),
+                                     job(2, {4}, current={4, 5}, spec=M(1, None), req=3),
+                                     job(3, {6})), pending_starts=(9,))
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert plan.targets[1] == {0} and plan.targets[2] == {4}    # idle cores stay idle
+    assert {a.job_id: a.reason for a in plan.actions} == {1: Reason.RECLAIM, 2: Reason.RECLAIM}
+    assert all(a.kind is ActionKind.SHRINK for a in plan.actions)
+
+
+def test_a_job_without_a_folder_keeps_its_cores_reserved():
+    snap = NodeSnapshot("n", frozenset(range(4)), (job(1, {0}, spec=M(1, None)),
+                                                   job(2, {1, 2}, has_folder=False)))
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert plan.targets == {1: {0, 3}, 2: {1, 2}}
+    assert [a.job_id for a in plan.actions] == [1]
+
+
+def test_multi_node_job_gets_no_more_per_rank_than_its_slowest_node():
+    # Job 1 runs on two nodes; the other node offers it 1 core per rank. Here it would get 2,
+    # but the surplus goes to job 2.
+    mk = lambda cap: NodeSnapshot("n", frozenset(range(4)), (
+        job(1, {0}, spec=M(1, None), nodes=2, peer_cap_per_rank=cap),
+        job(2, {1}, spec=M(1, None))))
+    free = decide(mk(None), Policy.LEND_IDLE)
+    assert len(free.targets[1]) == 2 and len(free.targets[2]) == 2 and free.offers == {1: 2}
+    capped = decide(mk(1), Policy.LEND_IDLE)
+    assert capped.targets[1] == {0} and capped.targets[2] == {1, 2, 3}
+    assert capped.offers == {1: 2}          # what this node would give, uncapped
+    assert capped.reasons[1] is Reason.PEER_CAP
+    # The cap never takes a job below its own allocation.
+    own = NodeSnapshot("n", frozenset(range(4)), (job(1, {0, 1}, spec=M(1, None), nodes=2,
+                                                      peer_cap_per_rank=1),))
+    assert decide(own, Policy.LEND_IDLE).targets[1] == {0, 1}
+
+
+def test_check_plan_refuses_a_job_above_its_maximum():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(1, 2)),))
+    with pytest.raises(PlanInvariantError, match="maximum"):
+        check_plan(snap, Plan("n", Policy.LEND_IDLE, {1: frozenset({0, 1, 2})}, {}, ()))
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_random_snapshots_with_starts_peers_and_ranks_never_break_invariants(policy):
+    rng = random.Random(11)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        cpus = list(range(n))
+        rng.shuffle(cpus)
+        jobs, pos, jid = [], 0, 1
+        while pos < n and rng.random() < 0.8:
+            size = rng.randint(1, max(1, min(4, n - pos)))
+            alloc = frozenset(cpus[pos:pos + size])
+            pos += size
+            spec = MalleableSpec(rng.randint(1, 3), rng.choice([None, rng.randint(3, 9)])) \
+                if rng.random() < 0.7 else None
+            jobs.append(job(jid, alloc, current=frozenset(rng.sample(range(n), rng.randint(1, n))),
+                            spec=spec, req=rng.choice([None, rng.randint(1, 12)]),
+                            ranks=ranks(rng.randint(1, 3)), has_folder=rng.random() < 0.9,
+                            nodes=rng.choice([1, 2]),
+                            peer_cap_per_rank=rng.choice([None, rng.randint(1, 4)])))
+            jid += 1
+        snap = NodeSnapshot("n", frozenset(range(n)), tuple(jobs),
+                            pending_starts=rng.choice([(), (99,)]))
+        plan = decide(snap, policy)          # check_plan runs inside
+        for a in plan.actions:
+            assert sum(a.threads_per_rank) >= len(a.threads_per_rank)

@@ -1,6 +1,6 @@
 import pytest
 
-from slurm_plugin.cpulist import format_cpu_list, parse_cpu_list
+from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 from slurm_plugin.slurm.hostlist import expand_hostlist
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.cpulist import parse_cpu_list
+from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm.hostlist import expand_hostlist
 from slurm_plugin.slurm.model import JobState, Node
 from slurm_plugin.slurm.parsers import (SlurmParseError, cpu_ids_of, parse_sbatch_parsable,

@@ -1,7 +1,7 @@
 """The command runner, on real harmless commands."""
 import pytest
 
-from slurm_plugin.runner import CommandError, CommandNotFound, CommandTimeout, run_command
+from malleable_protocol.runner import CommandError, CommandNotFound, CommandTimeout, run_command
 
 
 def test_success_and_env():

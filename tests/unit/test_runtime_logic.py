@@ -147,17 +147,40 @@ def test_signal_actions_step_within_bounds():
     assert rt.state().intra_active == 2   # never above the pool
 
 
-def test_target_file(tmp_path):
+def test_target_file_caps_the_allowance_and_bad_ones_change_nothing(tmp_path):
+    from malleable_protocol import Target
     w = World({0, 1, 2, 3})
     rt = make(w)
     rt.target_path = tmp_path / "target.json"
-    rt.target_path.write_text('{"intra": 3, "inter": 2}')
+    rt.target_path.write_bytes(Target(frozenset({0, 1, 2})).encode())
     rt.handle(Action.RELOAD)
-    assert (rt.state().intra_active, rt.state().inter_active) == (3, 2)
-    for bad in ['{"intra": 0}', "[1]", "not json", '{"intra": "x"}', "x" * 10000]:
-        rt.target_path.write_text(bad)
+    assert rt.state().intra_active == 3 and rt.state().share_cpus == {0, 1, 2}
+    for bad in [b'{"cpus": ""}', b"[1]", b"not json", b'{"cpus": 3}', b"x" * 100000]:
+        rt.target_path.write_bytes(bad)
         rt.handle(Action.RELOAD)
-        assert (rt.state().intra_active, rt.state().inter_active) == (3, 2)
+        assert rt.state().intra_active == 3
+    rt.target_path.unlink()
+    rt.target_path.symlink_to(tmp_path / "elsewhere.json")     # never followed
+    (tmp_path / "elsewhere.json").write_bytes(Target(frozenset({0})).encode())
+    rt.handle(Action.RELOAD)
+    assert rt.state().intra_active == 3
+    # A target disjoint from the allowance is stale: the allowance alone counts.
+    rt.target_path.unlink()
+    rt.target_path.write_bytes(Target(frozenset({9})).encode())
+    rt.handle(Action.RELOAD)
+    assert rt.state().intra_active == 4
+
+
+@pytest.mark.parametrize("local_rank,threads", [(0, 2), (1, 1)])
+def test_three_cores_two_ranks_each_rank_runs_the_threads_the_agent_counts(tmp_path, local_rank,
+                                                                           threads):
+    from malleable_protocol import Target, threads_per_rank
+    w = World({0, 1, 2, 3})
+    rt = make(w, local_rank=local_rank, local_size=2)
+    rt.target_path = tmp_path / "target.json"
+    rt.target_path.write_bytes(Target(frozenset({0, 1, 2})).encode())
+    rt.handle(Action.RELOAD)
+    assert rt.state().intra_active == threads == threads_per_rank({0, 1, 2}, 2)[local_rank]
 
 
 def test_closed_runtime_refuses_and_ignores_signals():

@@ -1,0 +1,100 @@
+"""File access for paths another user may control: no links followed, no blocking on a FIFO,
+regular files only, bounded reads and listings. Root's writes go only to folders that root owns
+and nobody else can write."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePath(OSError):
+    pass
+
+
+def open_dir(path: str | os.PathLike, *, dir_fd: int | None = None) -> int:
+    """A descriptor of the folder ``path`` (relative to ``dir_fd`` when given); its last
+    component must not be a link."""
+    return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def read_bounded(name: str | os.PathLike, max_bytes: int, *, dir_fd: int | None = None,
+                 owner: int | None = None) -> bytes:
+    """The bytes of a regular file, refusing links, FIFOs, devices, files over ``max_bytes``
+    and, with ``owner``, files another uid owns."""
+    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(errno.EINVAL, f"{name}: not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise UnsafePath(errno.EPERM, f"{name}: owned by uid {st.st_uid}, not {owner}")
+        if st.st_size > max_bytes:
+            raise UnsafePath(errno.EFBIG, f"{name}: {st.st_size} bytes (limit {max_bytes})")
+        data = os.read(fd, max_bytes + 1)
+        if len(data) > max_bytes:
+            raise UnsafePath(errno.EFBIG, f"{name}: over {max_bytes} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def list_bounded(dir_fd: int, max_entries: int) -> list[str]:
+    """At most ``max_entries`` names of the folder: a folder of millions is never read whole."""
+    out: list[str] = []
+    with os.scandir(dir_fd) as it:
+        for entry in it:
+            if len(out) >= max_entries:
+                break
+            out.append(entry.name)
+    return out
+
+
+def ensure_private_dir(path: Path, mode: int = 0o755) -> Path:
+    """Make (or check) a folder owned by us that no one else can write: the only kind of
+    folder root writes files in."""
+    path.mkdir(parents=True, exist_ok=True)
+    fd = open_dir(path)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafePath(errno.EPERM, f"{path}: owned by uid {st.st_uid}")
+        if st.st_mode & 0o022:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+    finally:
+        os.close(fd)
+    return path
+
+
+def write_atomic(folder: Path, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Write ``folder/name`` whole or not at all, in a folder only we can write (checked)."""
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"bad file name {name!r}")
+    dfd = open_dir(folder)
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise UnsafePath(errno.EPERM, f"{folder}: others can write there")
+        tmp = f".{name}.{os.getpid()}.tmp"
+        try:
+            os.unlink(tmp, dir_fd=dfd)   # left by a killed writer of the same pid
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)

@@ -1,0 +1,125 @@
+"""Carries out a Plan: each action in an order that never gives a core to two jobs.
+
+An action that takes cores waits for the actions that release them; if one of those failed
+(or was cancelled), it is cancelled too, so a failed shrink never leaves two jobs on one core.
+Before a job's cpuset narrows, its ranks are told (target file + SIGUSR1) and briefly awaited,
+so threads drop no later than the cores. Every outcome is returned, none is dropped.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from malleable_protocol import ProtocolError, RunLayout, Target
+from malleable_protocol.safe_io import ensure_private_dir, write_atomic
+
+from .cgroup_actuator import ActuatorError, CpusetActuator
+from .model import Action, ActionKind, NodeSnapshot, Plan, RankView
+from .ranks import PidCheck, in_job_cgroup, read_job_ranks
+
+_ORDER = {ActionKind.SHRINK: 0, ActionKind.MOVE: 1, ActionKind.REALIGN: 2, ActionKind.GROW: 3}
+
+
+class OutcomeStatus(enum.Enum):
+    APPLIED = "applied"
+    FAILED = "failed"
+    CANCELLED = "cancelled"    # needed cores a failed or cancelled action was to release
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    status: OutcomeStatus
+    error: str = ""
+    latency_ms: float = 0.0
+
+
+class PlanExecutor:
+    def __init__(self, node: str, layout: RunLayout, actuator: CpusetActuator, *,
+                 shrink_wait_s: float = 0.5, read_ranks: Callable = read_job_ranks,
+                 check_pid: PidCheck = in_job_cgroup,
+                 send_signal: Callable[[int, int], None] = os.kill,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.node = node
+        self.layout = layout
+        self.actuator = actuator
+        self.shrink_wait_s = shrink_wait_s
+        self._read_ranks = read_ranks
+        self._check_pid = check_pid
+        self._send_signal = send_signal
+        self._clock = clock
+        self._sleep = sleep
+
+    def execute(self, plan: Plan, snapshot: NodeSnapshot) -> list[Outcome]:
+        pending = sorted(plan.actions, key=lambda a: (_ORDER[a.kind], a.job_id))
+        providers = {a.job_id: [b.job_id for b in plan.actions
+                                if b is not a and b.releases & a.takes] for a in pending}
+        done: dict[int, Outcome] = {}
+        while pending:
+            progressed = False
+            for a in list(pending):
+                deps = [done.get(j) for j in providers[a.job_id]]
+                if any(d is None for d in deps):
+                    continue
+                pending.remove(a)
+                progressed = True
+                blocked = [d.action.job_id for d in deps if d.status is not OutcomeStatus.APPLIED]
+                if blocked:
+                    done[a.job_id] = Outcome(a, OutcomeStatus.CANCELLED,
+                                             f"needs cores job(s) {blocked} did not release")
+                else:
+                    done[a.job_id] = self._apply(a, snapshot)
+            if not progressed:    # a cycle (jobs swapping cores): none of it is safe
+                for a in pending:
+                    done[a.job_id] = Outcome(a, OutcomeStatus.CANCELLED, "cyclic core exchange")
+                break
+        return [done[a.job_id] for a in sorted(plan.actions,
+                                                key=lambda a: (_ORDER[a.kind], a.job_id))]
+
+    def _apply(self, a: Action, snapshot: NodeSnapshot) -> Outcome:
+        t0 = self._clock()
+        job = snapshot.job(a.job_id)
+        try:
+            if a.kind is not ActionKind.REALIGN and job.malleable:
+                self._write_target(a)
+            if a.releases and job.ranks:
+                # Threads drop no later than the cpuset: the ranks park first (briefly awaited).
+                self._signal(a, job.ranks)
+                self._wait_parked(a)
+            self.actuator.apply(a.uid, a.job_id, a.after, a.allocation)
+            if job.ranks and a.kind is not ActionKind.REALIGN:
+                self._signal(a, job.ranks)   # grown: use the new cores; shrunk: re-pin
+        except (ActuatorError, OSError, ValueError, ProtocolError) as exc:
+            return Outcome(a, OutcomeStatus.FAILED, f"{type(exc).__name__}: {exc}",
+                           round((self._clock() - t0) * 1000, 3))
+        return Outcome(a, OutcomeStatus.APPLIED, latency_ms=round((self._clock() - t0) * 1000, 3))
+
+    def _write_target(self, a: Action) -> None:
+        folder = ensure_private_dir(self.layout.targets_dir)
+        target = Target(cpus=a.after, generation=time.time_ns() // 1000)
+        write_atomic(folder, RunLayout.target_name(a.job_id, self.node), target.encode())
+
+    def _signal(self, a: Action, ranks: tuple[RankView, ...]) -> None:
+        for r in ranks:
+            # Checked again just before: the pid must still be the job user's, in the job.
+            if not self._check_pid(r.pid, a.job_id, self.node, a.uid):
+                continue
+            try:
+                self._send_signal(r.pid, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _wait_parked(self, a: Action) -> None:
+        deadline = self._clock() + self.shrink_wait_s
+        while self._clock() < deadline:
+            ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.node)
+            if all(r.intra_active <= a.threads_per_rank[min(r.local_rank,
+                                                             len(a.threads_per_rank) - 1)]
+                   for r in ranks):
+                return
+            self._sleep(0.005)

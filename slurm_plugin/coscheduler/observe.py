@@ -1,0 +1,101 @@
+"""Observe one node without asking slurmctld: the cluster's feed (bounds, requests, Slurm's
+allocations, the node's size), the cgroup tree (which jobs run here and what they hold), the
+node's ledger (allocations first seen, jobs starting) and the ranks' status records."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+from malleable_protocol import RunLayout
+
+from ..feed.model import NodeFeed, Offers
+from .cgroup_actuator import CpusetActuator
+from .ledger import STARTING_EXPIRY_S, Allocation, Ledger
+from .model import JobView, NodeSnapshot
+from .ranks import read_job_ranks
+
+
+class FeedSource(Protocol):
+    """Where the cluster-level view comes from (the FeedStore; a fake in tests)."""
+
+    def read_node(self, node: str) -> NodeFeed | None: ...
+    def read_offers(self, node: str) -> Offers | None: ...
+
+
+class NodeObserver:
+    def __init__(self, node: str, layout: RunLayout, feed: FeedSource, actuator: CpusetActuator,
+                 *, read_ranks: Callable = read_job_ranks,
+                 wall: Callable[[], float] = time.time):
+        self.node = node
+        self.layout = layout
+        self.feed = feed
+        self.actuator = actuator
+        self._read_ranks = read_ranks
+        self._wall = wall
+
+    def node_cpus(self, feed: NodeFeed | None) -> frozenset[int]:
+        if feed is not None:
+            return frozenset(range(feed.cpus))
+        # No feed yet: the CPUs slurmd's own cgroup folder may hand out.
+        return self.actuator.node_cpus()
+
+    def _peer_cap(self, nodes: tuple[str, ...], job_id: int) -> int | None:
+        caps = []
+        for other in nodes:
+            if other == self.node:
+                continue
+            offers = self.feed.read_offers(other)
+            if offers is not None and job_id in offers.per_rank:
+                caps.append(offers.per_rank[job_id])
+        return min(caps) if caps else None
+
+    def observe(self, ledger: Ledger) -> NodeSnapshot:
+        """The node now. Updates ``ledger`` (first-seen allocations, start markers resolved)."""
+        feed = self.feed.read_node(self.node)
+        found = self.actuator.scan()
+        views: list[JobView] = []
+        for job_id, cg in sorted(found.items()):
+            fj = feed.job(job_id) if feed is not None else None
+            known = ledger.allocations.get(job_id)
+            if fj is not None:
+                alloc = fj.allocation
+            elif known is not None and known.uid == cg.uid:
+                alloc = known.cpus
+            else:
+                alloc = cg.cpus     # first sight: the folder is still Slurm's allocation
+            if known != Allocation(cg.uid, alloc):
+                ledger.allocations[job_id] = Allocation(cg.uid, alloc)
+            ledger.starting.pop(job_id, None)
+            spec = fj.spec if fj is not None else None
+            ranks = self._read_ranks(self.layout, job_id, cg.uid, self.node) if spec else ()
+            nodes = fj.nodes if fj is not None else (self.node,)
+            views.append(JobView(
+                job_id=job_id, uid=cg.uid, user=fj.user if fj else str(cg.uid),
+                allocation=alloc, current=cg.cpus, spec=spec,
+                requested=fj.requested if fj is not None else None, ranks=ranks,
+                folders_in_line=cg.in_line(alloc), nodes=len(nodes),
+                peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1
+                else None))
+        # Jobs Slurm placed here whose folder is not made yet: their cores are reserved. A stale
+        # feed entry whose cores a running job's folder already holds is an ended job.
+        held = frozenset().union(*(v.allocation | v.current for v in views))
+        listed = {fj.job_id for fj in feed.jobs} if feed is not None else set()
+        for fj in (feed.jobs if feed is not None else ()):
+            if fj.job_id in found or fj.job_id in ledger.ended or fj.allocation & held:
+                continue
+            views.append(JobView(job_id=fj.job_id, uid=fj.uid, user=fj.user,
+                                 allocation=fj.allocation, current=fj.allocation,
+                                 has_folder=False, nodes=len(fj.nodes)))
+            held |= fj.allocation
+            ledger.starting.pop(fj.job_id, None)
+        for job_id in [j for j in ledger.allocations if j not in found]:
+            del ledger.allocations[job_id]          # ended
+        now = self._wall()
+        for job_id, since in list(ledger.starting.items()):
+            if now - since > STARTING_EXPIRY_S:
+                del ledger.starting[job_id]
+        for job_id, since in list(ledger.ended.items()):
+            if job_id not in listed or now - since > STARTING_EXPIRY_S:
+                del ledger.ended[job_id]     # the feed has caught up
+        return NodeSnapshot(node=self.node, cpus=self.node_cpus(feed) | held,
+                            jobs=tuple(views), pending_starts=tuple(sorted(ledger.starting)))

@@ -1,0 +1,148 @@
+"""What the watcher publishes per node, and what node agents publish back: typed, bounded."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from malleable_protocol import ProtocolError, check_job_id, check_node_name, format_cpu_list, \
+    parse_cpu_list
+from malleable_protocol.records import decode_json_bounded
+
+from ..coscheduler.request import MalleableSpec, RequestError, parse_submit
+
+MAX_FEED_BYTES = 1 << 20
+MAX_JOBS_PER_NODE = 4096
+
+
+@dataclass(frozen=True)
+class FeedJob:
+    """A job that holds cores on the node, as slurmctld sees it."""
+
+    job_id: int
+    uid: int
+    user: str
+    allocation: frozenset[int]            # Slurm's cores on this node (never changes)
+    nodes: tuple[str, ...] = ()           # every node of the job
+    spec: MalleableSpec | None = None     # None: not malleable (bounds from AdminComment)
+    requested: int | None = None          # cpus=K from Comment
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "uid": self.uid, "user": self.user,
+                "allocation": format_cpu_list(self.allocation), "nodes": list(self.nodes),
+                "spec": None if self.spec is None else self.spec.normal_form(),
+                "requested": self.requested}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "FeedJob":
+        try:
+            spec = None if d.get("spec") is None else parse_submit(str(d["spec"]))
+            req = d.get("requested")
+            if req is not None and (isinstance(req, bool) or not isinstance(req, int) or req < 1):
+                raise ProtocolError("bad requested")
+            uid = d["uid"]
+            if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
+                raise ProtocolError("bad uid")
+            return cls(job_id=check_job_id(d["job_id"]), uid=uid, user=str(d.get("user", ""))[:64],
+                       allocation=parse_cpu_list(str(d["allocation"])),
+                       nodes=tuple(check_node_name(n) for n in d.get("nodes", [])[:65536]),
+                       spec=spec, requested=req)
+        except (KeyError, TypeError, RequestError, ValueError) as exc:
+            raise ProtocolError(f"bad feed job: {exc}") from None
+
+
+@dataclass(frozen=True)
+class NodeFeed:
+    node: str
+    cpus: int                             # cores Slurm may hand out on the node
+    jobs: tuple[FeedJob, ...]
+    updated: float = 0.0                  # wall time of the poll it came from
+
+    def job(self, job_id: int) -> FeedJob | None:
+        return next((j for j in self.jobs if j.job_id == job_id), None)
+
+    def encode(self) -> bytes:
+        return json.dumps({"node": self.node, "cpus": self.cpus, "updated": self.updated,
+                           "jobs": [j.to_dict() for j in self.jobs]},
+                          sort_keys=True, separators=(",", ":")).encode()
+
+    def same_content(self, other: "NodeFeed | None") -> bool:
+        return other is not None and (self.node, self.cpus, self.jobs) == \
+            (other.node, other.cpus, other.jobs)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "NodeFeed":
+        d = decode_json_bounded(raw, max_bytes=MAX_FEED_BYTES, max_depth=4)
+        jobs = d.get("jobs")
+        cpus = d.get("cpus")
+        if not isinstance(jobs, list) or len(jobs) > MAX_JOBS_PER_NODE or \
+                isinstance(cpus, bool) or not isinstance(cpus, int) or not 0 < cpus <= 65536:
+            raise ProtocolError("bad node feed")
+        updated = d.get("updated", 0.0)
+        if isinstance(updated, bool) or not isinstance(updated, (int, float)):
+            raise ProtocolError("bad node feed time")
+        return cls(node=check_node_name(d.get("node")), cpus=cpus,
+                   jobs=tuple(FeedJob.from_dict(j) for j in jobs if isinstance(j, dict)),
+                   updated=float(updated))
+
+
+@dataclass(frozen=True)
+class Offers:
+    """A node agent's offer per multi-node malleable job: the cores per rank it would give the
+    job there if no other node held it back (the job's other nodes cap it to the smallest)."""
+
+    node: str
+    per_rank: Mapping[int, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return json.dumps({"node": self.node,
+                           "per_rank": {str(k): v for k, v in sorted(self.per_rank.items())}},
+                          sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Offers":
+        d = decode_json_bounded(raw, max_bytes=MAX_FEED_BYTES, max_depth=2)
+        per = d.get("per_rank")
+        if not isinstance(per, dict) or len(per) > MAX_JOBS_PER_NODE:
+            raise ProtocolError("bad offers")
+        out = {}
+        for k, v in per.items():
+            if not k.isdigit() or isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 65536:
+                raise ProtocolError("bad offer")
+            out[check_job_id(int(k))] = v
+        return cls(node=check_node_name(d.get("node")), per_rank=out)
+
+
+@dataclass(frozen=True)
+class JobReport:
+    job_id: int
+    current: frozenset[int]
+    threads: tuple[int, ...] = ()           # per rank on this node, by rank
+    steps_per_s: tuple[float, ...] = ()     # per rank, at its current thread count
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node agent shows of its jobs (for ``malleable status`` anywhere the feed is)."""
+
+    node: str
+    jobs: tuple[JobReport, ...] = ()
+
+    def encode(self) -> bytes:
+        return json.dumps({"node": self.node, "jobs": [
+            {"job_id": j.job_id, "current": format_cpu_list(j.current), "threads": list(j.threads),
+             "steps_per_s": list(j.steps_per_s)} for j in self.jobs]},
+            sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "NodeReport":
+        d = decode_json_bounded(raw, max_bytes=MAX_FEED_BYTES, max_depth=4)
+        try:
+            jobs = tuple(JobReport(job_id=check_job_id(j["job_id"]),
+                                   current=parse_cpu_list(str(j["current"])),
+                                   threads=tuple(int(t) for t in j["threads"][:4096]),
+                                   steps_per_s=tuple(float(v) for v in j["steps_per_s"][:4096]))
+                         for j in d.get("jobs", [])[:MAX_JOBS_PER_NODE])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad node report: {exc}") from None
+        return cls(node=check_node_name(d.get("node")), jobs=jobs)

@@ -1,0 +1,137 @@
+"""``malleable watcher``: the one process per cluster that asks slurmctld about jobs.
+
+It polls when slurmctld's hooks append an event (a malleable ``scontrol update``, a job start or
+end) and otherwise every ``resync_s``: one REQUEST_JOB_INFO per poll, plus the nodes' layout
+(sinfo) every ``layout_refresh_s``. Its load on slurmctld does not depend on the node count.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from malleable_protocol.runner import CommandError
+from ..slurm import Node, SlurmClient
+from ..slurm.parsers import SlurmParseError
+from ..coscheduler.request import spec_and_request
+from .model import FeedJob, NodeFeed
+from .store import FeedStore
+
+log = logging.getLogger("malleable.watcher")
+
+
+@dataclass(frozen=True)
+class WatcherConfig:
+    feed_dir: Path
+    slurm_conf: Path | None = None
+    resync_s: float = 10.0           # a full poll when no event came
+    layout_refresh_s: float = 300.0  # the nodes' layout (sinfo) is re-read this often
+    event_check_s: float = 0.05      # how often the (local) event file is looked at
+    event_settle_s: float = 0.02     # a burst of events is one poll
+    events_max_bytes: int = 1 << 20  # the event file is rotated past this
+
+
+@dataclass
+class PollResult:
+    nodes_written: list[str] = field(default_factory=list)
+    jobs: int = 0
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeFeed]:
+    """One NodeFeed per node of ``layout``: the jobs holding cores there. Pure."""
+    per_node: dict[str, list[FeedJob]] = {n.name: [] for n in layout}
+    for job in jobs:
+        if not job.state.holds_cores:
+            continue
+        spec, requested = spec_and_request(job.admin_comment, job.comment)
+        for node, cpus in job.cpu_ids.items():
+            if node in per_node and cpus:
+                per_node[node].append(FeedJob(job_id=job.job_id, uid=job.uid, user=job.user,
+                                              allocation=cpus, nodes=tuple(job.nodes),
+                                              spec=spec, requested=requested))
+    return {n.name: NodeFeed(node=n.name, cpus=n.cpus,
+                             jobs=tuple(sorted(per_node[n.name], key=lambda j: j.job_id)),
+                             updated=updated)
+            for n in layout}
+
+
+class ClusterWatcher:
+    def __init__(self, config: WatcherConfig, client: SlurmClient, store: FeedStore, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.config = config
+        self.client = client
+        self.store = store
+        self._clock, self._wall, self._sleep = clock, wall, sleep
+        self._layout: list[Node] = []
+        self._layout_at = float("-inf")
+        self._published: dict[str, NodeFeed] = {}
+
+    def _nodes(self, force: bool = False) -> list[Node]:
+        if force or not self._layout or \
+                self._clock() - self._layout_at >= self.config.layout_refresh_s:
+            self._layout = self.client.nodes()
+            self._layout_at = self._clock()
+        return self._layout
+
+    def poll(self) -> PollResult:
+        t0 = self._clock()
+        result = PollResult()
+        try:
+            layout = self._nodes()
+            jobs = self.client.jobs(layout=layout)
+            known = {n.name for n in layout}
+            if any(node not in known for j in jobs for node in j.cpu_ids):
+                layout = self._nodes(force=True)   # a node added to the cluster
+                jobs = self.client.jobs(layout=layout)
+        except (CommandError, SlurmParseError, ValueError) as exc:
+            result.error = str(exc)
+            result.seconds = self._clock() - t0
+            return result
+        result.jobs = len(jobs)
+        for name, feed in build_feeds(jobs, layout, self._wall()).items():
+            if not feed.same_content(self._published.get(name)):
+                self.store.write_node(feed)
+                self._published[name] = feed
+                result.nodes_written.append(name)
+        result.seconds = self._clock() - t0
+        return result
+
+    def _rotate_events(self) -> None:
+        path = self.store.events_file
+        try:
+            if path.stat().st_size > self.config.events_max_bytes:
+                os.replace(path, path.with_name("events.1"))
+                path.touch()
+        except OSError:
+            pass
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        self.store.prepare()
+        last_poll = float("-inf")
+        last_events = self.store.events_stamp()
+        backoff = self.config.resync_s
+        while not stop():
+            events = self.store.events_stamp()
+            if events != last_events or self._clock() - last_poll >= backoff:
+                if events != last_events:
+                    self._sleep(self.config.event_settle_s)
+                last_events = self.store.events_stamp()
+                result = self.poll()
+                last_poll = self._clock()
+                if result.error:
+                    log.warning("poll failed: %s", result.error)
+                    backoff = min(backoff * 2, 60.0)
+                else:
+                    backoff = self.config.resync_s
+                    if result.nodes_written:
+                        log.info("published %d node(s) (%d jobs) in %.0f ms",
+                                 len(result.nodes_written), result.jobs, result.seconds * 1000)
+                self._rotate_events()
+            self._sleep(self.config.event_check_s)

@@ -1,0 +1,77 @@
+"""The executor: safe order, failed shrinks cancel the grows that needed their cores, ranks told
+before their cores go, every outcome reported."""
+import signal
+
+from malleable_protocol import RunLayout, Target
+from slurm_plugin.coscheduler.cgroup_actuator import ActuatorError
+from slurm_plugin.coscheduler.executor import OutcomeStatus, PlanExecutor
+from slurm_plugin.coscheduler.model import (JobView, NodeSnapshot, Policy, RankView)
+from slurm_plugin.coscheduler.policy import decide
+from slurm_plugin.coscheduler.request import MalleableSpec
+
+M = MalleableSpec
+
+
+class FakeActuator:
+    def __init__(self, fail=()):
+        self.fail = set(fail)
+        self.applied = []
+
+    def apply(self, uid, job_id, cpus, allocation=None):
+        if job_id in self.fail:
+            raise ActuatorError(f"EBUSY writing job {job_id}")
+        self.applied.append((job_id, frozenset(cpus)))
+
+
+def view(jid, alloc, current, spec=M(1, None), ranks=(), req=None):
+    return JobView(job_id=jid, uid=1000, user="u", allocation=frozenset(alloc),
+                   current=frozenset(current), spec=spec, ranks=ranks, requested=req)
+
+
+def executor(tmp_path, actuator, calls, ranks_after=None):
+    def read_ranks(layout, job_id, uid, node):
+        calls.append(("read", job_id))
+        return ranks_after or ()
+    return PlanExecutor("n1", RunLayout(tmp_path), actuator, shrink_wait_s=0.05,
+                        read_ranks=read_ranks, check_pid=lambda *a: True,
+                        send_signal=lambda pid, sig: calls.append(("signal", pid, sig)))
+
+
+def test_a_failed_shrink_cancels_the_grow_that_needed_its_cores(tmp_path):
+    # Job 1 holds {0..3} and must give 2,3 back (a request); job 2 asks for them.
+    snap = NodeSnapshot("n1", frozenset(range(4)), (
+        view(1, {0}, {0, 1, 2, 3}, req=2), view(2, {2}, {2}, req=3)))
+    plan = decide(snap, Policy.LEND_IDLE)
+    act = FakeActuator(fail={1})
+    out = {o.action.job_id: o for o in executor(tmp_path, act, []).execute(plan, snap)}
+    assert out[1].status is OutcomeStatus.FAILED and "EBUSY" in out[1].error
+    assert out[2].status is OutcomeStatus.CANCELLED and "[1]" in out[2].error
+    assert act.applied == []           # nobody was given a core job 1 still holds
+
+
+def test_shrinks_run_first_and_ranks_park_before_the_cpuset_narrows(tmp_path):
+    r = RankView(pid=77, rank=0, local_rank=0, local_size=1, intra_active=4)
+    snap = NodeSnapshot("n1", frozenset(range(4)), (
+        view(2, {2}, {2}, req=3), view(1, {0}, {0, 1, 2, 3}, ranks=(r,), req=1)))
+    plan = decide(snap, Policy.LEND_IDLE)
+    calls, act = [], FakeActuator()
+    parked = (RankView(pid=77, rank=0, local_rank=0, local_size=1, intra_active=1),)
+    out = executor(tmp_path, act, calls, ranks_after=parked).execute(plan, snap)
+    assert [o.status for o in out] == [OutcomeStatus.APPLIED, OutcomeStatus.APPLIED]
+    assert [j for j, _ in act.applied] == [1, 2]                 # the shrink first
+    assert calls[0] == ("signal", 77, signal.SIGUSR1) and calls[1] == ("read", 1)
+    target = Target.decode((RunLayout(tmp_path).target_file(1, "n1")).read_bytes())
+    assert target.cpus == {0}                                    # root's file, the new set
+
+
+def test_a_cyclic_exchange_is_not_attempted(tmp_path):
+    from slurm_plugin.coscheduler.model import Action, ActionKind, Plan, Reason
+    a = Action(ActionKind.MOVE, 1, 0, frozenset({0}), frozenset({0}), frozenset({1}), (1,),
+               Reason.LEND_IDLE)
+    b = Action(ActionKind.MOVE, 2, 0, frozenset({1}), frozenset({1}), frozenset({0}), (1,),
+               Reason.LEND_IDLE)
+    snap = NodeSnapshot("n1", frozenset({0, 1}), (view(1, {0}, {0}), view(2, {1}, {1})))
+    plan = Plan("n1", Policy.LEND_IDLE, {1: frozenset({1}), 2: frozenset({0})}, {}, (a, b))
+    act = FakeActuator()
+    out = executor(tmp_path, act, []).execute(plan, snap)
+    assert {o.status for o in out} == {OutcomeStatus.CANCELLED} and act.applied == []

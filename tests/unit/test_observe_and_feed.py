@@ -1,0 +1,173 @@
+"""Observing a node without slurmctld (feed, cgroups, ledger), and the watcher's feed."""
+from pathlib import Path
+
+from malleable_protocol import RunLayout
+from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
+from slurm_plugin.coscheduler.ledger import Ledger, LedgerFile
+from slurm_plugin.coscheduler.observe import NodeObserver
+from slurm_plugin.coscheduler.request import MalleableSpec
+from slurm_plugin.feed import ClusterWatcher, FeedJob, FeedStore, NodeFeed, Offers, WatcherConfig
+from slurm_plugin.feed.watcher import build_feeds
+from slurm_plugin.slurm.parsers import parse_sinfo_json, parse_squeue_json
+
+FIX = Path(__file__).parent.parent / "fixtures" / "slurm-22.05"
+S = frozenset
+
+
+class FakeFeed:
+    def __init__(self, feed=None, offers=None):
+        self.feed, self.offers = feed, offers or {}
+
+    def read_node(self, node):
+        return self.feed
+
+    def read_offers(self, node):
+        return self.offers.get(node)
+
+
+class FakeCgroups:
+    def __init__(self, jobs):
+        self.jobs = jobs
+
+    def scan(self):
+        return dict(self.jobs)
+
+    def node_cpus(self):
+        return frozenset()
+
+
+def observer(feed, jobs):
+    return NodeObserver("n1", RunLayout(Path("/nonexistent")), feed, FakeCgroups(jobs),
+                        read_ranks=lambda *a: (), wall=lambda: 1000.0)
+
+
+def test_first_sight_records_the_allocation_and_the_feed_overrides_it():
+    ledger = Ledger()
+    cg = {7: CgroupJob(1000, 7, S({0}), {"step_0": S({0})})}
+    snap = observer(FakeFeed(), cg).observe(ledger)
+    assert snap.job(7).allocation == {0} and not snap.job(7).malleable
+    assert ledger.allocations[7].cpus == {0}
+    # Grown later: the ledger, not the folder, says what Slurm gave.
+    cg = {7: CgroupJob(1000, 7, S({0, 1}), {"step_0": S({0, 1})})}
+    assert observer(FakeFeed(), cg).observe(ledger).job(7).allocation == {0}
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
+    snap = observer(FakeFeed(feed), cg).observe(ledger)
+    assert snap.job(7).malleable and snap.cpus == S(range(4))
+
+
+def test_a_starting_job_is_pending_until_its_cores_are_known():
+    ledger = Ledger(starting={9: 999.0})
+    snap = observer(FakeFeed(), {}).observe(ledger)
+    assert snap.pending_starts == (9,)
+    # Its folder appears: known, no longer pending.
+    snap = observer(FakeFeed(), {9: CgroupJob(1000, 9, S({3}), {})}).observe(ledger)
+    assert snap.pending_starts == () and ledger.allocations[9].cpus == {3}
+    # Or the feed shows its cores first: reserved, not pending.
+    ledger = Ledger(starting={9: 999.0})
+    feed = NodeFeed("n1", 4, (FeedJob(9, 1000, "u", S({3}), ("n1",)),))
+    snap = observer(FakeFeed(feed), {}).observe(ledger)
+    assert snap.pending_starts == () and not snap.job(9).has_folder
+
+
+def test_stale_feed_jobs_on_cores_a_running_job_holds_are_ended_jobs():
+    feed = NodeFeed("n1", 4, (FeedJob(5, 1000, "u", S({0, 1}), ("n1",)),))
+    snap = observer(FakeFeed(feed), {8: CgroupJob(1000, 8, S({1}), {})}).observe(Ledger())
+    assert [j.job_id for j in snap.jobs] == [8]
+
+
+def test_a_job_whose_epilog_ran_frees_its_cores_before_the_feed_catches_up():
+    feed = NodeFeed("n1", 4, (FeedJob(5, 1000, "u", S({2, 3}), ("n1",)),))
+    ledger = Ledger(ended={5: 999.0})
+    assert observer(FakeFeed(feed), {}).observe(ledger).jobs == ()
+    assert 5 in ledger.ended                      # kept while the feed still lists it
+    observer(FakeFeed(NodeFeed("n1", 4, ())), {}).observe(ledger)
+    assert ledger.ended == {}
+
+
+def test_peer_cap_is_the_smallest_offer_of_the_other_nodes():
+    spec = MalleableSpec(1, None)
+    feed = NodeFeed("n1", 4, (FeedJob(5, 1000, "u", S({0}), ("n1", "n2", "n3"), spec),))
+    offers = {"n2": Offers("n2", {5: 3}), "n3": Offers("n3", {5: 1})}
+    snap = observer(FakeFeed(feed, offers), {5: CgroupJob(1000, 5, S({0}), {})}).observe(Ledger())
+    assert snap.job(5).peer_cap_per_rank == 1 and snap.job(5).nodes == 3
+
+
+def test_ledger_file_round_trip_and_garbage(tmp_path):
+    lf = LedgerFile(tmp_path, "n1")
+    led = Ledger(starting={3: 1.5})
+    led.allocations[2] = __import__("slurm_plugin.coscheduler.ledger", fromlist=["x"]).Allocation(
+        7, S({1, 2}))
+    lf.save(led)
+    assert lf.load() == led
+    (tmp_path / "ledger-n1.json").write_text("{not json")
+    assert lf.load() == Ledger()
+
+
+def test_build_feeds_from_captured_squeue_and_sinfo():
+    nodes = parse_sinfo_json((FIX / "sinfo.json").read_text())
+    from slurm_plugin.slurm.client import CliSlurmClient
+    jobs = CliSlurmClient()._with_cpu_ids(parse_squeue_json((FIX / "squeue.json").read_text()),
+                                          nodes)
+    feeds = build_feeds(jobs, nodes, 1.0)
+    assert set(feeds) == {n.name for n in nodes}
+    running = [j for j in jobs if j.state.holds_cores]
+    for j in running:
+        for node, cpus in j.cpu_ids.items():
+            assert feeds[node].job(j.job_id).allocation == cpus
+    assert NodeFeed.decode(feeds[nodes[0].name].encode()) == feeds[nodes[0].name]
+
+
+class CountingClient:
+    def __init__(self):
+        self.calls = []
+        self.nodes_ = parse_sinfo_json((FIX / "sinfo.json").read_text())
+        self.jobs_ = parse_squeue_json((FIX / "squeue.json").read_text())
+
+    def nodes(self):
+        self.calls.append("sinfo")
+        return self.nodes_
+
+    def jobs(self, layout=None, **kw):
+        self.calls.append("squeue")
+        from slurm_plugin.slurm.client import CliSlurmClient
+        return CliSlurmClient()._with_cpu_ids(self.jobs_, layout)
+
+
+def test_watcher_asks_once_per_poll_and_writes_only_changes(tmp_path):
+    client = CountingClient()
+    store = FeedStore(tmp_path)
+    store.prepare()
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path), client, store, wall=lambda: 5.0)
+    first = w.poll()
+    second = w.poll()
+    assert client.calls == ["sinfo", "squeue", "squeue"]      # the layout is cached
+    assert first.nodes_written and second.nodes_written == []
+    assert store.read_node(first.nodes_written[0]).updated == 5.0
+
+
+def test_watcher_polls_on_events_and_on_resync_only(tmp_path):
+    client = CountingClient()
+    store = FeedStore(tmp_path)
+    now = [0.0]
+    ticks = []
+
+    def sleep(dt):
+        now[0] += dt
+        ticks.append(now[0])
+        if len(ticks) == 40:                 # 2 s in: slurmctld's hook appends an event
+            with open(store.events_file, "a") as f:
+                f.write("1 update 5\n")
+
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path, resync_s=10.0, event_check_s=0.05),
+                       client, store, clock=lambda: now[0], sleep=sleep)
+    w.run(lambda: now[0] > 25.0)
+    # t=0 (start), t~2 (event), t~12 and t~22 (resyncs after the event's poll)
+    assert client.calls.count("squeue") == 4, client.calls
+
+
+def test_every_feed_record_survives_its_own_bounds():
+    from slurm_plugin.feed import JobReport, NodeReport
+    rep = NodeReport("n1", (JobReport(3, S({0, 1}), (2, 1), (4.5, 3.0)),))
+    assert NodeReport.decode(rep.encode()) == rep
+    off = Offers("n1", {3: 2})
+    assert Offers.decode(off.encode()) == off

@@ -1,0 +1,137 @@
+"""The agent-rank protocol: records with bounds, the one share function, safe file access."""
+import json
+import os
+import threading
+
+import pytest
+
+from malleable_protocol import (ProtocolError, RankStatus, RunLayout, Target, rank_share,
+                                threads_per_rank)
+from malleable_protocol.records import MAX_RECORD_BYTES, decode_json_bounded
+from malleable_protocol.safe_io import (UnsafePath, ensure_private_dir, list_bounded, open_dir,
+                                        read_bounded, write_atomic)
+
+GOOD = dict(pid=10, rank=0, local_rank=0, local_size=1, intra_active=2, intra_pool=4,
+            inter_active=2, inter_pool=4)
+
+
+def test_records_round_trip():
+    t = Target(frozenset({0, 1, 5}), generation=7)
+    assert Target.decode(t.encode()) == t
+    st = RankStatus(**GOOD, steps_per_s={2: 3.5}, steps=12, allowed_cpus=frozenset({0, 1}))
+    assert RankStatus.decode(st.encode()) == st
+
+
+@pytest.mark.parametrize("bad", [
+    b"x" * (MAX_RECORD_BYTES + 1), b"[]", b"not json", b"[" * 100000, b'{"a":' * 5000,
+    json.dumps({**GOOD, "pid": -1}).encode(), json.dumps({**GOOD, "intra_active": 0}).encode(),
+    json.dumps({**GOOD, "intra_active": True}).encode(),
+    json.dumps({**GOOD, "local_rank": 1}).encode(),          # not below local_size
+    json.dumps({**GOOD, "steps_per_s": {"two": 1.0}}).encode(),
+    json.dumps({**GOOD, "steps_per_s": {"2": "fast"}}).encode(),
+    json.dumps({**GOOD, "steps_per_s": {str(i): 1.0 for i in range(300)}}).encode(),
+    json.dumps({**GOOD, "allowed_cpus": "0-99999999"}).encode(),
+])
+def test_status_records_are_refused_with_a_protocol_error_only(bad):
+    with pytest.raises(ProtocolError):
+        RankStatus.decode(bad)
+
+
+def test_depth_is_checked_before_parsing_and_strings_do_not_count():
+    assert decode_json_bounded(b'{"a": "[[[[[[[[[[[["}') == {"a": "[[[[[[[[[[[["}
+    with pytest.raises(ProtocolError, match="deeper"):
+        decode_json_bounded(b'{"a": [[[[{"b": 1}]]]]}')
+
+
+@pytest.mark.parametrize("bad", [b'{"cpus": ""}', b'{"cpus": "3-1"}', b'{"generation": 1}',
+                                 b'{"cpus": "0", "generation": -1}', b'{"cpus": 5}'])
+def test_bad_targets(bad):
+    with pytest.raises(ProtocolError):
+        Target.decode(bad)
+
+
+@pytest.mark.parametrize("cpus,size,shares", [
+    ({0, 1, 2, 3}, 2, [{0, 1}, {2, 3}]),
+    ({0, 1, 2}, 2, [{0, 1}, {2}]),
+    ({4, 9}, 1, [{4, 9}]),
+    ({0}, 3, [{0}, {0}, {0}]),
+])
+def test_rank_share_splits_without_overlap(cpus, size, shares):
+    assert [rank_share(cpus, r, size) for r in range(size)] == shares
+    assert threads_per_rank(cpus, size) == tuple(len(s) for s in shares)
+
+
+def test_rank_share_bad_input():
+    for lr, ls in ((1, 1), (-1, 2), (0, 0), (True, 2)):
+        with pytest.raises(ValueError):
+            rank_share({0}, lr, ls)
+    with pytest.raises(ValueError):
+        rank_share(set(), 0, 1)
+
+
+def test_layout_refuses_hostile_names():
+    lay = RunLayout()
+    assert str(lay.target_file(5, "n1")) == "/run/malleable/targets/job_5.n1.json"
+    assert str(lay.status_file(5, 3)) == "/run/malleable/jobs/job_5/rank_3.json"
+    for node in ("", "..", "a/b", "../x", "n1\n"):
+        with pytest.raises(ValueError):
+            lay.target_file(5, node)
+    for job in (0, -1, True, "5"):
+        with pytest.raises(ValueError):
+            lay.job_dir(job)
+    assert RunLayout.parse_status_name("rank_12.json") == 12
+    assert RunLayout.parse_status_name("target-n1.json") is None
+    assert RunLayout.parse_status_name("rank_x.json") is None
+
+
+def test_read_bounded_refuses_links_fifos_big_files_and_strangers(tmp_path):
+    (tmp_path / "ok").write_bytes(b"hi")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    (tmp_path / "link").symlink_to(tmp_path / "ok")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "theirs").write_bytes(b"x")
+    os.chown(tmp_path / "theirs", 12345, 12345)
+    assert read_bounded(tmp_path / "ok", 10) == b"hi"
+    with pytest.raises(OSError):            # ELOOP: the link is not followed
+        read_bounded(tmp_path / "link", 10)
+    with pytest.raises(UnsafePath):         # returns at once: O_NONBLOCK, then not regular
+        read_bounded(tmp_path / "fifo", 10)
+    with pytest.raises(UnsafePath):
+        read_bounded(tmp_path / "big", 10)
+    with pytest.raises(UnsafePath):
+        read_bounded(tmp_path / "theirs", 10, owner=os.geteuid())
+    dfd = open_dir(tmp_path)
+    try:
+        assert read_bounded("ok", 10, dir_fd=dfd) == b"hi"
+        assert len(list_bounded(dfd, 2)) == 2
+    finally:
+        os.close(dfd)
+
+
+def test_write_atomic_only_in_a_folder_only_we_can_write(tmp_path):
+    safe = ensure_private_dir(tmp_path / "safe")
+    write_atomic(safe, "a.json", b"1")
+    assert (safe / "a.json").read_bytes() == b"1"
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o1777)
+    with pytest.raises(UnsafePath):
+        write_atomic(open_to_all, "a.json", b"1")
+    # A link planted where the file goes is replaced, never written through.
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (safe / "b.json").symlink_to(victim)
+    write_atomic(safe, "b.json", b"new")
+    assert victim.read_text() == "keep" and (safe / "b.json").read_bytes() == b"new"
+    with pytest.raises(ValueError):
+        write_atomic(safe, "../x", b"1")
+
+
+def test_list_bounded_does_not_read_a_huge_folder_whole(tmp_path):
+    for i in range(50):
+        (tmp_path / f"f{i}").touch()
+    dfd = open_dir(tmp_path)
+    try:
+        assert len(list_bounded(dfd, 10)) == 10
+    finally:
+        os.close(dfd)
