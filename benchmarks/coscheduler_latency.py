@@ -3,7 +3,10 @@
 - resize: `scontrol update JobId=A Comment=malleable:cpus=K` until A's rank runs K threads
   (goal: p50 under 1 s);
 - Prolog: the time the Prolog adds to a job's start when its cores were lent to A (goal: under
-  0.5 s), as the Prolog itself measures it (its log), with the count of reclaims it made.
+  0.5 s), as the Prolog itself measures it (its log), with the count of reclaims it made;
+- Prolog with slurmctld stopped (SIGSTOP: any call to it would hang): the node's Prolog run as
+  slurmd runs it, for a job id slurmctld never made, while A holds lent cores; its wall time,
+  and A's cores right after it.
 
     python benchmarks/coscheduler_latency.py [--resizes 30] [--starts 15]
 """
@@ -14,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,8 +26,10 @@ from pathlib import Path
 
 from common import RESULTS, machine, median, percentile, save
 
+from malleable_protocol import parse_cpu_list
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.coscheduler.model import Policy
 
 PROGRAM = Path(__file__).resolve().parent.parent / "tests" / "programs" / "hvd_train.py"
 
@@ -47,11 +53,10 @@ def main() -> None:
     root.chmod(0o755)
     cluster = LocalCluster(default_spec(root, nodes=1, port_base=38817, node_prefix="bn",
                                         name="malleablebench"))
-    cluster.up(agents="lend-idle")
+    cluster.up(agents=Policy.LEND_IDLE)
     env = {**os.environ, **cluster.env()}
     stop = root / "stop"
     try:
-        base = root / "status"
         script = root / "a.sbatch"
         script.write_text(render("single-node", {
             "program": str(PROGRAM), "args": f"{stop} 10000000", "ntasks": "1",
@@ -59,7 +64,7 @@ def main() -> None:
             "launcher": str(Path(sys.executable).with_name("malleable-srun"))}))
         client = cluster.client()
         a = client.submit(script)
-        status = base / f"job_{a}" / "rank_0.json"
+        status = cluster.run_layout.status_file(a, 0)
 
         def threads():
             try:
@@ -93,10 +98,33 @@ def main() -> None:
             wait(lambda: not client.job(b).state.holds_cores, 30, f"{b} done")
         prologs = []
         for line in log.read_text().splitlines():
-            m = re.search(r"prolog job (\d+): (\d+) changes in (\d+) ms", line)
+            m = re.search(r"prolog job (\d+): (\d+) resizes in (\d+) ms", line)
             if m and int(m[1]) != a:
                 prologs.append({"job": int(m[1]), "changes": int(m[2]), "ms": int(m[3])})
         lent = [p["ms"] for p in prologs if p["changes"] > 0]
+        # The Prolog with slurmctld frozen.
+        ctld = next(r for r in cluster.records() if r.name == "slurmctld")
+        hooks = cluster.hooks_dir
+        job_dir = Path(f"/sys/fs/cgroup/cpuset/slurm_bn1/uid_0/job_{a}/cpuset.cpus")
+        stopped = []
+        os.kill(ctld.pid, signal.SIGSTOP)
+        try:
+            for i in range(args.starts):
+                wait(lambda: threads() == cores, 10, "A regrown (slurmctld stopped)")
+                fake = 900000 + i
+                hook_env = {**env, "SLURMD_NODENAME": "bn1", "SLURM_JOB_ID": str(fake),
+                            "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}
+                t0 = time.monotonic()
+                pro = subprocess.run([str(hooks / "prolog.sh")], env=hook_env,
+                                     capture_output=True, text=True, timeout=30)
+                dt = time.monotonic() - t0
+                after = job_dir.read_text().strip()
+                stopped.append({"ms": round(dt * 1000, 1), "exit": pro.returncode,
+                                "a_cores_after": after})
+                subprocess.run([str(hooks / "epilog.sh")], env=hook_env, capture_output=True,
+                               timeout=30)
+        finally:
+            os.kill(ctld.pid, signal.SIGCONT)
     finally:
         stop.touch()
         time.sleep(1)
@@ -110,9 +138,18 @@ def main() -> None:
             "prolog_ms_when_cores_were_lent": {"n": len(lent), "p50": median(lent),
                                                "p95": percentile(lent, 95),
                                                "max": max(lent) if lent else None},
+            "prolog_with_slurmctld_stopped": {
+                "n": len(stopped), "p50_ms": median([s["ms"] for s in stopped]),
+                "max_ms": max(s["ms"] for s in stopped),
+                "all_exit_0": all(s["exit"] == 0 for s in stopped),
+                "a_back_in_its_allocation_every_time":
+                    all(len(parse_cpu_list(s["a_cores_after"])) == 1 for s in stopped),
+                "runs": stopped},
             "prologs": prologs, "raw_resize_ms": ms, "teardown_problems": problems}
     save("coscheduler_latency", data)
     print(json.dumps({k: data[k] for k in ("resize_ms", "prolog_ms_when_cores_were_lent")}))
+    print(json.dumps({k: v for k, v in data["prolog_with_slurmctld_stopped"].items()
+                      if k != "runs"}))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

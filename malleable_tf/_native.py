@@ -1,8 +1,9 @@
 """Build (once, cached) and load the native part: the thread-parking op and signal plumbing.
 
-The library is compiled against the installed TensorFlow's headers on first use and cached per
-TensorFlow version, source and compiler flags, so no manual build step exists. Several ranks
-starting at once on one node build it once: the build holds a file lock.
+Every .cc file in native/ is compiled into one shared library against the installed TensorFlow's
+headers on first use, cached per TensorFlow version, sources (.cc and .h) and compiler flags, so
+no manual build step exists. Several ranks starting at once on one node build it once: the build
+holds a file lock.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).parent / "native" / "malleable_ops.cc"
+NATIVE_DIR = Path(__file__).parent / "native"
 
 INTRA = 0
 INTER = 1
@@ -31,13 +32,33 @@ def cache_dir() -> Path:
     return Path(base) / "native"
 
 
+def sources() -> list[Path]:
+    """The .cc files that make up the library, sorted."""
+    found = sorted(NATIVE_DIR.glob("*.cc"))
+    if not found:
+        raise NativeBuildError(
+            f"malleable_tf's native sources are missing: no .cc file in {NATIVE_DIR} (was the "
+            f"package installed without its package data native/*.cc and native/*.h?)")
+    return found
+
+
+def _digest_inputs() -> list[Path]:
+    """Every source and header, sorted: a change to any of them means a new build."""
+    return sorted([*sources(), *NATIVE_DIR.glob("*.h")])
+
+
 def _flags(tf) -> list[str]:
     return list(tf.sysconfig.get_compile_flags()) + list(tf.sysconfig.get_link_flags())
 
 
 def library_path(tf) -> Path:
-    flags = _flags(tf)
-    digest = hashlib.sha256(SOURCE.read_bytes() + "\0".join(flags).encode()).hexdigest()[:16]
+    h = hashlib.sha256()
+    for path in _digest_inputs():
+        data = path.read_bytes()
+        h.update(f"{path.name}\0{len(data)}\0".encode())
+        h.update(data)
+    h.update("\0".join(_flags(tf)).encode())
+    digest = h.hexdigest()[:16]
     return cache_dir() / f"libmalleable_tf-{tf.__version__}-{digest}.so"
 
 
@@ -60,8 +81,9 @@ def build(tf, *, compiler: str | None = None) -> Path:
             out = Path(tmp) / target.name
             from malleable_protocol.runner import CommandError, run_command
             try:
-                run_command([cxx, "-std=c++17", "-shared", "-fPIC", "-O2", str(SOURCE), "-o",
-                             str(out), *_flags(tf)], timeout=600)
+                run_command([cxx, "-std=c++17", "-shared", "-fPIC", "-O2",
+                             *(str(src) for src in sources()), "-o", str(out), *_flags(tf)],
+                            timeout=600)
             except CommandError as exc:
                 raise NativeBuildError(f"building the thread-parking library failed: {exc}") from exc
             os.replace(out, target)

@@ -1,7 +1,8 @@
 """How many cores this process may use, and which of them are this rank's share.
 
 Pure functions over what the OS reports (an affinity mask, a cgroup CPU quota, the ranks on the
-node), plus the small readers that fetch those inputs. The runtime polls them; tests drive the
+node), the small readers that fetch those inputs, and ``AllowanceFollower``, which tells an
+outside restriction from the runtime's own pinning. The runtime polls them; tests drive the
 pure parts directly.
 """
 from __future__ import annotations
@@ -11,8 +12,9 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from malleable_protocol import parse_cpu_list, rank_share
+from malleable_protocol import Target, parse_cpu_list, rank_share
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,72 @@ class CgroupReader:
 
 def read_affinity(pid: int) -> frozenset[int]:
     return frozenset(os.sched_getaffinity(pid))
+
+
+class AllowanceFollower:
+    """The allowance as last read (``current``), and what is needed to read it again: which
+    mask the runtime pinned itself to (``pinned``, set by whoever pins) and an affinity
+    restriction set from outside (taskset), narrower than the cpuset."""
+
+    def __init__(self, read_affinity: Callable[[], frozenset[int]], cgroup: CgroupReader, *,
+                 mask_restricts: bool = True):
+        self._read_affinity = read_affinity
+        self.cgroup = cgroup
+        # Under Slurm with the co-scheduler the step's cpuset is the allowance, and the mask
+        # slurmstepd binds a task to at launch is not a limit (it does not widen when the cpuset
+        # grows): MALLEABLE_TF_ALLOWANCE=cgroup turns mask restrictions off.
+        self.mask_restricts = mask_restricts
+        self.pinned: frozenset[int] | None = None
+        self._outside_mask: frozenset[int] | None = None
+        self.current = self.read()
+
+    def refresh(self) -> bool:
+        """Read the allowance again; True when it changed."""
+        new = self.read()
+        if new == self.current:
+            return False
+        self.current = new
+        return True
+
+    def read(self) -> Allowance:
+        """The cpuset cgroup is the allowance where it can be read; an affinity mask narrower
+        than it counts only when someone outside set it (taskset), not when it is our own
+        pinning or what the kernel left of it after a cpuset change (pinned & cpuset on kernels
+        >= 6.2, the whole cpuset on older ones)."""
+        mask = self._read_affinity()
+        cpuset = self.cgroup.cpuset()
+
+        def explained() -> set:
+            out = set()
+            if self.pinned is not None:
+                out.add(self.pinned)
+                if cpuset:
+                    out.add(self.pinned & cpuset)
+            return out
+
+        if mask not in explained():
+            # Before taking it for a taskset, make sure the cpuset is read from where the
+            # process is now: a move to another cgroup also rewrites the mask.
+            self.cgroup.invalidate()
+            cpuset = self.cgroup.cpuset()
+        if mask not in explained():
+            restricts = self.mask_restricts or not cpuset
+            self._outside_mask = None if (cpuset and mask >= cpuset) or not restricts else mask
+        if cpuset:
+            cpus = (cpuset & self._outside_mask) if self._outside_mask else cpuset
+            cpus = cpus or cpuset
+        else:
+            cpus = self._outside_mask or mask
+        return Allowance(cpus=frozenset(cpus), quota_cpus=self.cgroup.quota())
+
+    def effective(self, target: Target | None) -> Allowance:
+        """The allowance capped by the agent's target (a target disjoint from it is stale)."""
+        if target is None:
+            return self.current
+        capped = self.current.cpus & target.cpus
+        if not capped:
+            return self.current
+        return Allowance(cpus=capped, quota_cpus=self.current.quota_cpus)
 
 
 def local_rank_and_size(env: dict[str, str] | None = None) -> tuple[int, int]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import launcher.train_digits as train_digits
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.coscheduler.model import Policy
 from slurm_plugin.coscheduler.ranks import read_job_statuses
 from slurm_plugin.coscheduler.status import collect_status, format_table
 from slurm_plugin.feed import FeedStore
@@ -61,7 +62,7 @@ def main() -> int:
     cluster = LocalCluster(default_spec(root, nodes=3, port_base=args.port_base))
     t0 = time.monotonic()
     say(f"bringing up a 3-node Slurm cluster with a co-scheduler agent per node in {root}")
-    cluster.up(log=say, agents="lend-idle")
+    cluster.up(log=say, agents=Policy.LEND_IDLE)
     env = {**os.environ, **cluster.env()}
     timeline: list[dict] = []
     rates: dict[str, dict] = {}

@@ -9,8 +9,12 @@ from pathlib import Path
 
 from .cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
 from .cluster.local import ClusterStatus
+from .coscheduler.model import Policy
 from malleable_protocol.runner import CommandError
 from .slurm import SlurmClientError
+
+
+POLICIES = [p.value for p in Policy]
 
 
 def _log(msg: str) -> None:
@@ -43,7 +47,7 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
                             cpus_per_node=args.cpus_per_node)
         cluster = LocalCluster(spec)
         cluster.up(timeout_s=args.timeout, log=_log,
-                   agents=None if args.no_agents else args.policy)
+                   agents=None if args.no_agents else Policy(args.policy))
         print("\n".join(cluster.env_lines()))
         return 0
     cluster = LocalCluster.load(root)
@@ -78,7 +82,6 @@ def _agent_cmd(args: argparse.Namespace) -> int:
 
     from .coscheduler.agent import run_agent
     from .coscheduler.config import AgentConfig
-    from .coscheduler.model import Policy
     overrides = {}
     if args.node:
         overrides["node"] = args.node
@@ -196,13 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--json", action="store_true", help="status as JSON")
     cl.add_argument("--no-agents", action="store_true",
                     help="do not install the hooks nor start an agent per node")
-    cl.add_argument("--policy", default="lend-idle", choices=["static", "lend-idle", "throughput"])
+    cl.add_argument("--policy", default="lend-idle", choices=POLICIES)
     cl.set_defaults(func=_cluster_cmd)
 
     ag = sub.add_parser("agent", help="the per-node co-scheduler (foreground)")
     ag.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
     ag.add_argument("--node", help="this node's Slurm name (default: from the config)")
-    ag.add_argument("--policy", choices=["static", "lend-idle", "throughput"])
+    ag.add_argument("--policy", choices=POLICIES)
     ag.add_argument("--once", action="store_true", help="one reconcile cycle, then exit")
     ag.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     ag.set_defaults(func=_agent_cmd)
@@ -219,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     ih = sub.add_parser("install-slurm-hooks",
                         help="render job_submit.lua, Prolog, Epilog, PrologSlurmctld")
     ih.add_argument("dir")
-    ih.add_argument("--policy", default="lend-idle", choices=["static", "lend-idle", "throughput"])
+    ih.add_argument("--policy", default="lend-idle", choices=POLICIES)
     ih.add_argument("--run-dir", default="/run/malleable", help="the protocol's folders")
     ih.add_argument("--state-dir", default="/run/malleable/agent")
     ih.add_argument("--feed-dir", default="/run/malleable/feed",

@@ -18,8 +18,10 @@ from typing import Callable
 
 import psutil
 
-from .. import cgroups
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
+
+from .. import cgroups
+from ..coscheduler.model import Policy
 from ..slurm import CliSlurmClient, Job, Node
 from . import daemons
 from .spec import ClusterSpec, HostTopology, parse_slurmd_c, render_cgroup_conf, render_slurm_conf
@@ -208,13 +210,12 @@ class LocalCluster:
         from ..coscheduler.config import AgentConfig
         return AgentConfig.from_json((self.hooks_dir / "agent.json").read_text())
 
-    def _install_hooks(self, policy: str) -> None:
+    def _install_hooks(self, policy: Policy) -> None:
         """What `malleable install-slurm-hooks` does on a real cluster, below this folder."""
         from ..coscheduler.config import AgentConfig
         from ..coscheduler.hooks import install, prepare_node_folders
-        from ..coscheduler.model import Policy
         from ..feed.store import FeedStore
-        config = AgentConfig.under(self.paths.root, policy=Policy(policy))
+        config = AgentConfig.under(self.paths.root, policy=policy)
         paths = install(self.hooks_dir, config)
         prepare_node_folders(config)
         FeedStore(config.feed_dir).prepare()
@@ -223,9 +224,10 @@ class LocalCluster:
                                          ctld_event=paths["ctld_event.sh"])
 
     def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
-           agents: str | None = None) -> None:
+           agents: Policy | None = None) -> None:
         """Start the cluster. ``agents`` names a co-scheduler policy: the Slurm hooks are then
-        installed and one agent per node started; None runs plain Slurm."""
+        installed, the watcher and one agent per node started; None runs plain Slurm."""
+        agents = None if agents is None else Policy(agents)
         bins = self.preflight()
         if agents is not None:
             self._install_hooks(agents)
@@ -268,7 +270,7 @@ class LocalCluster:
             self._stop(records)
             raise
         log(f"cluster up: {len(self.spec.node_names)} nodes in {p.root}"
-            + (f", an agent per node ({agents})" if agents else ""))
+            + (f", a watcher and an agent per node ({agents.value})" if agents else ""))
 
     def _munge_ok(self) -> bool:
         try:

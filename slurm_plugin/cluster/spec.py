@@ -109,6 +109,9 @@ class ClusterSpec:
     epilog: Path | None = None
     job_submit_lua: Path | None = None
     ctld_event: Path | None = None     # PrologSlurmctld and EpilogSlurmctld: wakes the watcher
+    # Nodes only declared (State=DOWN, no slurmd): a cluster of that size to slurmctld, for
+    # measuring what costs grow with the node count.
+    phantom_nodes: int = 0
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -201,6 +204,12 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         f"Port={spec.node_port(n)} {layout} State=UNKNOWN"
         for n in spec.node_names
     ]
+    if spec.phantom_nodes:
+        first = spec.port_base + 1000
+        node_lines.append(
+            f"NodeName=ph[1-{spec.phantom_nodes}] NodeHostname={spec.hostname} "
+            f"NodeAddr={spec.address} Port=[{first}-{first + spec.phantom_nodes - 1}] {layout} "
+            "State=DOWN")
     return _template("slurm.conf.tmpl").substitute(
         cluster_name=spec.name,
         controller_host=spec.hostname,

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import pytest
 
+from slurm_plugin.coscheduler.model import Policy
+
 from ..conftest import running_cluster
 
 
 @pytest.fixture(scope="module")
 def agent_cluster():
     """Two nodes with the Slurm hooks installed and an agent (lend-idle) per node."""
-    with running_cluster("malleable-agents-", agents="lend-idle", nodes=2, port_base=37817,
+    with running_cluster("malleable-agents-", agents=Policy.LEND_IDLE, nodes=2, port_base=37817,
                          node_prefix="an", name="malleableagents") as c:
         yield c

@@ -234,3 +234,120 @@ def test_only_the_owner_can_ask_for_a_resize(agent_cluster, tmp_path):
                 if subprocess.run(["userdel", u], capture_output=True).returncode in (0, 6):
                     break
                 time.sleep(0.2)
+
+
+def node_cpus(node: str, job_id: int) -> frozenset[int] | None:
+    try:
+        return parse_cpu_list(Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{job_id}/"
+                                   "cpuset.cpus").read_text())
+    except OSError:
+        return None
+
+
+def test_prolog_reclaims_with_slurmctld_stopped(agent_cluster, tmp_path):
+    """The Prolog asks slurmctld nothing: with slurmctld frozen (any call would hang), the node's
+    Prolog, run as slurmd runs it, takes every lent core back in bounded time."""
+    c = agent_cluster
+    client = c.client()
+    tmp_path.chmod(0o755)
+    sub = subprocess.run(["sbatch", "--parsable", "-N1", f"-w{NODE}", "-n1",
+                          "--comment=malleable:min=1,max=node", "--output=/dev/null",
+                          "--wrap=sleep 120"], capture_output=True, text=True,
+                         env={**os.environ, **c.env()}, check=True)
+    a = int(sub.stdout.strip())
+    cores = frozenset(range(os.cpu_count()))
+    ctld = next(r for r in c.records() if r.name == "slurmctld")
+    try:
+        wait_for(lambda: job_cpus(a) == cores, timeout=30, what="A grown")
+        os.kill(ctld.pid, signal.SIGSTOP)
+        env = {**os.environ, **c.env(), "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "990001",
+               "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}
+        t0 = time.monotonic()
+        pro = subprocess.run([str(c.hooks_dir / "prolog.sh")], env=env, capture_output=True,
+                             text=True, timeout=30)
+        seconds = time.monotonic() - t0
+        assert pro.returncode == 0, pro.stderr
+        assert len(job_cpus(a)) == 1 and seconds < 5, (job_cpus(a), seconds)
+        # The job's status folder was made for its user; the Epilog removes it and A regrows.
+        assert c.run_layout.job_dir(990001).is_dir()
+        epi = subprocess.run([str(c.hooks_dir / "epilog.sh")], env=env, capture_output=True,
+                             text=True, timeout=30)
+        assert epi.returncode == 0, epi.stderr
+        assert not c.run_layout.job_dir(990001).exists()
+        wait_for(lambda: job_cpus(a) == cores, timeout=10, what="A regrown, slurmctld stopped")
+    finally:
+        os.kill(ctld.pid, signal.SIGCONT)
+        client.cancel(a)
+    wait_for(lambda: not client.job(a).state.holds_cores, timeout=60, what="A ended")
+
+
+def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
+    """A synchronous 2-node Horovod job: when a job arrives on one of its nodes and takes a core
+    back there, the job's other node holds it to the same cores per rank (the surplus is free
+    for other jobs) instead of letting it wait at every allreduce."""
+    c = agent_cluster
+    client = c.client()
+    tmp_path.chmod(0o755)
+    stop = tmp_path / "stop"
+    script = tmp_path / "a.sbatch"
+    script.write_text(render("multi-node", {
+        "program": str(PROGRAM), "args": f"{stop} 1000000", "nodes": "2",
+        "tasks_per_node": "1", "output": f"{tmp_path}/a.out", "time": "10",
+        "python": sys.executable,
+        "launcher": str(Path(sys.executable).with_name("malleable-srun"))}))
+    a = client.submit(script)
+    cores = frozenset(range(os.cpu_count()))
+    other = "an2"
+
+    def ranks():
+        return rank_statuses(c.run_layout.job_dir(a))
+
+    try:
+        wait_for(lambda: node_cpus(NODE, a) == cores and node_cpus(other, a) == cores,
+                 timeout=120, what="A grown on both nodes")
+        wait_for(lambda: len(st := ranks()) == 2 and
+                 all(s["intra_active"] == len(cores) and str(len(cores)) in s["steps_per_s"]
+                     for s in st.values()), timeout=240, what="A training on all cores",
+                 show=ranks)
+        def pace(seconds=6.0):
+            """The job's steps/s (every rank's step counter over a window) and its cores."""
+            s0 = {r: s["steps"] for r, s in ranks().items()}
+            time.sleep(seconds)
+            s1 = {r: s["steps"] for r, s in ranks().items()}
+            held = len(node_cpus(NODE, a)) + len(node_cpus(other, a))
+            return round(min(s1[r] - s0[r] for r in s0) / seconds, 1), held
+
+        before = pace()
+        b = client.submit(_sleeper(tmp_path, 40), ["-N1", f"-w{NODE}", "-n1"])
+        wait_for(lambda: client.job(b).state is JobState.RUNNING, timeout=30, what="B running")
+        # NODE gave the core back to B; the other node holds A to one core per rank too.
+        wait_for(lambda: len(node_cpus(NODE, a)) == 1 and len(node_cpus(other, a)) == 1,
+                 timeout=15, what="A at one core on both nodes",
+                 show=lambda: (node_cpus(NODE, a), node_cpus(other, a)))
+        events = [json.loads(line) for line in (c.paths.root / "agent" / f"events-{other}.jsonl")
+                  .read_text().splitlines()]
+        assert any(e.get("job") == a and e.get("reason") == "peer-cap" and
+                   e["status"] == "applied" for e in events), events[-5:]
+        wait_for(lambda: all(s["intra_active"] == 1 and "1" in s["steps_per_s"]
+                             for s in ranks().values()), timeout=120,
+                 what="A training at one thread per rank", show=ranks)
+        after = pace()
+        # All "nodes" share this machine's cores, so only the cores A holds are comparable.
+        print(f"\nA: {before[0]} steps/s on {before[1]} cores before B; {after[0]} steps/s on "
+              f"{after[1]} cores with B on {NODE} and the peer cap on {other}")
+        assert after[1] == 2 and after[0] > 0
+        # B ends: both nodes give A every core again.
+        wait_for(lambda: not client.job(b).state.holds_cores, timeout=90, what="B done")
+        wait_for(lambda: node_cpus(NODE, a) == cores and node_cpus(other, a) == cores,
+                 timeout=20, what="A regrown on both nodes")
+    finally:
+        stop.touch()
+        time.sleep(1)
+        client.cancel(a)
+    wait_for(lambda: not client.job(a).state.holds_cores, timeout=60, what="A ended")
+
+
+def _sleeper(tmp_path: Path, seconds: int) -> Path:
+    s = tmp_path / f"sleep{seconds}.sh"
+    s.write_text(f"#!/bin/bash\n#SBATCH --output=/dev/null\nsleep {seconds}\n")
+    return s

@@ -1,0 +1,103 @@
+// Split width: parking alone leaves kernels splitting work by the pool size M, so N < M active
+// threads run M-way splits with extra hand-offs. TensorFlow keeps one Eigen device per
+// parallelism level (DeviceBase::eigen_cpu_devices_, the table tf.data's per-thread max
+// parallelism picks from). Pointing the levels above N at the level-N device makes Eigen kernels
+// split N ways like a process started with N threads; setting CpuWorkerThreads::num_threads to N
+// does the same for kernels that split with Shard(). Both are restored at shutdown. The pool's
+// own ParallelFor and NumThreads() still say M (its threads exist), and kernels that size
+// per-thread buffers use those, which stay right.
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "internal.h"
+#include "tensorflow/core/framework/device_base.h"
+
+namespace {
+
+// Reading a private member through an explicit instantiation (which skips access checks): the
+// layout is the one of the headers this file is compiled against, the installed wheel's.
+template <typename Tag, typename Tag::type Member>
+struct PrivateAccess {
+  friend typename Tag::type Get(Tag) { return Member; }
+};
+struct EigenCpuDevicesTag {
+  using type = std::vector<Eigen::ThreadPoolDevice*> tensorflow::DeviceBase::*;
+  friend type Get(EigenCpuDevicesTag);
+};
+template struct PrivateAccess<EigenCpuDevicesTag, &tensorflow::DeviceBase::eigen_cpu_devices_>;
+
+struct SplitWidth {
+  std::mutex mu;
+  std::vector<Eigen::ThreadPoolDevice*>* levels = nullptr;   // the device's table, live
+  std::vector<Eigen::ThreadPoolDevice*> original;            // as TensorFlow built it
+  tensorflow::DeviceBase::CpuWorkerThreads* workers = nullptr;  // Shard()'s thread count
+  bool shard_too = false;  // also set the count Shard() splits by
+  int width = 0;
+};
+
+SplitWidth g_split;
+
+// Level k (1-based) uses the device of level min(k, n). Pointer-sized aligned stores: a kernel
+// that reads the table meanwhile gets the old or the new device, both alive for the process.
+void ApplyWidthLocked(int n) {
+  if (g_split.levels == nullptr) return;
+  for (size_t k = 1; k <= g_split.original.size(); ++k) {
+    Eigen::ThreadPoolDevice* d = g_split.original[std::min<size_t>(k, n) - 1];
+    __atomic_store_n(&(*g_split.levels)[k - 1], d, __ATOMIC_RELEASE);
+  }
+  if (g_split.workers != nullptr) {
+    __atomic_store_n(&g_split.workers->num_threads, g_split.shard_too ? n :
+                     static_cast<int>(g_split.original.size()), __ATOMIC_RELEASE);
+  }
+  g_split.width = n;
+}
+
+}  // namespace
+
+namespace mtf_internal {
+
+void CaptureSplitWidth(tensorflow::DeviceBase* device, int intra_threads) {
+  std::lock_guard<std::mutex> ls(g_split.mu);
+  auto& levels = device->*Get(EigenCpuDevicesTag());
+  if (levels.size() == static_cast<size_t>(intra_threads)) {
+    g_split.levels = &levels;
+    g_split.original = levels;
+    g_split.width = intra_threads;
+    g_split.workers = const_cast<tensorflow::DeviceBase::CpuWorkerThreads*>(
+        device->tensorflow_cpu_worker_threads());
+  }
+}
+
+void RestoreSplitWidth() {
+  std::lock_guard<std::mutex> l(g_split.mu);
+  if (g_split.levels != nullptr) {
+    g_split.shard_too = false;
+    ApplyWidthLocked(static_cast<int>(g_split.original.size()));
+  }
+}
+
+}  // namespace mtf_internal
+
+extern "C" {
+
+// New Eigen kernels split their work `n` ways (1..pool size), and with `shard_too` also the
+// kernels that split by CpuWorkerThreads::num_threads (Shard()). Returns 0, -2 where the
+// device's table was not found (before attach, or a TensorFlow that builds it otherwise), -3 out
+// of range.
+int mtf_set_split_width(int n, int shard_too) {
+  std::lock_guard<std::mutex> l(g_split.mu);
+  if (g_split.levels == nullptr) return -2;
+  if (n < 1 || static_cast<size_t>(n) > g_split.original.size()) return -3;
+  g_split.shard_too = shard_too != 0;
+  ApplyWidthLocked(n);
+  return 0;
+}
+
+int mtf_split_width() {
+  std::lock_guard<std::mutex> l(g_split.mu);
+  return g_split.width;
+}
+
+}  // extern "C"
