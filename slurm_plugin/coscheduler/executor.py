@@ -2,8 +2,10 @@
 
 An action that takes cores waits for the actions that release them; if one of those failed
 (or was cancelled), it is cancelled too, so a failed shrink never leaves two jobs on one core.
-Before a job's cpuset narrows, its ranks are told (target file + SIGUSR1) and briefly awaited,
-so threads drop no later than the cores. Every outcome is returned, none is dropped.
+Before a job's cpuset narrows, its ranks are told (target file + SIGUSR1); the ranks of every
+shrinking job are told first and awaited together, once, for at most ``shrink_wait_s``, so a
+cycle's time stays bounded whatever the number of jobs, and threads drop no later than the
+cores. Every outcome is returned, none is dropped.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class PlanExecutor:
         providers = {a.job_id: [b.job_id for b in plan.actions
                                 if b is not a and b.releases & a.takes] for a in pending}
         done: dict[int, Outcome] = {}
+        announced = self._announce_shrinks(plan, snapshot)
         while pending:
             progressed = False
             for a in list(pending):
@@ -73,7 +76,7 @@ class PlanExecutor:
                     done[a.job_id] = Outcome(a, OutcomeStatus.CANCELLED,
                                              f"needs cores job(s) {blocked} did not release")
                 else:
-                    done[a.job_id] = self._apply(a, snapshot)
+                    done[a.job_id] = announced.get(a.job_id) or self._apply(a, snapshot)
             if not progressed:    # a cycle (jobs swapping cores): none of it is safe
                 for a in pending:
                     done[a.job_id] = Outcome(a, OutcomeStatus.CANCELLED, "cyclic core exchange")
@@ -81,16 +84,44 @@ class PlanExecutor:
         return [done[a.job_id] for a in sorted(plan.actions,
                                                 key=lambda a: (_ORDER[a.kind], a.job_id))]
 
+    def _announce_shrinks(self, plan: Plan, snapshot: NodeSnapshot) -> dict[int, Outcome]:
+        """Tell the ranks of every job about to lose cores, then wait (once, bounded) until
+        they run no more threads than they will have cores. Returns the actions that failed
+        here (their target could not be written): they are not applied."""
+        failed: dict[int, Outcome] = {}
+        told = []
+        for a in plan.actions:
+            job = snapshot.job(a.job_id)
+            if not (a.releases and job.ranks and job.malleable):
+                continue
+            try:
+                self._write_target(a)
+            except (OSError, ValueError, ProtocolError) as exc:
+                failed[a.job_id] = Outcome(a, OutcomeStatus.FAILED,
+                                           f"target: {type(exc).__name__}: {exc}")
+                continue
+            self._signal(a, job.ranks)
+            told.append(a)
+        deadline = self._clock() + self.shrink_wait_s
+        while told and self._clock() < deadline:
+            told = [a for a in told if not self._parked(a)]
+            if told:
+                self._sleep(0.005)
+        return failed
+
+    def _parked(self, a: Action) -> bool:
+        ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.node)
+        return all(r.intra_active <= a.threads_per_rank[min(r.local_rank,
+                                                             len(a.threads_per_rank) - 1)]
+                   for r in ranks)
+
     def _apply(self, a: Action, snapshot: NodeSnapshot) -> Outcome:
         t0 = self._clock()
         job = snapshot.job(a.job_id)
         try:
-            if a.kind is not ActionKind.REALIGN and job.malleable:
+            if a.kind is not ActionKind.REALIGN and job.malleable and not \
+                    (a.releases and job.ranks):      # shrinks were announced already
                 self._write_target(a)
-            if a.releases and job.ranks:
-                # Threads drop no later than the cpuset: the ranks park first (briefly awaited).
-                self._signal(a, job.ranks)
-                self._wait_parked(a)
             self.actuator.apply(a.uid, a.job_id, a.after, a.allocation)
             if job.ranks and a.kind is not ActionKind.REALIGN:
                 self._signal(a, job.ranks)   # grown: use the new cores; shrunk: re-pin
@@ -113,13 +144,3 @@ class PlanExecutor:
                 self._send_signal(r.pid, signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
                 pass
-
-    def _wait_parked(self, a: Action) -> None:
-        deadline = self._clock() + self.shrink_wait_s
-        while self._clock() < deadline:
-            ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.node)
-            if all(r.intra_active <= a.threads_per_rank[min(r.local_rank,
-                                                             len(a.threads_per_rank) - 1)]
-                   for r in ranks):
-                return
-            self._sleep(0.005)

@@ -75,3 +75,25 @@ def test_a_cyclic_exchange_is_not_attempted(tmp_path):
     act = FakeActuator()
     out = executor(tmp_path, act, []).execute(plan, snap)
     assert {o.status for o in out} == {OutcomeStatus.CANCELLED} and act.applied == []
+
+
+def test_ranks_that_never_park_cost_one_bounded_wait_whatever_the_number_of_jobs(tmp_path):
+    jobs = tuple(view(j, {j}, {j, j + 10}, req=1,
+                      ranks=(RankView(pid=100 + j, rank=0, local_rank=0, local_size=1,
+                                      intra_active=2),)) for j in range(1, 9))
+    snap = NodeSnapshot("n1", frozenset(range(20)), jobs)
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert len(plan.actions) == 8
+    now = [0.0]
+
+    def sleep(dt):
+        now[0] += dt
+
+    stubborn = lambda layout, job_id, uid, node: tuple(j.ranks[0] for j in jobs
+                                                        if j.job_id == job_id)
+    ex = PlanExecutor("n1", RunLayout(tmp_path), FakeActuator(), shrink_wait_s=0.5,
+                      read_ranks=stubborn, check_pid=lambda *a: True,
+                      send_signal=lambda pid, sig: None, clock=lambda: now[0], sleep=sleep)
+    out = ex.execute(plan, snap)
+    assert all(o.status is OutcomeStatus.APPLIED for o in out)
+    assert now[0] <= 0.51          # one shared wait, not 8 x 0.5 s
