@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,12 @@ def cache_dir() -> Path:
     base = os.environ.get("MALLEABLE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "malleable")
     return Path(base) / "native"
+
+
+def site_cache_dir() -> Path:
+    """Read-only copies built by the installer for every user of this environment (job users
+    may have no home to build in): <environment>/share/malleable/native."""
+    return Path(sys.prefix) / "share" / "malleable" / "native"
 
 
 def sources() -> list[Path]:
@@ -51,7 +59,7 @@ def _flags(tf) -> list[str]:
     return list(tf.sysconfig.get_compile_flags()) + list(tf.sysconfig.get_link_flags())
 
 
-def library_path(tf) -> Path:
+def library_name(tf) -> str:
     h = hashlib.sha256()
     for path in _digest_inputs():
         data = path.read_bytes()
@@ -59,7 +67,15 @@ def library_path(tf) -> Path:
         h.update(data)
     h.update("\0".join(_flags(tf)).encode())
     digest = h.hexdigest()[:16]
-    return cache_dir() / f"libmalleable_tf-{tf.__version__}-{digest}.so"
+    return f"libmalleable_tf-{tf.__version__}-{digest}.so"
+
+
+def library_path(tf) -> Path:
+    """Where this TensorFlow's library is, or will be built: the site's copy when the
+    installer made one, else the user's cache."""
+    name = library_name(tf)
+    site = site_cache_dir() / name
+    return site if site.exists() else cache_dir() / name
 
 
 def build(tf, *, compiler: str | None = None) -> Path:
@@ -72,7 +88,16 @@ def build(tf, *, compiler: str | None = None) -> Path:
         raise NativeBuildError(
             f"malleable_tf needs a C++ compiler to build its thread-parking library once, and "
             f"'{cxx}' is not on PATH (apt-get install g++, or set CXX)")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # A job user without a home: build in a private folder, for this process only.
+        private = Path(tempfile.mkdtemp(prefix="malleable-native-"))
+        logging.getLogger("malleable_tf").warning(
+            "malleable_tf: cannot use the cache %s (%s); building in %s for this process "
+            "(set MALLEABLE_CACHE, or let the installer build the site copy)",
+            target.parent, exc, private)
+        target = private / target.name
     with open(target.parent / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():  # another process built it while we waited

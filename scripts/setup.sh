@@ -11,7 +11,11 @@ WHEELS="$CACHE/wheels"
 PY="${PYTHON:-python3}"
 
 APT_PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
-              openmpi-bin libopenmpi-dev cmake g++ make procps iproute2)
+              openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv)
+# The environment every cluster user's jobs run in: on Debian's own Python, in a folder every
+# user can read (root's home, where a developer's Python may live, is not).
+SITE_VENV="${MALLEABLE_SITE_VENV:-/opt/malleable/venv}"
+SITE_PY="${MALLEABLE_SITE_PYTHON:-/usr/bin/python3}"
 TF_PIN="tensorflow-cpu==2.15.1"
 HOROVOD_PIN="horovod==0.28.1"
 
@@ -105,4 +109,30 @@ else
 fi
 done_step
 
-echo "[setup] ready: $VENV"
+step "site environment for job users at $SITE_VENV (Debian's Python, world-readable)"
+SITE_PIP=("$SITE_VENV/bin/python" -m pip --disable-pip-version-check -q)
+SITE_DEPS=("$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setuptools
+           scikit-learn prometheus-client)
+[ -x "$SITE_VENV/bin/python" ] || "$SITE_PY" -m venv "$SITE_VENV"
+if ! VENV="$SITE_VENV" have_versions "${SITE_DEPS[@]}" "$HOROVOD_PIN"; then
+  "${SITE_PIP[@]}" install "${SITE_DEPS[@]}"
+  "${SITE_PIP[@]}" install --no-deps "$(ls "$WHEELS"/horovod-0.28.1-*.whl | head -n1)"
+fi
+# The project itself is copied in (not linked to this checkout, which users may not reach),
+# again whenever its sources change; then the native library is built once for everyone.
+digest=$(cd "$REPO" && git ls-files -z -- pyproject.toml malleable_protocol malleable_tf launcher \
+           slurm_plugin sbatch_templates 2>/dev/null | xargs -0 sha256sum | sha256sum | cut -c1-16)
+stamp="$SITE_VENV/.malleable-source"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
+  "${SITE_PIP[@]}" install --no-deps --no-build-isolation --force-reinstall "$REPO"
+  MALLEABLE_CACHE="$SITE_VENV/share/malleable" "$SITE_VENV/bin/python" -c \
+    "import tensorflow as tf; from malleable_tf import _native; print('[setup] native library:', _native.build(tf))"
+  echo "$digest" > "$stamp"
+else
+  echo "[setup] site environment up to date"
+fi
+chmod -R a+rX "$SITE_VENV"
+chmod a+rx "$(dirname "$SITE_VENV")"
+done_step
+
+echo "[setup] ready: $VENV (tests, agents) and $SITE_VENV (jobs of every user)"

@@ -125,8 +125,8 @@ def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.model import Policy
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
                          run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
-                         feed_dir=Path(args.feed_dir))
-    for name, path in install(Path(args.dir), config, max_value=args.max_cpus).items():
+                         feed_dir=Path(args.feed_dir), max_cpus=args.max_cpus)
+    for name, path in install(Path(args.dir), config).items():
         print(f"{name}: {path}")
     return 0
 
@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     ih.add_argument("--state-dir", default="/run/malleable/agent")
     ih.add_argument("--feed-dir", default="/run/malleable/feed",
                     help="a folder the watcher and every node agent share")
-    ih.add_argument("--max-cpus", type=int, default=4096, help="site limit on min=, max=, cpus=")
+    ih.add_argument("--max-cpus", type=int, default=None,
+                    help="site limit on a job's cores per node (min=, max=, cpus=; max=node too)")
     ih.set_defaults(func=_install_hooks_cmd)
 
     rs = sub.add_parser("resize", help="ask for CPUS cores per node for a malleable job")

@@ -262,15 +262,32 @@ class LocalCluster:
                                   "--feed-dir", str(self.paths.root / "feed"),
                                   "--slurm-conf", str(p.slurm_conf)])
                 for node in self.spec.node_names:
-                    start(f"agent {node}", [sys.executable, "-m", "slurm_plugin.cli", "agent",
-                                            "--config", str(self.hooks_dir / "agent.json"),
-                                            "--node", node,
-                                            "--metrics-port", str(self.spec.metrics_port(node))])
+                    start(f"agent {node}", self._agent_argv(node))
         except BaseException:
             self._stop(records)
             raise
         log(f"cluster up: {len(self.spec.node_names)} nodes in {p.root}"
             + (f", a watcher and an agent per node ({agents.value})" if agents else ""))
+
+    def _agent_argv(self, node: str) -> list[str]:
+        return [sys.executable, "-m", "slurm_plugin.cli", "agent",
+                "--config", str(self.hooks_dir / "agent.json"), "--node", node,
+                "--metrics-port", str(self.spec.metrics_port(node))]
+
+    def restart_agent(self, node: str, env: dict[str, str] | None = None) -> daemons.DaemonRecord:
+        """Start ``node``'s agent again (what its service manager does after a crash), after
+        stopping the one recorded if it still runs. ``env`` is added to its environment."""
+        records = self.records()
+        name = f"agent {node}"
+        for old in (r for r in records if r.name == name):
+            daemons.stop_daemon(old)
+        daemons.reap_children()
+        rec = daemons.start_daemon(name, self._agent_argv(node),
+                                   self.paths.log / f"{name.replace(' ', '-')}.out",
+                                   env={**os.environ, **(env or {})})
+        daemons.save_records(self.paths.daemons_file,
+                             [r for r in records if r.name != name] + [rec])
+        return rec
 
     def _munge_ok(self) -> bool:
         try:

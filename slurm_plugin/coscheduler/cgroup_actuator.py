@@ -7,7 +7,9 @@ bottom-up. cgroup v2 needs no order, and the same code path serves it (tested on
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 from ..cgroups import CgroupVersion
@@ -100,8 +102,13 @@ def _descendants(folder: Path) -> list[str]:
 
 
 class CpusetActuator:
-    def __init__(self, layout: SlurmCgroupLayout):
+    def __init__(self, layout: SlurmCgroupLayout,
+                 before_write: Callable[[int, str], None] | None = None):
+        """``before_write(n, folder)`` runs before the n-th cpuset write of this actuator (a
+        fault-injection point for tests; see ``fault_hook``)."""
         self.layout = layout
+        self._before_write = before_write
+        self._writes = 0
 
     def current(self, uid: int, job_id: int) -> frozenset[int] | None:
         """The job folder's CPUs, or None when the folder does not exist (yet)."""
@@ -167,8 +174,10 @@ class CpusetActuator:
             if now[f] != desired[f]:
                 self._write(f, desired[f])
 
-    @staticmethod
-    def _write(folder: Path | str, cpus: frozenset[int]) -> None:
+    def _write(self, folder: Path | str, cpus: frozenset[int]) -> None:
+        self._writes += 1
+        if self._before_write is not None:
+            self._before_write(self._writes, str(folder))
         try:
             with open(os.path.join(folder, CPUS_FILE), "w") as f:
                 f.write(format_cpu_list(cpus))
@@ -176,3 +185,20 @@ class CpusetActuator:
             return  # a step that just ended
         except OSError as exc:
             raise ActuatorError(f"writing {format_cpu_list(cpus)} to {folder}: {exc}") from exc
+
+
+def fault_hook(spec: str | None) -> Callable[[int, str], None] | None:
+    """MALLEABLE_FAULT=stop-before-write:N: the process stops itself (SIGSTOP) just before its
+    N-th cpuset write, holding the node's lock, so a test can kill it (-9) or leave it hung at
+    an exact point of a write sequence. Unset (the normal case): no hook."""
+    if not spec:
+        return None
+    kind, _, n = spec.partition(":")
+    if kind != "stop-before-write" or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"bad MALLEABLE_FAULT {spec!r}: want stop-before-write:N")
+    target = int(n)
+
+    def hook(count: int, folder: str) -> None:
+        if count == target:
+            os.kill(os.getpid(), signal.SIGSTOP)
+    return hook

@@ -23,7 +23,8 @@ class AgentConfig:
     interval_s: float = 0.5       # a reconcile cycle at least this often
     feed_check_s: float = 0.05    # how often the feed file is looked at (a local stat)
     shrink_wait_s: float = 0.5    # how long a shrink waits for ranks to park before narrowing
-    prolog_lock_timeout_s: float = 10.0
+    prolog_lock_timeout_s: float = 3.0    # a cycle holds the lock for ms: longer is a hang
+    max_cpus: int | None = None   # the site's limit on a job's cores per node (max=node too)
 
     @classmethod
     def under(cls, base: Path, *, node: str = "(set by SLURMD_NODENAME or --node)",

@@ -24,20 +24,20 @@ from malleable_protocol.safe_io import ensure_private_dir, open_dir
 
 from ..cgroups import detect_version
 from ..feed.store import FeedStore
-from .cgroup_actuator import CpusetActuator, SlurmCgroupLayout
+from .cgroup_actuator import CpusetActuator, SlurmCgroupLayout, fault_hook
 from .config import AgentConfig
 from .executor import PlanExecutor
 from .ledger import LedgerFile
 from .observe import NodeObserver
 from .reconciler import Reconciler, node_lock
+from .request import MAX_VALUE
 
 
 def _template(name: str) -> string.Template:
     return string.Template(resources.files("slurm_plugin").joinpath("templates", name).read_text())
 
 
-def install(dest: Path, config: AgentConfig, *, max_value: int = 4096,
-            python: str = sys.executable) -> dict[str, Path]:
+def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) -> dict[str, Path]:
     """Render job_submit.lua, the node Prolog and Epilog, the controller's event hook
     (PrologSlurmctld and EpilogSlurmctld) and agent.json into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -46,7 +46,7 @@ def install(dest: Path, config: AgentConfig, *, max_value: int = 4096,
     events = FeedStore(config.feed_dir).events_file
     paths["agent.json"].write_text(config.to_json())
     paths["job_submit.lua"].write_text(_template("job_submit.lua.tmpl").substitute(
-        max_value=max_value, events_file=events))
+        max_value=config.max_cpus or MAX_VALUE, events_file=events))
     paths["ctld_event.sh"].write_text(_template("ctld_event.sh.tmpl").substitute(
         events_file=events))
     for hook in ("prolog.sh", "epilog.sh"):
@@ -73,13 +73,15 @@ def load_config(path: Path) -> AgentConfig:
 
 def make_actuator(config: AgentConfig) -> CpusetActuator:
     return CpusetActuator(SlurmCgroupLayout(config.node, detect_version(config.cgroup_mount),
-                                            config.cgroup_mount))
+                                            config.cgroup_mount),
+                          before_write=fault_hook(os.environ.get("MALLEABLE_FAULT")))
 
 
 def make_reconciler(config: AgentConfig) -> Reconciler:
     actuator = make_actuator(config)
     store = FeedStore(config.feed_dir)
-    observer = NodeObserver(config.node, config.layout, store, actuator)
+    observer = NodeObserver(config.node, config.layout, store, actuator,
+                            max_cpus=config.max_cpus)
     executor = PlanExecutor(config.node, config.layout, actuator,
                             shrink_wait_s=config.shrink_wait_s)
     config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -145,12 +147,38 @@ def _job_env() -> tuple[int, int, int]:
         raise ValueError(f"not run by slurmd as a Prolog/Epilog (bad job environment: {exc})")
 
 
+def lock_holder(lock_file: Path) -> int | None:
+    """The pid holding an flock on ``lock_file``, from /proc/locks."""
+    try:
+        inode = os.stat(lock_file).st_ino
+        with open("/proc/locks") as f:
+            for line in f.read(1 << 20).splitlines():
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF"
+                if len(parts) >= 6 and parts[1] == "FLOCK" and \
+                        parts[5].rsplit(":", 1)[-1] == str(inode):
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def prolog(config: AgentConfig) -> int:
     t0 = time.monotonic()
     job_id, uid, gid = _job_env()
     make_job_folder(config.layout, job_id, uid, gid)
-    result = make_reconciler(config).cycle(lock_timeout_s=config.prolog_lock_timeout_s,
-                                           starting_job=job_id)
+    rec = make_reconciler(config)
+    result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, starting_job=job_id)
+    if result.lock_busy:
+        # A cycle holds the lock for milliseconds: an agent that held it this long is hung.
+        # Only a verified agent is killed (its service restarts it); anyone else: fail closed.
+        hung = agent_pid(config)
+        if hung is not None and lock_holder(config.lock_file) == hung:
+            os.kill(hung, signal.SIGKILL)
+            _note(config, f"prolog job {job_id}: killed the hung agent (pid {hung}) that held "
+                          "the node's lock")
+            result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s,
+                               starting_job=job_id)
     problems = result.failures + lent_cores(config)
     ms = (time.monotonic() - t0) * 1000
     if problems:
@@ -201,19 +229,21 @@ def epilog(config: AgentConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 1 from the Prolog on any failure (fail closed: Slurm drains the node and requeues
+    the job held); the Epilog reports and exits 0 (a failing Epilog drains the node, and the
+    next cycle repairs what it left)."""
     ap = argparse.ArgumentParser(prog="malleable-hook")
     ap.add_argument("which", choices=["prolog", "epilog"])
     ap.add_argument("--config", type=Path, required=True)
     args = ap.parse_args(argv)
+    config = None
     try:
         config = load_config(args.config)
         return prolog(config) if args.which == "prolog" else epilog(config)
-    except Exception as exc:  # noqa: BLE001 - reported, and the Prolog fails closed
+    except Exception as exc:  # noqa: BLE001 - reported; the Prolog fails closed
         print(f"malleable {args.which} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        try:
-            _note(config, f"{args.which} failed: {exc!r}")   # noqa: F821 - when config loaded
-        except NameError:
-            pass
+        if config is not None:
+            _note(config, f"{args.which} failed: {exc!r}")
         return 1 if args.which == "prolog" else 0
 
 

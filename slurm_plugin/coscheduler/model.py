@@ -95,6 +95,7 @@ class NodeSnapshot:
     # Jobs starting here whose cores are not known yet (the Prolog marked them): until they are,
     # no job may hold cores outside its own allocation.
     pending_starts: tuple[int, ...] = ()
+    max_cpus: int | None = None                # the site's limit on a job's cores (per node)
 
     def job(self, job_id: int) -> JobView:
         return next(j for j in self.jobs if j.job_id == job_id)
@@ -152,7 +153,10 @@ def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
             if target != job.allocation:
                 raise PlanInvariantError(f"job {job.job_id} moved off its allocation")
             continue
-        if len(target) > max(job.spec.max_on(n_node), job.spec.min_cpus, len(job.allocation)):
+        cap = max(job.spec.max_on(n_node), job.spec.min_cpus)
+        if snapshot.max_cpus is not None:
+            cap = min(cap, snapshot.max_cpus)
+        if len(target) > max(cap, len(job.allocation)):
             raise PlanInvariantError(f"job {job.job_id} above its maximum")
         if snapshot.pending_starts and not target <= job.allocation:
             raise PlanInvariantError(f"job {job.job_id} holds lent cores while a job starts")

@@ -24,9 +24,10 @@ class FeedSource(Protocol):
 
 class NodeObserver:
     def __init__(self, node: str, layout: RunLayout, feed: FeedSource, actuator: CpusetActuator,
-                 *, read_ranks: Callable = read_job_ranks,
+                 *, max_cpus: int | None = None, read_ranks: Callable = read_job_ranks,
                  wall: Callable[[], float] = time.time):
         self.node = node
+        self.max_cpus = max_cpus
         self.layout = layout
         self.feed = feed
         self.actuator = actuator
@@ -98,4 +99,5 @@ class NodeObserver:
             if job_id not in listed or now - since > STARTING_EXPIRY_S:
                 del ledger.ended[job_id]     # the feed has caught up
         return NodeSnapshot(node=self.node, cpus=self.node_cpus(feed) | held,
-                            jobs=tuple(views), pending_starts=tuple(sorted(ledger.starting)))
+                            jobs=tuple(views), pending_starts=tuple(sorted(ledger.starting)),
+                            max_cpus=self.max_cpus)

@@ -22,6 +22,8 @@ from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, Policy, Rea
 
 def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> tuple[int, int]:
     n_node = len(snapshot.cpus)
+    if snapshot.max_cpus is not None:    # the site's limit holds for max=node too
+        n_node = min(n_node, max(snapshot.max_cpus, 1))
     lo = min(job.spec.min_cpus, n_node)
     hi = max(lo, job.spec.max_on(n_node))
     alloc = len(job.allocation)
@@ -70,10 +72,16 @@ def estimated_rate(job: JobView, n: int) -> float:
 
 def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
                        pool: int) -> dict[int, int]:
-    """Each job starts at its floor; each further core goes where it adds the most steps/s,
-    relative to the job's own rate at its Slurm allocation (jobs are not comparable in
-    absolute steps/s)."""
-    counts = {j.job_id: bounds[j.job_id][0] for j in jobs}
+    """Each job starts at its allocation (or its floor, if higher); each further core goes where
+    it adds the most steps/s, relative to the job's own rate at its Slurm allocation (jobs are
+    not comparable in absolute steps/s).
+
+    The trust boundary: the steps/s come from the jobs' own status records, which their users
+    can write. They only decide how cores nobody was allocated are shared; a job's own
+    allocation is never taken for another on the strength of a claimed rate, so a job that
+    lies can win idle cores, not other jobs' cores."""
+    counts = {j.job_id: max(bounds[j.job_id][0], min(len(j.allocation), bounds[j.job_id][1]))
+              for j in jobs}
     base = {j.job_id: max(estimated_rate(j, max(1, len(j.allocation))), 1e-9) for j in jobs}
     by_id = {j.job_id: j for j in jobs}
     spare = pool - sum(counts.values())

@@ -38,6 +38,7 @@ class CycleResult:
     plan: Plan | None = None
     outcomes: list[Outcome] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)      # the cycle itself could not run
+    lock_busy: bool = False                               # the node's lock was not had in time
     seconds: float = 0.0
 
     @property
@@ -95,7 +96,10 @@ class Reconciler:
         try:
             with node_lock(self.config.lock_file, lock_timeout_s, self._sleep):
                 self._cycle_locked(result, starting_job)
-        except (TimeoutError, OSError, ValueError, PlanInvariantError) as exc:
+        except TimeoutError as exc:
+            result.lock_busy = True
+            result.errors.append(f"{type(exc).__name__}: {exc}")
+        except (OSError, ValueError, PlanInvariantError) as exc:
             result.errors.append(f"{type(exc).__name__}: {exc}")
         result.seconds = self._clock() - t0
         for line in self._event_lines(result):

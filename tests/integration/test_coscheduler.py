@@ -171,6 +171,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         stop.touch()
         time.sleep(1)
         client.cancel(a)
+        c.restart_agent(NODE)       # as its service manager would
 
 
 def test_metrics_endpoint_on_loopback(agent_cluster):

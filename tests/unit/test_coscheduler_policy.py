@@ -234,3 +234,18 @@ def test_random_snapshots_with_starts_peers_and_ranks_never_break_invariants(pol
         plan = decide(snap, policy)          # check_plan runs inside
         for a in plan.actions:
             assert sum(a.threads_per_rank) >= len(a.threads_per_rank)
+
+
+def test_a_job_lying_about_its_rate_wins_idle_cores_only():
+    liar = job(1, {0, 1}, spec=M(1, None), rates={1: 1.0, 2: 1000.0})
+    honest = job(2, {2, 3}, spec=M(1, None), rates={1: 10.0, 2: 11.0})
+    plan = decide(NodeSnapshot("n", frozenset(range(6)), (liar, honest)), Policy.THROUGHPUT)
+    assert plan.targets[2] >= {2, 3}              # its allocation stays its own
+    assert plan.targets[1] == {0, 1, 4, 5}         # the liar got the idle cores, nothing more
+
+
+def test_max_node_is_held_to_the_sites_limit():
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(1, None)),), max_cpus=3)
+    assert len(decide(snap, Policy.LEND_IDLE).targets[1]) == 3
+    with pytest.raises(PlanInvariantError, match="maximum"):
+        check_plan(snap, Plan("n", Policy.LEND_IDLE, {1: frozenset(range(5))}, {}, ()))
