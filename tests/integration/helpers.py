@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 
 from malleable_protocol import parse_cpu_list
+from malleable_protocol.records import MAX_RECORD_BYTES
+from malleable_protocol.safe_io import read_bounded
 
 
 def wait_for(pred, timeout=30.0, what="condition", show=None):
@@ -24,8 +26,8 @@ def rank_statuses(folder: Path, pattern: str = "rank_*.json") -> dict[int, dict]
     the CPU lists as sorted lists of ids."""
     out = {}
     for f in folder.glob(pattern):
-        try:
-            d = json.loads(f.read_text())
+        try:   # the job's user may have planted links, FIFOs or huge files here
+            d = json.loads(read_bounded(f, MAX_RECORD_BYTES))
         except (OSError, ValueError):
             continue
         if isinstance(d, dict) and "rank" in d:

@@ -1,0 +1,344 @@
+"""Hostile job users and faults, on the real local cluster with real unprivileged users.
+
+Two local users (no home) run malleable TensorFlow jobs from the site environment (Debian's
+Python, world-readable). After each attack or fault, the invariant checker looks at the real
+node: no core in two jobs, every job within its bounds, no rank with more threads than its
+cores, the agent alive, files outside the job's folder unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from malleable_protocol import RankStatus, parse_cpu_list
+from slurm_plugin.cluster import daemons
+from slurm_plugin.slurm import JobState
+
+from .helpers import rank_statuses, wait_for
+from .invariants import fingerprint, node_jobs, violations
+
+pytestmark = pytest.mark.cluster
+NODE, OTHER = "an1", "an2"
+SITE = Path(os.environ.get("MALLEABLE_SITE_VENV", "/opt/malleable/venv"))
+PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
+ALICE, BOB = "mtalice", "mtbob"
+
+
+def run_as(user: str, argv: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", *argv], env=env, capture_output=True,
+                          text=True, timeout=kw.pop("timeout", 60), **kw)
+
+
+@pytest.fixture(scope="module")
+def users():
+    for u in (ALICE, BOB):
+        subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", u],
+                       capture_output=True)
+    yield ALICE, BOB
+    for u in (ALICE, BOB):
+        subprocess.run(["pkill", "-KILL", "-u", u], capture_output=True)
+        for _ in range(100):   # userdel refuses while a process of the user lives
+            if subprocess.run(["userdel", u], capture_output=True).returncode in (0, 6):
+                break
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def work(users):
+    d = Path(tempfile.mkdtemp(prefix="malleable-hostile-", dir="/tmp"))
+    d.chmod(0o777)
+    shutil.copy(PROGRAM, d / "hvd_train.py")
+    (d / "hvd_train.py").chmod(0o644)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def submit_as(cluster, user: str, work: Path, name: str, body: str, args=()) -> int:
+    script = work / f"{name}.sh"
+    script.write_text("#!/bin/bash\n" + body)
+    script.chmod(0o755)
+    out = run_as(user, ["sbatch", "--parsable", f"--chdir={work}", *args, str(script)],
+                 {**os.environ, **cluster.env()})
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip().split(";")[0])
+
+
+def tf_job(cluster, user: str, work: Path, name: str, node: str = NODE) -> int:
+    """A malleable Horovod + Keras job of ``user``, from the site environment."""
+    return submit_as(cluster, user, work, name, (
+        "export TF_CPP_MIN_LOG_LEVEL=2\n"
+        f"exec {SITE}/bin/malleable-srun {SITE}/bin/python {work}/hvd_train.py "
+        f"{work}/stop-$SLURM_JOB_ID 1000000\n"),
+        ["-N1", "-n1", f"-w{node}", "--comment=malleable:min=1,max=node",
+         f"--output={work}/{name}-%j.out", "--time=20"])
+
+
+def resize_as(cluster, user: str, job: int, text: str) -> subprocess.CompletedProcess:
+    return run_as(user, ["scontrol", "update", f"JobId={job}", f"Comment=malleable:{text}"],
+                  {**os.environ, **cluster.env()})
+
+
+def cores(job: int, uid: int, node: str = NODE) -> frozenset[int]:
+    try:
+        return parse_cpu_list(Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_{uid}/job_{job}/"
+                                   "cpuset.cpus").read_text())
+    except OSError:
+        return frozenset()
+
+
+def uid_of(user: str) -> int:
+    import pwd
+    return pwd.getpwnam(user).pw_uid
+
+
+@pytest.fixture(scope="module")
+def alice_job(agent_cluster, work):
+    """Alice's malleable TensorFlow job on NODE, training for the whole module."""
+    c = agent_cluster
+    a = tf_job(c, ALICE, work, "alice")
+    uid = uid_of(ALICE)
+    every = frozenset(range(os.cpu_count()))
+    wait_for(lambda: (st := rank_statuses(c.run_layout.job_dir(a))) and
+             all(s["intra_active"] == len(every) for s in st.values()) and cores(a, uid) == every,
+             timeout=240, what="alice's job training on every core",
+             show=lambda: (cores(a, uid), rank_statuses(c.run_layout.job_dir(a)),
+                           sorted(work.glob("alice-*.out"))[:1] and
+                           sorted(work.glob("alice-*.out"))[0].read_text()[-2000:]))
+    yield a, uid
+    (work / f"stop-{a}").touch()
+    time.sleep(1)
+    c.client().cancel(a)
+    wait_for(lambda: not c.client().job(a).state.holds_cores, timeout=60, what="alice's job end")
+
+
+def rank(cluster, job: int) -> dict:
+    return next(iter(rank_statuses(cluster.run_layout.job_dir(job)).values()), {})
+
+
+def settle(cluster, node: str = NODE, timeout: float = 15.0) -> None:
+    """Threads follow cores within milliseconds; give them a moment, then nothing may be off."""
+    wait_for(lambda: not violations(cluster, node), timeout=timeout, what="invariants",
+             show=lambda: violations(cluster, node))
+
+
+def test_links_fifos_junk_and_foreign_writes_change_nothing(agent_cluster, alice_job, work):
+    c, (a, uid) = agent_cluster, alice_job
+    before = fingerprint()
+    folder = c.run_layout.job_dir(a)
+    plant = f"""
+import json, os, errno
+d = {str(folder)!r}
+out = {{}}
+os.symlink("/etc/shadow", d + "/rank_7.json")
+os.symlink("/etc/passwd", d + "/.target-{NODE}.json.tmp")
+os.mkfifo(d + "/rank_8.json")
+os.mkdir(d + "/rank_9.json")
+open(d + "/rank_10.json", "w").write('{{"pid":' * 50000)
+open(d + "/rank_11.json", "wb").write(b"x" * (1 << 20))
+for i in range(20000):
+    open(d + f"/junk_{{i}}", "w").close()
+def attempt(name, f):
+    try:
+        f(); out[name] = "done"
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+jobs = os.path.dirname(d)
+attempt("mkdir next job folder", lambda: os.mkdir(jobs + "/job_{a + 1}"))
+attempt("write a target", lambda: open({str(c.run_layout.target_file(a + 1, NODE))!r}, "w"))
+attempt("link in targets", lambda: os.symlink("/etc/shadow",
+        {str(c.run_layout.targets_dir / "x.json")!r}))
+attempt("replace own target", lambda: os.unlink({str(c.run_layout.target_file(a, NODE))!r}))
+print(json.dumps(out))
+"""
+    got = run_as(ALICE, ["/usr/bin/python3", "-c", plant], os.environ)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == {"mkdir next job folder": "EACCES",
+                                      "write a target": "EACCES", "link in targets": "EACCES",
+                                      "replace own target": "EACCES"}
+    # The owner resizes; the agent reads the hostile folder every cycle and must go on.
+    for k, want in (("cpus=1", 1), ("max=node", os.cpu_count())):
+        assert resize_as(c, ALICE, a, k).returncode == 0
+        wait_for(lambda: len(cores(a, uid)) == want and rank(c, a).get("intra_active") == want,
+                 timeout=15, what=f"alice at {want}", show=lambda: (cores(a, uid), rank(c, a)))
+    # Bob's job arrives on the node: the Prolog takes alice's lent core back first.
+    b = submit_as(c, BOB, work, "bob", "cat /proc/self/cpuset; grep Cpus_allowed_list "
+                  "/proc/self/status\nsleep 3\n",
+                  ["-N1", "-n1", f"-w{NODE}", f"--output={work}/bob-%j.out"])
+    out = work / f"bob-{b}.out"
+    wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=30,
+             what="bob's job started")
+    b_cpus = parse_cpu_list(out.read_text().split()[-1])
+    assert not b_cpus & cores(a, uid), (b_cpus, cores(a, uid))
+    settle(c)
+    assert fingerprint() == before
+    wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=30, what="bob done")
+
+
+def test_fake_records_and_stale_pid_files_never_signal_another_users_process(
+        agent_cluster, alice_job, work):
+    c, (a, uid) = agent_cluster, alice_job
+    victim = subprocess.Popen(["runuser", "-u", BOB, "--", "sleep", "600"])
+    time.sleep(0.5)
+    pid = int(subprocess.run(["pgrep", "-u", BOB, "-x", "sleep"], capture_output=True,
+                             text=True).stdout.split()[0])
+    try:
+        fake = RankStatus(pid=pid, rank=5, local_rank=0, local_size=1, intra_active=2,
+                          intra_pool=2, inter_active=2, inter_pool=2, node=NODE).encode()
+        path = c.run_layout.job_dir(a) / "rank_5.json"
+        got = run_as(ALICE, ["/usr/bin/python3", "-c",
+                             f"open({str(path)!r}, 'wb').write({fake!r})"], os.environ)
+        assert got.returncode == 0, got.stderr
+        for k in ("cpus=1", "max=node"):      # shrinks signal the job's ranks
+            assert resize_as(c, ALICE, a, k).returncode == 0
+            time.sleep(2)
+        assert Path(f"/proc/{pid}").exists(), "bob's process was signalled"
+        # The agent dies by kill -9; its pid file now names bob's process (a reused pid).
+        agent = next(r for r in c.records() if r.name == f"agent {NODE}")
+        os.kill(agent.pid, signal.SIGKILL)
+        daemons.reap_children()
+        c.agent_config().pid_file.write_text(str(pid))
+        env = {**os.environ, **c.env(), "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "990101",
+               "SLURM_JOB_UID": str(uid_of(BOB)), "SLURM_JOB_GID": str(uid_of(BOB))}
+        assert subprocess.run([str(c.hooks_dir / "epilog.sh")], env=env,
+                              capture_output=True).returncode == 0
+        time.sleep(0.5)
+        assert Path(f"/proc/{pid}").exists(), "the Epilog signalled a stale pid"
+    finally:
+        c.restart_agent(NODE)
+        victim.kill()
+        subprocess.run(["pkill", "-KILL", "-u", BOB, "-x", "sleep"], capture_output=True)
+    path.unlink(missing_ok=True)
+    settle(c)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T")
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("direction", ["shrink", "grow"])
+def test_kill_9_at_each_cgroup_write_then_a_new_agent_converges(agent_cluster, alice_job,
+                                                                 direction):
+    c, (a, uid) = agent_cluster, alice_job
+    every = os.cpu_count()
+    start, request, want = (("max=node", "cpus=1", 1) if direction == "shrink"
+                            else ("cpus=1", "max=node", every))
+    points = []
+    for k in range(1, 8):
+        assert resize_as(c, ALICE, a, start).returncode == 0
+        wait_for(lambda: len(cores(a, uid)) == (every + 1 - want), timeout=15,
+                 what="the starting size")
+        rec = c.restart_agent(NODE, env={"MALLEABLE_FAULT": f"stop-before-write:{k}"})
+        time.sleep(1.0)          # its first cycles: nothing to write
+        assert resize_as(c, ALICE, a, request).returncode == 0
+        try:
+            wait_for(lambda: _stopped(rec.pid), timeout=8, what=f"agent stopped at write {k}")
+        except AssertionError:
+            points.append((k, "sequence shorter"))
+            break                 # fewer than k writes: every point was covered
+        os.kill(rec.pid, signal.SIGKILL)
+        daemons.reap_children()
+        # Right after the kill, mid-sequence: still no core in two jobs.
+        assert not [v for v in violations(c, NODE, threads=False)
+                    if "agent" not in v], violations(c, NODE, threads=False)
+        c.restart_agent(NODE)
+        wait_for(lambda: len(cores(a, uid)) == want, timeout=15, what="converged")
+        settle(c)
+        points.append((k, "killed, converged"))
+    assert points[0] == (1, "killed, converged") and points[-1][1] == "sequence shorter"
+    print(f"\n{direction}: {points}")
+
+
+def test_prolog_with_a_hung_agent_holding_the_lock(agent_cluster, alice_job, work):
+    c, (a, uid) = agent_cluster, alice_job
+    assert resize_as(c, ALICE, a, "max=node").returncode == 0
+    wait_for(lambda: len(cores(a, uid)) == os.cpu_count(), timeout=15, what="alice grown")
+    rec = c.restart_agent(NODE, env={"MALLEABLE_FAULT": "stop-before-write:1"})
+    time.sleep(1.0)
+    assert resize_as(c, ALICE, a, "cpus=1").returncode == 0
+    wait_for(lambda: _stopped(rec.pid), timeout=8, what="agent hung inside a cycle")
+    assert resize_as(c, ALICE, a, "max=node").returncode == 0
+    b = submit_as(c, BOB, work, "bobhung", "grep Cpus_allowed_list /proc/self/status\n",
+                  ["-N1", "-n1", f"-w{NODE}", f"--output={work}/bobhung-%j.out"])
+    out = work / f"bobhung-{b}.out"
+    wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=40,
+             what="bob's job started", show=lambda: c.client().job(b).state)
+    b_cpus = parse_cpu_list(out.read_text().split()[-1])
+    assert not b_cpus & cores(a, uid)
+    log = (c.paths.root / "agent" / f"hooks-{NODE}.log").read_text()
+    assert f"killed the hung agent (pid {rec.pid})" in log
+    daemons.reap_children()
+    c.restart_agent(NODE)
+    settle(c)
+
+
+def test_a_storm_of_1000_resizes_from_several_users(agent_cluster, alice_job, work):
+    c, (a, uid) = agent_cluster, alice_job
+    b = tf_job(c, BOB, work, "bobtf", node=OTHER)
+    buid = uid_of(BOB)
+    wait_for(lambda: rank(c, b).get("intra_active"), timeout=240, what="bob's job training")
+    results = {"alice": [], "bob": [], "bob-on-alice": []}
+
+    def storm(user, job, n, key, last):
+        for i in range(n):
+            k = last if i == n - 1 else 1 + i % 2
+            results[key].append(resize_as(c, user, job, f"cpus={k}").returncode)
+
+    threads = [threading.Thread(target=storm, args=(ALICE, a, 500, "alice", 1)),
+               threading.Thread(target=storm, args=(BOB, b, 400, "bob", 2)),
+               threading.Thread(target=storm, args=(BOB, a, 100, "bob-on-alice", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results["alice"]) == {0} and set(results["bob"]) == {0}
+    assert 0 not in results["bob-on-alice"]          # not bob's job: every one refused
+    wait_for(lambda: len(cores(a, uid)) == 1 and len(cores(b, buid, OTHER)) == 2, timeout=20,
+             what="the last requests applied", show=lambda: (cores(a, uid), cores(b, buid, OTHER)))
+    settle(c)
+    settle(c, OTHER)
+    (work / f"stop-{b}").touch()
+    time.sleep(1)
+    c.client().cancel(b)
+
+
+def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
+    c, (a, uid) = agent_cluster, alice_job
+    ctld = next(r for r in c.records() if r.name == "slurmctld")
+    os.kill(ctld.pid, signal.SIGSTOP)
+    seen = []
+    try:
+        t_end = time.monotonic() + 60
+        while time.monotonic() < t_end:
+            seen += violations(c, NODE)
+            time.sleep(5)
+        # A job could start meanwhile only if slurmctld ran; its Prolog would still work.
+        env = {**os.environ, **c.env(), "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "990201",
+               "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}
+        pro = subprocess.run([str(c.hooks_dir / "prolog.sh")], env=env, capture_output=True,
+                             text=True, timeout=30)
+        assert pro.returncode == 0, pro.stderr
+        subprocess.run([str(c.hooks_dir / "epilog.sh")], env=env, capture_output=True, timeout=30)
+    finally:
+        os.kill(ctld.pid, signal.SIGCONT)
+    assert seen == []
+    wait_for(lambda: c.client().ping(), timeout=30, what="slurmctld back")
+    state = c.client().job(a).state
+    if state is JobState.RUNNING:     # Slurm may count its nodes as unresponsive meanwhile
+        assert resize_as(c, ALICE, a, "cpus=1").returncode == 0
+        wait_for(lambda: len(cores(a, uid)) == 1, timeout=20, what="resize after the stop")
+        assert resize_as(c, ALICE, a, "max=node").returncode == 0
+    settle(c)
+    print(f"\nalice's job after slurmctld's 60 s stop: {state.value}")
