@@ -67,14 +67,21 @@ def thread_ids(pid: int | str = "self") -> list[int]:
         return [threading.get_native_id()] if pid == "self" else []
 
 
-def pin_all_threads(cpus: frozenset[int], pid: int | str = "self") -> None:
+def pin_all_threads(cpus: frozenset[int], pid: int | str = "self") -> int:
     """Set the affinity of every thread of a process, this one by default (what
-    ``taskset -a -p`` does; threads created later inherit their creator's mask)."""
+    ``taskset -a -p`` does; threads created later inherit their creator's mask). Returns how
+    many threads refused (a thread that just exited does not count); each refusal is logged."""
+    refused = 0
     for tid in thread_ids(pid):
         try:
             os.sched_setaffinity(tid, cpus)
-        except (ProcessLookupError, PermissionError, OSError):
+        except ProcessLookupError:
             pass  # a thread that just exited
+        except OSError as exc:   # EINVAL: CPUs outside the cpuset; EPERM: not ours
+            refused += 1
+            log.warning("malleable_tf: cannot pin thread %d to %s: %s", tid,
+                        format_cpu_list(cpus), exc)
+    return refused
 
 
 class Runtime:

@@ -206,7 +206,8 @@ def test_fake_records_and_stale_pid_files_never_signal_another_users_process(
         agent = next(r for r in c.records() if r.name == f"agent {NODE}")
         os.kill(agent.pid, signal.SIGKILL)
         daemons.reap_children()
-        c.agent_config().pid_file.write_text(str(pid))
+        import dataclasses
+        dataclasses.replace(c.agent_config(), node=NODE).pid_file.write_text(str(pid))
         env = {**os.environ, **c.env(), "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "990101",
                "SLURM_JOB_UID": str(uid_of(BOB)), "SLURM_JOB_GID": str(uid_of(BOB))}
         assert subprocess.run([str(c.hooks_dir / "epilog.sh")], env=env,
@@ -342,3 +343,47 @@ def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
         assert resize_as(c, ALICE, a, "max=node").returncode == 0
     settle(c)
     print(f"\nalice's job after slurmctld's 60 s stop: {state.value}")
+
+
+def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
+        agent_cluster, alice_job, work):
+    """Fail closed, and what Slurm then does: the node's lock is held by a process that is not
+    the agent (nothing the Prolog may kill), so the Prolog exits 1; slurmd drains the node and
+    slurmctld requeues the job held. Nothing runs on a core another job holds."""
+    import dataclasses
+    import fcntl
+    c = agent_cluster
+    env = {**os.environ, **c.env()}
+    with open(dataclasses.replace(c.agent_config(), node=NODE).lock_file, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        b = submit_as(c, BOB, work, "bobclosed", "echo ran\n",
+                      ["-N1", "-n1", f"-w{NODE}", f"--output={work}/bobclosed-%j.out"])
+
+        def drained():
+            node = next(n for n in c.client().nodes() if n.name == NODE)
+            return "DRAIN" in node.state_flags or node.state.startswith("drain")
+        wait_for(drained, timeout=90, what="the node drained after the Prolog failed",
+                 show=lambda: c.client().nodes())
+        def detail():
+            return subprocess.run(["scontrol", "show", "job", str(b)], env=env,
+                                  capture_output=True, text=True).stdout
+        wait_for(lambda: "JobState=PENDING" in (d := detail()) and
+                 "Reason=launch_failed_requeued_held" in d, timeout=60,
+                 what="the job requeued held", show=detail)
+        assert not (work / f"bobclosed-{b}.out").exists() or \
+            "ran" not in (work / f"bobclosed-{b}.out").read_text()
+    log = (c.paths.root / "agent" / f"hooks-{NODE}.log").read_text()
+    assert f"prolog job {b}: NOT SAFE" in log
+    reason = subprocess.run(["sinfo", "-h", "-n", NODE, "-o", "%E"], env=env,
+                            capture_output=True, text=True).stdout
+    print(f"\nnode {NODE}: {reason.strip()!r}; job {b}: requeued held")
+    # The admin's way back: resume the node, release the job; it runs.
+    subprocess.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"], env=env,
+                   check=True, capture_output=True)
+    subprocess.run(["scontrol", "release", str(b)], env=env, check=True, capture_output=True)
+    # Slurm makes a requeued job eligible 2 minutes later (Reason=BeginTime): not waited here.
+    subprocess.run(["scontrol", "update", f"JobId={b}", "StartTime=now"], env=env, check=True,
+                   capture_output=True)
+    wait_for(lambda: c.client().job(b).state is JobState.COMPLETED, timeout=90,
+             what="bob's job ran once the node was safe", show=detail)
+    settle(c)
