@@ -1,6 +1,6 @@
 """``malleable-srun``: run a Horovod TensorFlow program under srun with what malleability needs.
 
-    malleable-srun [--local N] [srun options] PROGRAM [ARGS...]
+    malleable-srun [--no-auto-init] [--local N] [srun options] PROGRAM [ARGS...]
 
 Inside an allocation (sbatch, salloc) it runs ``srun --mpi=pmix --cpu-bind=none`` (the cgroup,
 which the co-scheduler resizes, stays in charge of CPUs; a launch binding would not widen when
@@ -12,6 +12,23 @@ the cgroup grows) with every other srun option passed through, and sets for each
   where ``malleable_protocol.RunLayout`` puts them under $MALLEABLE_RUN_DIR (/run/malleable);
 - MALLEABLE_TF_ALLOWANCE=cgroup.
 
+When PROGRAM is a Python interpreter (``python``, ``python3``, ``python3.11``, any folder)
+running a script, with or without interpreter options (``python -u train.py``), each rank runs
+it through ``python -m malleable_tf.run``, which calls ``malleable_tf.init()`` before the script
+starts: an unchanged TensorFlow script is malleable (one that calls ``malleable_tf.init()`` or
+``malleable_tf.horovod.init()`` itself works too). ``python -m MODULE``, ``python -c CODE`` and
+any other program run as they are. ``--no-auto-init`` (or MALLEABLE_TF_AUTO_INIT=0) turns this
+off; the interpreter must be able to import malleable_tf.
+
+Where the srun options end: getopt's rule, as srun itself follows it. The first argument that
+does not start with '-' is PROGRAM, unless it is the value of the option before it: the short
+options that take a value (``-n 4``, ``-N 2``, ``-c 2``, ``-w node``, ``-o file``, ``-J name``,
+``-t time``, ``-p part``, and the others srun has: A b B C d D e F G i L m M q r S T W x) take
+the next argument unless it is attached (``-n4``); a long option takes the next argument if
+srun's manual gives it a required value (``--ntasks 4``, ``--nodelist n1``; not
+``--ntasks=4``, nor an optional value as in ``--exclusive``); ``--`` ends the options. An
+unknown option counts as taking no value. With ``--local N``, PROGRAM comes right after N.
+
 It asks slurmctld nothing. The job's folder for status records is made by the Prolog for the
 job's user; without it (no co-scheduler on the cluster) the ranks still follow their cpusets and
 run without status records. Outside an allocation it says so, or with ``--local N`` runs N
@@ -20,6 +37,7 @@ ranks here under mpirun.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -32,6 +50,105 @@ from malleable_protocol.layout import DEFAULT_RUN_DIR
 
 class LaunchError(RuntimeError):
     pass
+
+
+# srun's options (Slurm 22.05, srun(1)) that take a value. Short ones: getopt letters with a
+# required argument; long ones: "--name=<value>" in the manual. The optional-valued ones
+# (-I, -K, --exclusive[=], --bcast[=], ...) only take a value attached with '=' or in the
+# same word, like the flags they otherwise are.
+SRUN_SHORT_WITH_VALUE = frozenset("AbBCcdDeFGiJLmMNnopqrSTtWwx")
+SRUN_LONG_WITH_VALUE = frozenset("""
+    accel-bind account acctg-freq bb bbf bcast-exclude begin chdir cluster-constraint clusters
+    comment constraint container core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu
+    cpus-per-task deadline delay-boot dependency distribution epilog error exclude export
+    extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres
+    gres-flags het-group hint input job-name jobid licenses mail-type mail-user mcs-label mem
+    mem-bind mem-per-cpu mem-per-gpu mincpus mpi msg-timeout network nodefile nodelist nodes
+    ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output
+    partition power prefer priority profile prolog qos relative reservation signal slurmd-debug
+    sockets-per-node switches task-epilog task-prolog thread-spec threads threads-per-core time
+    time-min tmp uid wait wckey""".split())
+SRUN_LONG_WITHOUT_VALUE = frozenset("""
+    bcast compress exclusive immediate kill-on-bad-exit nice no-kill propagate resv-ports
+    send-libs x11 contiguous disable-status exact help hold label multi-prog no-allocate
+    overcommit overlap oversubscribe preserve-env pty quiet quit-on-interrupt reboot spread-job
+    test-only unbuffered usage use-min-nodes verbose version""".split())
+
+# Python's own short options before the script: flags, and those that take a value
+# (python -W error, -X dev). Any other (-c, -m, -h, -V, --help, ...) means no script is run.
+PYTHON_FLAGS = frozenset("bBdEiIOPqsSuvx")
+PYTHON_WITH_VALUE = frozenset("WX")
+RUNNER = ["-m", "malleable_tf.run"]
+
+
+def _long_takes_value(name: str) -> bool:
+    """Whether srun's ``--name`` (no '=') takes the next argument; getopt_long also takes an
+    unambiguous prefix of a name."""
+    if name in SRUN_LONG_WITH_VALUE or name in SRUN_LONG_WITHOUT_VALUE:
+        return name in SRUN_LONG_WITH_VALUE
+    known = [n for n in SRUN_LONG_WITH_VALUE | SRUN_LONG_WITHOUT_VALUE if n.startswith(name)]
+    return bool(known) and all(n in SRUN_LONG_WITH_VALUE for n in known)
+
+
+def split_srun_options(args: list[str]) -> tuple[list[str], list[str]]:
+    """``args`` as (srun's options, PROGRAM and its arguments); see the module's docstring."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args[:i + 1], args[i + 1:]
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg.startswith("--"):
+            if "=" not in arg and _long_takes_value(arg[2:]):
+                i += 1
+        else:
+            # A cluster of short options: the first that takes a value takes the rest of the
+            # word, or the next argument when it ends the word.
+            for k, letter in enumerate(arg[1:], start=1):
+                if letter in SRUN_SHORT_WITH_VALUE:
+                    if k == len(arg) - 1:
+                        i += 1
+                    break
+        i += 1
+    return args[:i], args[i:]
+
+
+def is_python(program: str) -> bool:
+    return re.fullmatch(r"python(\d+(\.\d+)?)?", os.path.basename(program)) is not None
+
+
+def with_runner(command: list[str]) -> list[str]:
+    """``python [options] SCRIPT ARGS`` -> ``python [options] -m malleable_tf.run SCRIPT ARGS``;
+    any other command (``python -m``, ``python -c``, not Python) unchanged."""
+    if not command or not is_python(command[0]):
+        return command
+    i = 1
+    while i < len(command):
+        arg = command[i]
+        if arg == "--":   # python -- SCRIPT: the runner takes "-- SCRIPT" the same way
+            return ([*command[:i], *RUNNER, *command[i:]] if command[i + 1:] and
+                    command[i + 1] != "-" else command)
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg.startswith("--"):   # --help, --version, --check-hash-based-pycs MODE: not a run
+            return command
+        for k, letter in enumerate(arg[1:], start=1):
+            if letter not in PYTHON_FLAGS and letter not in PYTHON_WITH_VALUE:
+                return command  # -c, -m, -h, -V, or an option this does not know
+            if letter in PYTHON_WITH_VALUE:
+                if k == len(arg) - 1:
+                    i += 1
+                break
+        i += 1
+    if i >= len(command) or command[i].startswith("-"):
+        return command  # no script: the interactive interpreter or standard input ("-")
+    return [*command[:i], *RUNNER, *command[i:]]
+
+
+def auto_init_wanted(environ: dict[str, str]) -> bool:
+    return environ.get("MALLEABLE_TF_AUTO_INIT", "1").strip().lower() not in (
+        "0", "no", "false", "off")
 
 
 @dataclass(frozen=True)
@@ -50,8 +167,18 @@ def malleable_env(layout: RunLayout, job_id: int) -> dict[str, str]:
 def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
                 is_dir=os.path.isdir) -> LaunchPlan:
     layout = RunLayout(Path(environ.get("MALLEABLE_RUN_DIR", str(DEFAULT_RUN_DIR))))
-    if args[:1] == ["--local"]:
-        if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
+    auto_init, local_ranks = auto_init_wanted(environ), None
+    # malleable-srun's own options come first, in any order.
+    while args[:1] in (["--no-auto-init"], ["--local"]):
+        if args[0] == "--no-auto-init":
+            auto_init, args = False, args[1:]
+            continue
+        if local_ranks is not None or len(args) < 2 or not args[1].isdigit() or int(args[1]) < 1:
+            raise LaunchError("usage: malleable-srun --local N PROGRAM [ARGS...]")
+        local_ranks, args = args[1], args[2:]
+    wrap = with_runner if auto_init else (lambda command: command)
+    if local_ranks is not None:
+        if not args:
             raise LaunchError("usage: malleable-srun --local N PROGRAM [ARGS...]")
         mpirun = which("mpirun")
         if mpirun is None:
@@ -60,10 +187,10 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
         local = Path(tempfile.mkdtemp(prefix="malleable-local-"))
         env = {"MALLEABLE_TF_STATUS": str(local / RunLayout.status_name("{rank}")),
                "MALLEABLE_TF_ALLOWANCE": "auto"}
-        argv = [mpirun, "-np", args[1], "--bind-to", "none", "--oversubscribe"]
+        argv = [mpirun, "-np", local_ranks, "--bind-to", "none", "--oversubscribe"]
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-        return LaunchPlan(argv + args[2:], env, local)
+        return LaunchPlan(argv + wrap(args), env, local)
     job = environ.get("SLURM_JOB_ID")
     if not job:
         raise LaunchError("not inside a Slurm allocation (no SLURM_JOB_ID): run it from an "
@@ -73,14 +200,20 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
     srun = which("srun")
     if srun is None:
         raise LaunchError("srun not found on PATH")
-    if any(a.startswith("--cpu-bind") for a in args):
+    options, command = split_srun_options(args)
+    if any(a.startswith(("--cpu-bind", "--cpu_bind")) for a in options):
         raise LaunchError("malleable-srun sets --cpu-bind=none itself: the cgroup decides")
+    if not command:
+        raise LaunchError("no program to run after the srun options")
+    if "--multi-prog" not in options:   # else PROGRAM is srun's configuration file
+        command = wrap(command)
     env = malleable_env(layout, int(job))
     status_dir = layout.job_dir(int(job))
     if not is_dir(status_dir):
         del env["MALLEABLE_TF_STATUS"]
         status_dir = None
-    return LaunchPlan([srun, "--mpi=pmix", "--cpu-bind=none", *args], env, status_dir)
+    return LaunchPlan([srun, "--mpi=pmix", "--cpu-bind=none", *options, *command], env,
+                      status_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,11 +18,16 @@ MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_SPLIT (activ
 split work as many ways as there are active intra-op threads, the default; eigen: only Eigen
 kernels do; pool: kernels split by the pool size), MALLEABLE_TF_ALLOWANCE=cgroup to take
 the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
-mask at launch, and that mask does not widen when the co-scheduler grows the cpuset).
+mask at launch, and that mask does not widen when the co-scheduler grows the cpuset),
+MALLEABLE_TF_COUNT_STEPS=0 to stop counting each Keras optimizer's apply_gradients as a step.
+
+Steps/s per thread count (the status record) come from the optimizers' apply_gradients, from
+``malleable_tf.step()`` in loops the runtime cannot see, or from ``MalleableCallback``.
 """
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import signal
@@ -36,11 +41,15 @@ from .runtime import (DEFAULT_SIGNALS, Action, MalleableError, NotInitialized, R
                       ThreadState, parse_signal_spec)
 from ._native import NativeBuildError
 
-__all__ = ["init", "set_threads", "threads", "shutdown", "runtime", "ThreadState", "Action",
+__all__ = ["init", "set_threads", "threads", "step", "shutdown", "runtime", "ThreadState", "Action",
            "MalleableError", "NotInitialized", "NativeBuildError"]
 
 _runtime: Runtime | None = None
 _init_lock = threading.Lock()
+# What the running init() settled on, and whether a later init() may join it: malleable_tf.run
+# sets _joinable, so that a script run through it may still call init() itself (see _join).
+_settings: dict | None = None
+_joinable = False
 
 
 def _configured_signals() -> dict[int, Action]:
@@ -77,22 +86,36 @@ def _env_max_threads() -> int | None:
     return int(value)
 
 
+def _env_rank() -> int:
+    """This process's global rank, from the launcher's environment (mpirun, srun, horovodrun)."""
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get(
+        "SLURM_PROCID", os.environ.get("HOROVOD_RANK", 0))))
+
+
 def init(max_threads: int | None = None, *, inter_max_threads: int | None = None,
          follow: bool | None = None, signals: dict[int, Action] | None = None,
          poll_interval_s: float = 0.005, recheck_interval_s: float = 1.0, status_path: str | os.PathLike | None = None,
          local_rank: int | None = None, local_size: int | None = None,
-         rank: int | None = None) -> ThreadState:
+         rank: int | None = None, count_steps: bool | None = None) -> ThreadState:
     """Size TensorFlow's pools at ``max_threads`` and start managing them.
 
     Must run before TensorFlow executes its first op. ``local_rank``/``local_size`` default to
     what the launcher (mpirun, srun, horovodrun) put in the environment. When following, a
     native poll compares the affinity mask and the cgroup files every ``poll_interval_s``; the
-    whole allowance is also re-read every ``recheck_interval_s``.
+    whole allowance is also re-read every ``recheck_interval_s``. ``count_steps`` (default:
+    on, unless MALLEABLE_TF_COUNT_STEPS=0) counts each Keras optimizer's ``apply_gradients`` as a
+    training step, also inside a ``tf.function``.
+
+    Under ``python -m malleable_tf.run`` the runner has already called it: a call here then
+    returns the running state, and raises MalleableError only if it asks for other settings.
     """
-    global _runtime
+    global _runtime, _settings
+    asked = dict(locals())   # the arguments alone, for a second call's check
     with _init_lock:
         if _runtime is not None:
-            raise MalleableError("malleable_tf.init() already ran")
+            if not _joinable:
+                raise MalleableError("malleable_tf.init() already ran")
+            return _join(asked)
         import tensorflow as tf
 
         from ._native import load
@@ -104,6 +127,8 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                 raise ValueError(f"{name} must be an int in 1..4096, not {value!r}")
         if follow is None:
             follow = os.environ.get("MALLEABLE_TF_FOLLOW", "1") != "0"
+        if count_steps is None:
+            count_steps = os.environ.get("MALLEABLE_TF_COUNT_STEPS", "1") != "0"
         signals = _configured_signals() if signals is None else signals
         # Every setting is checked before TensorFlow is touched: a bad one leaves init() free
         # to run again.
@@ -129,8 +154,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         env_lr, env_ls = allowance.local_rank_and_size()
         lr = env_lr if local_rank is None else local_rank
         ls = env_ls if local_size is None else local_size
-        rk = rank if rank is not None else int(os.environ.get(
-            "OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", os.environ.get("HOROVOD_RANK", 0))))
+        rk = rank if rank is not None else _env_rank()
         status = status_path or os.environ.get("MALLEABLE_TF_STATUS")
         fields = {"rank": rk, "local_rank": lr, "pid": os.getpid(),
                   "job": os.environ.get("SLURM_JOB_ID", "0"),
@@ -147,10 +171,41 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         rt.install_signals(signals)
         rt.load_target()
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")
+        if count_steps:
+            from .keras import count_optimizer_steps
+            count_optimizer_steps(rt)
         rt.start_watcher()
+        _settings = {**asked, "max_threads": max_threads, "inter_max_threads": inter_max,
+                     "follow": follow, "signals": dict(signals), "status_path": status,
+                     "local_rank": lr, "local_size": ls, "rank": rk, "count_steps": count_steps,
+                     "_fields": fields}
         _runtime = rt
         atexit.register(shutdown)
         return rt.state()
+
+
+def _join(asked: dict) -> ThreadState:
+    """init() again, the runtime running (started by malleable_tf.run): every argument the call
+    gives must match what the runtime runs with; it then gets the current state."""
+    have = _settings or {}
+    defaults = {n: p.default for n, p in inspect.signature(init).parameters.items()}
+    conflicts = []
+    for name, value in asked.items():
+        if value is None or (name in defaults and value is defaults[name]):
+            continue
+        current = have.get(name)
+        if name == "status_path":
+            value = Path(str(value).format(**have.get("_fields", {})))
+        if value != current or isinstance(value, bool) != isinstance(current, bool):
+            conflicts.append(f"{name}={value!r} (it runs with {current!r})")
+    if conflicts:
+        raise MalleableError(
+            "malleable_tf.init() already ran (malleable_tf.run started it, before the script) "
+            "with other settings than this call asks: " + ", ".join(conflicts) + ". Drop these "
+            "arguments or set them in the environment (MALLEABLE_TF_MAX_THREADS, "
+            "MALLEABLE_TF_SIGNALS, MALLEABLE_TF_STATUS, MALLEABLE_TF_FOLLOW), or run the script "
+            "without malleable_tf.run (malleable-srun --no-auto-init)")
+    return _runtime.state()
 
 
 def _setup_logging() -> None:
@@ -177,6 +232,17 @@ def set_threads(intra: int | None = None, inter: int | None = None) -> ThreadSta
 
 def threads() -> ThreadState:
     return runtime().state()
+
+
+def step(n: int = 1) -> None:
+    """Count ``n`` training steps done just now, for loops the runtime cannot see (no Keras
+    optimizer, or ``init(count_steps=False)``). Cheap and thread-safe; before ``init()`` and
+    after ``shutdown()`` it does nothing, so a script runs the same without malleable_tf."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"step(n): n must be an int >= 0, not {n!r}")
+    rt = _runtime
+    if rt is not None:
+        rt.step(n)
 
 
 def shutdown() -> None:

@@ -1,20 +1,103 @@
-"""Keras integration: ``MalleableCallback`` measures steps/s per thread count and reports them.
+"""Keras integration: steps counted from every Keras optimizer, and ``MalleableCallback``.
 
-Resizes take effect in native code at any moment (the runtime's watcher applies them); the
-callback adds what belongs at batch boundaries: steps/s bookkeeping per thread count for the
-co-scheduler, the status record, and one progress line per epoch.
+``count_optimizer_steps`` (run by ``malleable_tf.init()`` unless ``count_steps=False``) makes
+each ``apply_gradients`` of a Keras optimizer count one step, in custom loops as in
+``Model.fit``. Inside a ``tf.function`` the Python of a call runs only while tracing, so the count
+is an op in the graph: an int64 variable's ``assign_add``, which the runtime reads from Python.
+
+Resizes take effect in native code at any moment (the runtime's watcher applies them) and the
+runtime credits steps to the thread count in force; the callback adds what belongs at batch
+boundaries: the count when nothing else counts, and one progress line per epoch.
 """
 from __future__ import annotations
 
+import functools
+import logging
 import sys
+import threading
 import time
 
 import tensorflow as tf
 
 from .runtime import Runtime
 
+log = logging.getLogger("malleable_tf")
+
+_step_var: tf.Variable | None = None   # one per process: the classes are patched once
+_inside = threading.local()            # an apply_gradients under way in this thread
+
+
+def _optimizer_classes() -> list[type]:
+    """The Keras 2 optimizer base classes (TF 2.15): the current one and the legacy one."""
+    out = []
+    for name in ("Optimizer", "legacy.Optimizer"):
+        obj = tf.keras.optimizers
+        try:
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        if isinstance(obj, type) and hasattr(obj, "apply_gradients") and obj not in out:
+            out.append(obj)
+    return out
+
+
+def _count_one(var: tf.Variable) -> None:
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and ctx.num_replicas_in_sync > 1:
+        # Each replica calls apply_gradients: the merge runs once per step (per process).
+        ctx.merge_call(lambda _: var.assign_add(1, read_value=False))
+    else:
+        var.assign_add(1, read_value=False)
+
+
+def _counting(apply):
+    @functools.wraps(apply)
+    @tf.autograph.experimental.do_not_convert   # like Keras itself: autograph leaves it be
+    def apply_gradients(self, *args, **kwargs):
+        if getattr(_inside, "active", False):
+            # A wrapper's inner optimizer, or super() of a subclass (Horovod): one step.
+            return apply(self, *args, **kwargs)
+        _inside.active = True
+        try:
+            result = apply(self, *args, **kwargs)
+        finally:
+            _inside.active = False
+        _count_one(_step_var)   # after: a call that raised applied nothing
+        return result
+
+    apply_gradients._malleable_counting = True
+    return apply_gradients
+
+
+def count_optimizer_steps(runtime: Runtime) -> bool:
+    """Count one step of ``runtime`` per ``apply_gradients`` of any Keras optimizer. False (and
+    a warning) when this Keras has no optimizer class to hook."""
+    global _step_var
+    classes = _optimizer_classes()
+    if not classes:
+        log.warning("malleable_tf: no Keras optimizer class found; steps are counted only by "
+                    "malleable_tf.step() and MalleableCallback")
+        return False
+    if _step_var is None:
+        with tf.init_scope():
+            _step_var = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    name="malleable_tf_steps")
+        for cls in classes:
+            if not getattr(cls.apply_gradients, "_malleable_counting", False):
+                cls.apply_gradients = _counting(cls.apply_gradients)
+    var = _step_var
+    start = int(var.numpy())   # a runtime counts from its own start
+    runtime.add_step_source(lambda: int(var.numpy()) - start)
+    runtime.counts_optimizer_steps = True
+    return True
+
 
 class MalleableCallback(tf.keras.callbacks.Callback):
+    """Prints a progress line per epoch (and keeps it in ``history``); counts a step per batch
+    when the runtime does not count optimizer steps itself (``init(count_steps=False)``).
+    ``report_every_s`` is kept for existing callers: the runtime's sampler sets the windows."""
+
     def __init__(self, runtime: Runtime | None = None, *, report_every_s: float = 2.0,
                  verbose: bool = True, stream=None, clock=time.monotonic):
         super().__init__()
@@ -23,9 +106,7 @@ class MalleableCallback(tf.keras.callbacks.Callback):
         self.verbose = verbose
         self.stream = stream or sys.stdout
         self._clock = clock
-        self._window_start = None
-        self._window_steps = 0
-        self._window_threads = None
+        self._count = False
         self._epoch_start = None
         self._epoch_steps = 0
         self.history: list[dict] = []   # one entry per epoch
@@ -37,35 +118,22 @@ class MalleableCallback(tf.keras.callbacks.Callback):
             self._runtime = runtime()
         return self._runtime
 
-    def _flush(self, now: float) -> None:
-        if self._window_start is not None and self._window_steps:
-            self.runtime.record_steps(self._window_steps, now - self._window_start,
-                                      threads=self._window_threads)
-            self.runtime.write_status()
-        self._window_start = now
-        self._window_steps = 0
-        self._window_threads = self.runtime.state().intra_active
+    def on_train_begin(self, logs=None):
+        # apply_gradients counts each step already when the runtime hooks the optimizers.
+        self._count = not self.runtime.counts_optimizer_steps
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._clock()
         self._epoch_steps = 0
-        self._flush(self._epoch_start)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        # The watcher applies resizes as they come; here only the bookkeeping follows them.
-        if self.runtime.state().intra_active != self._window_threads:
-            self._flush(self._clock())   # steps/s is attributed to one thread count only
 
     def on_train_batch_end(self, batch, logs=None):
-        self._window_steps += 1
         self._epoch_steps += 1
-        now = self._clock()
-        if now - self._window_start >= self.report_every_s:
-            self._flush(now)
+        if self._count:
+            self.runtime.step()
 
     def on_epoch_end(self, epoch, logs=None):
         now = self._clock()
-        self._flush(now)
+        self.runtime.sample_steps(flush=True)   # the epoch's steps reach the status record
         state = self.runtime.state()
         secs = now - self._epoch_start
         entry = {"epoch": epoch, "steps": self._epoch_steps, "seconds": round(secs, 3),

@@ -3,8 +3,10 @@
 ``Runtime`` owns the target thread counts and applies them: it parks pool threads through the
 native library, pins the process's threads to this rank's share of the allowed CPUs, and, when
 following, re-reads the allowance whenever the native poller sees the affinity mask or a cgroup
-file change, on every control signal, and once a second as a safety net. Nothing starts in the
-constructor: ``start_watcher`` starts the Python watcher thread and the native poller.
+file change, on every control signal, and once a second as a safety net. It also keeps the
+running count of training steps (``step``, sources such as the optimizer counter) and credits
+them to the intra-op thread count in force. Nothing starts in the constructor: ``start_watcher``
+starts the Python watcher thread, the native poller and the step sampler.
 
 The parts it wires together: ``control`` (signals, the target file, the watcher thread),
 ``allowance.AllowanceFollower`` (what the allowance is now) and ``telemetry`` (the status record).
@@ -93,7 +95,7 @@ class Runtime:
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
                  split: Split = Split.ACTIVE,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, sample_interval_s: float = 0.5):
         self._native = native
         self.intra_pool = intra_pool
         self.inter_pool = inter_pool
@@ -126,6 +128,17 @@ class Runtime:
         self._target: Target | None = None
         self._watcher: control.Watcher | None = None
         self._warned_split = False
+        # Steps: malleable_tf.step() and running totals read from elsewhere (the optimizer
+        # counter, a TF variable), cut into windows on every resize and by the sampler.
+        self._step_counter = telemetry.StepCounter()
+        self._step_sources: list[Callable[[], int]] = []
+        self._source_totals: list[int] = []
+        self._windows = telemetry.StepWindows()
+        self.sample_interval_s = sample_interval_s
+        self._sampler: telemetry.StepSampler | None = None
+        # True once every Keras optimizer's apply_gradients counts a step (malleable_tf.keras):
+        # MalleableCallback then leaves the counting to it.
+        self.counts_optimizer_steps = False
 
     # --- state ---------------------------------------------------------------------------
 
@@ -221,6 +234,8 @@ class Runtime:
             self._pin_to(share)
         self._share = share
         self._intra, self._inter = intra, inter
+        if before[0] != intra:
+            self._observe_steps()   # the window closes: its steps belong to the old count
         latency_ms = (self._clock() - t0) * 1000
         if before != (intra, inter):
             self._telemetry.resized(ResizeEvent(time.time(), before[0], intra, before[1], inter,
@@ -259,6 +274,40 @@ class Runtime:
         with self._lock:
             self._telemetry.record_steps(self._intra if threads is None else threads, steps,
                                          seconds)
+
+    def step(self, n: int = 1) -> None:
+        """Count ``n`` training steps done just now (cheap: no runtime lock)."""
+        self._step_counter.add(n)
+
+    def add_step_source(self, read: Callable[[], int]) -> None:
+        """Count the steps of ``read()``, a running total (read by the sampler and on resizes;
+        a failed read keeps the last value)."""
+        with self._lock:
+            self._step_sources.append(read)
+            self._source_totals.append(0)
+
+    def steps_total(self) -> int:
+        with self._lock:
+            for i, read in enumerate(self._step_sources):
+                try:
+                    self._source_totals[i] = int(read())
+                except Exception as exc:
+                    log.debug("malleable_tf: step source %r: %s", read, exc)
+            return self._step_counter.total + sum(self._source_totals)
+
+    def sample_steps(self, *, flush: bool = False) -> None:
+        """Observe the step count now; write the status record when a window closed.
+        ``flush`` closes the open window too (an epoch's end, shutdown)."""
+        with self._lock:
+            if self._observe_steps(flush=flush):
+                self.write_status()
+
+    def _observe_steps(self, *, flush: bool = False) -> bool:
+        windows = self._windows.observe(self._clock(), self.steps_total(), self._intra,
+                                        flush=flush)
+        for w in windows:
+            self._telemetry.record_steps(w.threads, w.steps, w.seconds)
+        return bool(windows)
 
     def status_record(self) -> RankStatus:
         with self._lock:
@@ -317,6 +366,8 @@ class Runtime:
         self._watcher = control.Watcher(self._native.lib.mtf_signal_fd(),
                                         self.recheck_interval_s, self.handle, self._after_wake)
         self._watcher.start()
+        self._sampler = telemetry.StepSampler(self.sample_steps, self.sample_interval_s)
+        self._sampler.start()
 
     def _after_wake(self, timed_out: bool) -> None:
         """After the watcher's actions: a wake re-reads the allowance (a timeout already did,
@@ -340,6 +391,12 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
+        if self._sampler is not None:
+            self._sampler.stop()
+        try:
+            self.sample_steps(flush=True)   # the last steps reach the status record
+        except Exception as exc:  # at exit, a step source may be gone already
+            log.debug("malleable_tf: last step sample: %s", exc)
         if self._watcher is not None:
             self._watcher.stop()
         self._native.lib.mtf_shutdown()

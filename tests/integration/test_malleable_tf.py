@@ -229,3 +229,109 @@ def test_tf_data_pipeline_follows_the_inter_op_threads():
     # One call at a time is at most one core of CPU for the pipeline's threads (plus the
     # bookkeeping around the gated function).
     assert narrow["pipeline_cores"] <= 1.2, narrow
+
+
+# --- unmodified scripts: python -m malleable_tf.run ------------------------------------------
+
+import signal  # noqa: E402
+
+
+def read_status(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):   # not there yet, or being replaced
+        return None
+
+
+def wait_status(path: Path, pred, proc, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = read_status(path)
+        if s is not None and pred(s):
+            return s
+        assert proc.poll() is None, f"exited {proc.returncode}: {proc.stderr.read()[-3000:]}"
+        time.sleep(0.1)
+    raise AssertionError(f"status not reached; last: {read_status(path)}")
+
+
+def test_an_unmodified_script_runs_malleably_through_the_runner(tmp_path):
+    status, stop = tmp_path / "status.json", tmp_path / "stop"
+    script = PROGRAMS / "plain_tf.py"
+    assert "import malleable_tf" not in script.read_text()
+    assert "from malleable_tf" not in script.read_text()
+    env = {**os.environ, **QUIET, "MALLEABLE_TF_STATUS": str(status),
+           "MALLEABLE_TF_SIGNALS": "USR2=intra-down", "MALLEABLE_TF_MAX_THREADS": "2"}
+    for key in [k for k in env if k.startswith(("OMPI_", "SLURM_", "HOROVOD_"))]:
+        del env[key]
+    args = [str(script), "--seconds", "120", "--stop", str(stop), "--exit", "5"]
+    proc = subprocess.Popen([sys.executable, "-m", "malleable_tf.run", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = wait_status(status, lambda s: s["intra_pool"] == 2, proc)
+        assert first["intra_active"] == 2 and first["rank"] == 0, first
+        assert first["pid"] == proc.pid, first
+        proc.send_signal(signal.SIGUSR2)
+        s = wait_status(status, lambda s: s["intra_active"] == 1, proc, timeout=10)
+        assert s["intra_pool"] == 2, s
+        stop.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # The script's exit code, argv, __name__ and sys.path[0] are those of `python SCRIPT ARGS`.
+    assert proc.returncode == 5, err[-3000:]
+    threading_line = next(line for line in out.splitlines() if line.startswith("THREADING "))
+    assert json.loads(threading_line[10:]) == {"intra": 2, "inter": 2}
+    r = result_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert r["argv"] == args and r["name"] == "__main__" and r["steps"] > 0, r
+    assert r["path0"] == str(PROGRAMS.resolve())
+
+
+def test_the_runner_refuses_a_missing_script_before_starting_tensorflow(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "malleable_tf.run", str(tmp_path / "nope.py")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **QUIET})
+    assert proc.returncode == 2 and "no such file" in proc.stderr, proc.stderr
+    assert "tensorflow" not in proc.stderr.lower()
+
+
+def test_a_script_that_calls_init_itself_works_under_the_runner():
+    env = {**os.environ, **QUIET, "MALLEABLE_TF_MAX_THREADS": "2",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.run(["mpirun", "-np", "1", "--bind-to", "none", "--oversubscribe",
+                           sys.executable, "-m", "malleable_tf.run",
+                           str(PROGRAMS / "self_init.py")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    r = result_of(proc)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert r["plain"][0] == 2 and r["horovod"] == [2, True, 0, 1], r
+    assert "max_threads=3 (it runs with 2)" in r["conflict"], r
+    assert r["sum"] == 64.0 and r["intra"] == 2, r
+
+
+def test_custom_loops_count_their_steps():
+    r = result_of(run_program("step_count.py", "loops", env={"MALLEABLE_TF_LOG": "0"}))
+    assert r["counts_optimizer_steps"] and r["intra"] == 1
+    # Each apply_gradients is a step, inside a tf.function (the count is an op in the graph)
+    # and eagerly, with the current optimizer and the legacy one; then malleable_tf.step().
+    for phase in ("tape", "legacy", "step"):
+        assert r[phase]["status"]["steps"] == r[phase]["steps"], (phase, r)
+    tape = r["tape"]["status"]["steps_per_s"]
+    # Two phases of 4 s: steps/s credited to each thread count.
+    assert set(tape) == {"1", "2"} and all(v > 0 for v in tape.values()), r
+    assert r["step"]["steps"] > r["legacy"]["steps"] > r["tape"]["steps"] > 0
+
+
+@pytest.mark.parametrize("count_steps", ["1", "0"])
+def test_keras_fit_with_the_callback_counts_each_batch_once(count_steps):
+    env = {"MALLEABLE_TF_LOG": "0", "MALLEABLE_TF_COUNT_STEPS": count_steps}
+    r = result_of(run_program("step_count.py", "fit", env=env))
+    assert r["counts_optimizer_steps"] is (count_steps == "1")
+    fit = r["fit"]
+    # 256 samples in batches of 16: 16 batches an epoch, every one counted once, by the
+    # optimizer or (MALLEABLE_TF_COUNT_STEPS=0) by the callback; the epoch's end writes them.
+    assert fit["steps"] % 16 == 0 and fit["steps"] >= 32
+    assert fit["status"]["steps"] == fit["steps"] == fit["settled"]["steps"], r
+    assert str(r["intra"]) in fit["status"]["steps_per_s"], r

@@ -1,6 +1,8 @@
 import pytest
 
-from launcher.srun import LaunchError, plan_launch
+from launcher.srun import LaunchError, is_python, plan_launch, split_srun_options, with_runner
+
+RUN = ["-m", "malleable_tf.run"]
 
 
 def which(name):
@@ -11,8 +13,9 @@ def test_inside_allocation():
     plan = plan_launch(["-n", "4", "python", "train.py"],
                        {"SLURM_JOB_ID": "42", "MALLEABLE_RUN_DIR": "/s"}, which=which,
                        is_dir=lambda p: str(p) == "/s/jobs/job_42")
+    # An unchanged script runs malleably: python SCRIPT becomes python -m malleable_tf.run SCRIPT.
     assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=none", "-n", "4", "python",
-                         "train.py"]
+                         *RUN, "train.py"]
     assert plan.env == {"MALLEABLE_TF_STATUS": "/s/jobs/job_42/rank_{rank}.json",
                         "MALLEABLE_TF_TARGET": "/s/targets/job_42.{node}.json",
                         "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "node"}
@@ -41,9 +44,98 @@ def test_refuses_a_cpu_binding():
 def test_local_mode():
     plan = plan_launch(["--local", "2", "python", "x.py"], {}, which=which)
     assert plan.argv[:5] == ["/usr/bin/mpirun", "-np", "2", "--bind-to", "none"]
-    assert plan.argv[-2:] == ["python", "x.py"]
+    assert plan.argv[-4:] == ["python", *RUN, "x.py"]
     assert plan.status_dir.is_dir()
     plan.status_dir.rmdir()
     for bad in (["--local"], ["--local", "x", "p"], ["--local", "0", "p"]):
         with pytest.raises(LaunchError):
             plan_launch(bad, {}, which=which)
+
+
+def srun_argv(args, environ=None):
+    return plan_launch(args, {"SLURM_JOB_ID": "7", **(environ or {})}, which=which,
+                       is_dir=lambda p: False).argv[3:]
+
+
+@pytest.mark.parametrize("args,options", [
+    (["python", "t.py"], []),
+    (["-n", "4", "python", "t.py"], ["-n", "4"]),
+    (["-n4", "python", "t.py"], ["-n4"]),
+    (["-N", "2", "-c", "2", "-w", "node1", "python", "t.py"],
+     ["-N", "2", "-c", "2", "-w", "node1"]),
+    (["-o", "out", "-J", "name", "-t", "10", "-p", "debug", "python", "t.py"],
+     ["-o", "out", "-J", "name", "-t", "10", "-p", "debug"]),
+    (["-lN", "2", "python", "t.py"], ["-lN", "2"]),          # a cluster: N ends it, takes the next
+    (["-lN2", "python", "t.py"], ["-lN2"]),
+    (["-l", "-u", "python", "t.py"], ["-l", "-u"]),           # flags take nothing
+    (["--ntasks", "4", "--nodes=2", "python", "t.py"], ["--ntasks", "4", "--nodes=2"]),
+    (["--ntasks-per-node", "2", "python", "t.py"], ["--ntasks-per-node", "2"]),
+    (["--exclusive", "--label", "python", "t.py"], ["--exclusive", "--label"]),  # optional value
+    (["--ntask", "4", "python", "t.py"], ["--ntask", "4"]),   # getopt_long takes a prefix
+    (["--made-up", "python", "t.py"], ["--made-up"]),        # unknown: no value
+    (["-n", "2", "--", "python", "t.py"], ["-n", "2", "--"]),
+])
+def test_srun_options_are_told_apart_from_the_program(args, options):
+    assert split_srun_options(args) == (options, args[len(options):])
+    assert srun_argv(args) == [*options, "python", *RUN, "t.py"]
+
+
+@pytest.mark.parametrize("command,wrapped", [
+    (["python", "t.py", "-n", "4"], ["python", *RUN, "t.py", "-n", "4"]),
+    (["python3", "t.py"], ["python3", *RUN, "t.py"]),
+    (["/opt/venv/bin/python3.11", "dir/t.py"], ["/opt/venv/bin/python3.11", *RUN, "dir/t.py"]),
+    (["python", "-u", "-W", "ignore", "t.py"], ["python", "-u", "-W", "ignore", *RUN, "t.py"]),
+    (["python", "-Wignore", "-X", "dev", "-OO", "t.py"],
+     ["python", "-Wignore", "-X", "dev", "-OO", *RUN, "t.py"]),
+    (["python", "--", "t.py"], ["python", *RUN, "--", "t.py"]),
+    # Not a script: left alone.
+    (["python", "-m", "train"], None), (["python", "-um", "train"], None),
+    (["python", "-c", "print(1)"], None), (["python"], None), (["python", "-"], None),
+    (["python", "-u"], None), (["python", "--version"], None), (["python", "-V"], None),
+    (["./train.sh", "t.py"], None), (["ipython", "t.py"], None), (["python3-config", "x"], None),
+    (["pythonista", "t.py"], None),
+])
+def test_python_scripts_are_run_through_the_runner(command, wrapped):
+    assert with_runner(command) == (wrapped or command)
+    assert srun_argv(["-n", "1", *command]) == ["-n", "1", *(wrapped or command)]
+
+
+def test_is_python():
+    assert all(map(is_python, ["python", "python3", "python3.11", "/usr/bin/python3", "./python"]))
+    assert not any(map(is_python, ["python3.11-config", "jython", "python-", "py", "/python/x"]))
+
+
+def test_opting_out_of_the_runner():
+    plain = ["-n", "2", "python", "t.py"]
+    assert srun_argv(["--no-auto-init", *plain]) == plain
+    for value in ("0", "no", "false", "OFF"):
+        assert srun_argv(plain, {"MALLEABLE_TF_AUTO_INIT": value}) == plain
+    assert srun_argv(plain, {"MALLEABLE_TF_AUTO_INIT": "1"}) == ["-n", "2", "python", *RUN, "t.py"]
+    # --no-auto-init is malleable-srun's: it never reaches srun, in either order with --local.
+    for args in (["--no-auto-init", "--local", "2", "python", "x.py"],
+                 ["--local", "2", "--no-auto-init", "python", "x.py"]):
+        plan = plan_launch(args, {}, which=which)
+        plan.status_dir.rmdir()
+        assert plan.argv[-2:] == ["python", "x.py"] and "--no-auto-init" not in plan.argv
+    # After the program it is the program's own argument.
+    assert srun_argv(["python", "t.py", "--no-auto-init"])[-1] == "--no-auto-init"
+
+
+def test_multi_prog_and_programs_that_are_not_python_are_left_alone():
+    assert srun_argv(["--multi-prog", "python", "conf"]) == ["--multi-prog", "python", "conf"]
+    assert srun_argv(["-n", "2", "hostname"]) == ["-n", "2", "hostname"]
+
+
+def test_a_cpu_binding_only_counts_among_srun_options():
+    with pytest.raises(LaunchError, match="cpu-bind"):
+        plan_launch(["-n", "2", "--cpu-bind", "cores", "x"], {"SLURM_JOB_ID": "1"}, which=which)
+    # The program's own --cpu-bind argument is its business.
+    assert srun_argv(["python", "t.py", "--cpu-bind=x"])[-1] == "--cpu-bind=x"
+
+
+def test_no_program_after_the_options():
+    for args in (["-n", "4"], ["-n", "4", "--"], ["--ntasks", "4"]):
+        with pytest.raises(LaunchError, match="no program"):
+            plan_launch(args, {"SLURM_JOB_ID": "1"}, which=which)
+    with pytest.raises(LaunchError, match="usage"):
+        plan_launch(["--local", "2", "--no-auto-init"], {}, which=which)
