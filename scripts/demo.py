@@ -105,6 +105,8 @@ def main() -> int:
                                                        sorted(st.steps_per_s.items())}
                                    for st in seen}
             for r in rows:
+                if r.current_cpus == "?":
+                    continue      # the node's agent has not reported this job yet
                 timeline.append({"t": round(now, 2), "job": r.job_id, "node": r.node,
                                  "cores": len(_cpus(r.current_cpus)), "threads": r.threads})
             table = format_table(rows)
