@@ -81,20 +81,26 @@ else
 fi
 done_step
 
+# The Horovod wheel, built once (against .venv's TensorFlow) and cached; prints its path.
+horovod_wheel() {
+  mkdir -p "$WHEELS"
+  local whl
+  whl=$(ls "$WHEELS"/horovod-0.28.1-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$whl" ]; then
+    echo "[setup] building horovod from source (about 5 minutes on 2 cores; cached in $WHEELS)" >&2
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
+      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEELS" "$HOROVOD_PIN" >&2
+    whl=$(ls "$WHEELS"/horovod-0.28.1-*.whl | head -n1)
+  fi
+  echo "$whl"
+}
+
 step "Horovod wheel ($HOROVOD_PIN against TensorFlow 2.15.1, Open MPI, Gloo)"
 if have_versions "$HOROVOD_PIN"; then
   echo "[setup] horovod already installed"
 else
-  mkdir -p "$WHEELS"
-  whl=$(ls "$WHEELS"/horovod-0.28.1-*.whl 2>/dev/null | head -n1 || true)
-  if [ -z "$whl" ]; then
-    echo "[setup] building horovod from source (about 5 minutes on 2 cores; cached in $WHEELS)"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
-      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEELS" "$HOROVOD_PIN"
-    whl=$(ls "$WHEELS"/horovod-0.28.1-*.whl | head -n1)
-  fi
-  "${PIP[@]}" install --no-deps "$whl"
+  "${PIP[@]}" install --no-deps "$(horovod_wheel)"
   # A wheel built without MPI or Gloo would install fine and fail at the first job.
   "$VENV/bin/python" -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built(), 'horovod lacks MPI or Gloo'"
 fi
@@ -116,7 +122,7 @@ SITE_DEPS=("$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setup
 [ -x "$SITE_VENV/bin/python" ] || "$SITE_PY" -m venv "$SITE_VENV"
 if ! VENV="$SITE_VENV" have_versions "${SITE_DEPS[@]}" "$HOROVOD_PIN"; then
   "${SITE_PIP[@]}" install "${SITE_DEPS[@]}"
-  "${SITE_PIP[@]}" install --no-deps "$(ls "$WHEELS"/horovod-0.28.1-*.whl | head -n1)"
+  "${SITE_PIP[@]}" install --no-deps "$(horovod_wheel)"
 fi
 # The project itself is copied in (not linked to this checkout, which users may not reach),
 # again whenever its sources change; then the native library is built once for everyone.
