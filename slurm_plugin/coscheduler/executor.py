@@ -40,6 +40,12 @@ class Outcome:
     latency_ms: float = 0.0
 
 
+def _announced(a: Action, job) -> bool:
+    """Whether the action's ranks are told (target + signal) before any cpuset is written: a
+    malleable job with ranks that is about to lose cores."""
+    return bool(a.releases and job.ranks and job.malleable)
+
+
 class PlanExecutor:
     def __init__(self, node: str, layout: RunLayout, actuator: CpusetActuator, *,
                  shrink_wait_s: float = 0.5, read_ranks: Callable = read_job_ranks,
@@ -91,9 +97,9 @@ class PlanExecutor:
         failed: dict[int, Outcome] = {}
         told = []
         for a in plan.actions:
-            job = snapshot.job(a.job_id)
-            if not (a.releases and job.ranks and job.malleable):
+            if not _announced(a, snapshot.job(a.job_id)):
                 continue
+            job = snapshot.job(a.job_id)
             try:
                 self._write_target(a)
             except (OSError, ValueError, ProtocolError) as exc:
@@ -119,8 +125,7 @@ class PlanExecutor:
         t0 = self._clock()
         job = snapshot.job(a.job_id)
         try:
-            if a.kind is not ActionKind.REALIGN and job.malleable and not \
-                    (a.releases and job.ranks):      # shrinks were announced already
+            if a.kind is not ActionKind.REALIGN and job.malleable and not _announced(a, job):
                 self._write_target(a)
             self.actuator.apply(a.uid, a.job_id, a.after, a.allocation)
             if job.ranks and a.kind is not ActionKind.REALIGN:

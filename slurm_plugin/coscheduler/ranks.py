@@ -45,59 +45,46 @@ def in_job_cgroup(pid: int, job_id: int, node: str, uid: int) -> bool:
 PidCheck = Callable[[int, int, str, int], bool]
 
 
-def read_job_ranks(layout: RunLayout, job_id: int, uid: int, node: str, *,
-                   check_pid: PidCheck = in_job_cgroup) -> tuple[RankView, ...]:
-    """The records of ``job_id``'s ranks that run on ``node``; bad ones are skipped."""
+def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[RankStatus]:
+    """The decodable records in the job's folder, opened without following links (the folder
+    itself included); with ``owner``, only a folder and records of that uid."""
     try:
         jobs_fd = open_dir(layout.jobs_dir)
     except OSError:
-        return ()
+        return []
     try:
-        try:
-            dfd = open_dir(layout.job_dir(job_id).name, dir_fd=jobs_fd)
-        except OSError:
-            return ()
-        try:
-            if os.fstat(dfd).st_uid != uid:
-                return ()     # not the folder the Prolog made for this job's user
-            names = [n for n in list_bounded(dfd, MAX_RANK_FILES)
-                     if RunLayout.parse_status_name(n) is not None]
-            out = []
-            for name in sorted(names):
-                try:
-                    st = RankStatus.decode(read_bounded(name, MAX_RECORD_BYTES, dir_fd=dfd,
-                                                        owner=uid))
-                except (OSError, ProtocolError):
-                    continue
-                if check_pid(st.pid, job_id, node, uid):
-                    out.append(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
-                                        local_size=st.local_size,
-                                        intra_active=st.intra_active,
-                                        steps_per_s=dict(st.steps_per_s),
-                                        steps=st.steps))
-            return tuple(out)
-        finally:
-            os.close(dfd)
+        dfd = open_dir(layout.job_dir(job_id).name, dir_fd=jobs_fd)
+    except OSError:
+        return []
     finally:
         os.close(jobs_fd)
-
-
-def read_job_statuses(layout: RunLayout, job_id: int) -> list[RankStatus]:
-    """Every readable record of a job, for display (``malleable status``): no pid check."""
-    folder = layout.job_dir(job_id)
     out = []
     try:
-        dfd = open_dir(folder)
-    except OSError:
-        return out
-    try:
-        for name in sorted(list_bounded(dfd, MAX_RANK_FILES)):
-            if RunLayout.parse_status_name(name) is None:
-                continue
+        if owner is not None and os.fstat(dfd).st_uid != owner:
+            return out        # not the folder the Prolog made for this job's user
+        names = [n for n in list_bounded(dfd, MAX_RANK_FILES)
+                 if RunLayout.parse_status_name(n) is not None]
+        for name in sorted(names):
             try:
-                out.append(RankStatus.decode(read_bounded(name, MAX_RECORD_BYTES, dir_fd=dfd)))
+                out.append(RankStatus.decode(read_bounded(name, MAX_RECORD_BYTES, dir_fd=dfd,
+                                                          owner=owner)))
             except (OSError, ProtocolError):
                 continue
     finally:
         os.close(dfd)
     return out
+
+
+def read_job_ranks(layout: RunLayout, job_id: int, uid: int, node: str, *,
+                   check_pid: PidCheck = in_job_cgroup) -> tuple[RankView, ...]:
+    """The records of ``job_id``'s ranks that run on ``node``; bad ones are skipped."""
+    return tuple(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
+                          local_size=st.local_size, intra_active=st.intra_active,
+                          steps_per_s=dict(st.steps_per_s), steps=st.steps)
+                 for st in _read_records(layout, job_id, uid)
+                 if check_pid(st.pid, job_id, node, uid))
+
+
+def read_job_statuses(layout: RunLayout, job_id: int) -> list[RankStatus]:
+    """Every readable record of a job, for display (``malleable status``): no pid check."""
+    return _read_records(layout, job_id, None)

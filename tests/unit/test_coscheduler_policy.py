@@ -89,18 +89,25 @@ def test_estimated_rate():
     assert estimated_rate(job(1, {0}, spec=M()), 5) == 5.0  # nothing known: linear
 
 
+def random_allocations(rng, n):
+    """(job id, allocation) of random jobs on an n-core node, disjoint, in random core order."""
+    cpus = list(range(n))
+    rng.shuffle(cpus)
+    pos, jid = 0, 1
+    while pos < n and rng.random() < 0.8:
+        size = rng.randint(1, max(1, min(4, n - pos)))
+        yield jid, frozenset(cpus[pos:pos + size])
+        pos += size
+        jid += 1
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 def test_random_snapshots_never_break_invariants(policy):
     rng = random.Random(7)
     for _ in range(400):
         n = rng.randint(1, 16)
-        cpus = list(range(n))
-        rng.shuffle(cpus)
-        jobs, pos, jid = [], 0, 1
-        while pos < n and rng.random() < 0.8:
-            size = rng.randint(1, max(1, min(4, n - pos)))
-            slurm = frozenset(cpus[pos:pos + size])
-            pos += size
+        jobs = []
+        for jid, slurm in random_allocations(rng, n):
             spec = None
             if rng.random() < 0.7:
                 lo = rng.randint(1, 4)
@@ -110,7 +117,6 @@ def test_random_snapshots_never_break_invariants(policy):
             jobs.append(job(jid, slurm, current=current, spec=spec,
                             req=rng.choice([None, None, rng.randint(1, 20)]),
                             rates={k: rng.uniform(1, 50) for k in rng.sample(range(1, 9), 2)}))
-            jid += 1
         snap = NodeSnapshot("n", frozenset(range(n)), tuple(jobs))
         check_plan(snap, decide(snap, policy))   # raises on any broken rule
 
@@ -214,13 +220,8 @@ def test_random_snapshots_with_starts_peers_and_ranks_never_break_invariants(pol
     rng = random.Random(11)
     for _ in range(300):
         n = rng.randint(1, 12)
-        cpus = list(range(n))
-        rng.shuffle(cpus)
-        jobs, pos, jid = [], 0, 1
-        while pos < n and rng.random() < 0.8:
-            size = rng.randint(1, max(1, min(4, n - pos)))
-            alloc = frozenset(cpus[pos:pos + size])
-            pos += size
+        jobs = []
+        for jid, alloc in random_allocations(rng, n):
             spec = MalleableSpec(rng.randint(1, 3), rng.choice([None, rng.randint(3, 9)])) \
                 if rng.random() < 0.7 else None
             jobs.append(job(jid, alloc, current=frozenset(rng.sample(range(n), rng.randint(1, n))),
@@ -228,7 +229,6 @@ def test_random_snapshots_with_starts_peers_and_ranks_never_break_invariants(pol
                             ranks=ranks(rng.randint(1, 3)), has_folder=rng.random() < 0.9,
                             nodes=rng.choice([1, 2]),
                             peer_cap_per_rank=rng.choice([None, rng.randint(1, 4)])))
-            jid += 1
         snap = NodeSnapshot("n", frozenset(range(n)), tuple(jobs),
                             pending_starts=rng.choice([(), (99,)]))
         plan = decide(snap, policy)          # check_plan runs inside
