@@ -158,12 +158,6 @@ class LaunchPlan:
     status_dir: Path | None     # where the rank records go (None: no co-scheduler folder)
 
 
-def malleable_env(layout: RunLayout, job_id: int) -> dict[str, str]:
-    return {"MALLEABLE_TF_STATUS": str(layout.status_file(job_id, "{rank}")),
-            "MALLEABLE_TF_TARGET": str(layout.target_file(job_id, "{node}")),
-            "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "node"}
-
-
 def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
                 is_dir=os.path.isdir) -> LaunchPlan:
     layout = RunLayout(Path(environ.get("MALLEABLE_RUN_DIR", str(DEFAULT_RUN_DIR))))
@@ -207,7 +201,7 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
         raise LaunchError("no program to run after the srun options")
     if "--multi-prog" not in options:   # else PROGRAM is srun's configuration file
         command = wrap(command)
-    env = malleable_env(layout, int(job))
+    env = layout.rank_env(int(job))
     status_dir = layout.job_dir(int(job))
     if not is_dir(status_dir):
         del env["MALLEABLE_TF_STATUS"]

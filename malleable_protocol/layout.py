@@ -7,6 +7,28 @@ from pathlib import Path
 
 DEFAULT_RUN_DIR = Path("/run/malleable")
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_STEP_RE = re.compile(r"^step_(\d{1,10}|batch|interactive|extern)$")
+_STATUS_RE = re.compile(r"^rank_(\d{1,9})(?:\.(step_(?:\d{1,10}|batch|interactive|extern)))?\.json$")
+# Slurm's step ids that have names (slurm.h) -> the step's cgroup folder.
+_NAMED_STEPS = {0xfffffffb: "step_batch", 0xfffffffa: "step_interactive",
+                0xfffffffc: "step_extern"}
+
+
+def check_step_name(name: object) -> str:
+    """A step's cgroup folder name as slurmstepd makes it (never a path)."""
+    if not isinstance(name, str) or not _STEP_RE.fullmatch(name):
+        raise ValueError(f"invalid step name {name!r}")
+    return name
+
+
+def step_folder(step_id: str | None) -> str:
+    """The cgroup folder of the step a process runs in, from its SLURM_STEP_ID (absent in a
+    batch script: the batch step)."""
+    if step_id is None or step_id == "":
+        return "step_batch"
+    if not step_id.isdigit() or int(step_id) >= 2**32:
+        raise ValueError(f"invalid step id {step_id!r}")
+    return _NAMED_STEPS.get(int(step_id), f"step_{int(step_id)}")
 
 
 def check_job_id(job_id: object) -> int:
@@ -40,14 +62,25 @@ class RunLayout:
         return self.jobs_dir / f"job_{check_job_id(job_id)}"
 
     @staticmethod
-    def status_name(rank: int | str) -> str:
-        # "{rank}" stays a placeholder for the launcher, which fills it per rank.
+    def status_name(rank: int | str, step: str | None = None) -> str:
+        """``rank_<r>.<step>.json``: ranks of several steps of one job (concurrent sruns) each
+        have a rank 0. "{rank}" and "{step}" stay placeholders that each rank fills."""
         if rank != "{rank}" and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise ValueError(f"invalid rank {rank!r}")
-        return f"rank_{rank}.json"
+        if step is not None and step != "{step}":
+            check_step_name(step)
+        return f"rank_{rank}.json" if step is None else f"rank_{rank}.{step}.json"
 
-    def status_file(self, job_id: int, rank: int | str) -> Path:
-        return self.job_dir(job_id) / self.status_name(rank)
+    def status_file(self, job_id: int, rank: int | str, step: str | None = None) -> Path:
+        return self.job_dir(job_id) / self.status_name(rank, step)
+
+    def rank_env(self, job_id: int) -> dict[str, str]:
+        """What a rank of ``job_id`` needs to meet the node's agent (malleable-srun sets it;
+        malleable_tf.init() assumes it inside a job whose folder the Prolog made): its record,
+        its node's target, the cgroup as its allowance, a pool able to grow to the node."""
+        return {"MALLEABLE_TF_STATUS": str(self.status_file(job_id, "{rank}", "{step}")),
+                "MALLEABLE_TF_TARGET": str(self.target_file(job_id, "{node}")),
+                "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "node"}
 
     @staticmethod
     def target_name(job_id: int, node: str) -> str:
@@ -61,8 +94,5 @@ class RunLayout:
     @staticmethod
     def parse_status_name(name: str) -> int | None:
         """The rank of a status file name, or None for any other name."""
-        if name.startswith("rank_") and name.endswith(".json"):
-            digits = name[5:-5]
-            if digits.isdigit() and len(digits) <= 9:
-                return int(digits)
-        return None
+        m = _STATUS_RE.fullmatch(name)
+        return int(m[1]) if m else None

@@ -11,7 +11,7 @@ the process's CPU allowance (affinity mask, cpuset cgroup, CPU quota), split amo
 that share the node, and a control signal (SIGUSR1 by default) makes the runtime look at once.
 
 Environment: MALLEABLE_TF_STATUS (status record path; may hold {rank}, {local_rank}, {pid},
-{job}, {node}), MALLEABLE_TF_TARGET (the co-scheduler's ``malleable_protocol.Target``, the cores the
+{job}, {node}, {step}), MALLEABLE_TF_TARGET (the co-scheduler's ``malleable_protocol.Target``, the cores the
 job holds on this node, re-read on a reload signal and once a second; the same placeholders),
 MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS (a number or "node"),
 MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_SPLIT (active: kernels
@@ -19,7 +19,11 @@ split work as many ways as there are active intra-op threads, the default; eigen
 kernels do; pool: kernels split by the pool size), MALLEABLE_TF_ALLOWANCE=cgroup to take
 the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
 mask at launch, and that mask does not widen when the co-scheduler grows the cpuset),
-MALLEABLE_TF_COUNT_STEPS=0 to stop counting each Keras optimizer's apply_gradients as a step.
+MALLEABLE_TF_COUNT_STEPS=0 to stop counting each Keras optimizer's apply_gradients as a step,
+MALLEABLE_TF_PIN=allowance to pin the threads to the whole allowance instead of the rank's share
+of it (the same thread counts; ranks then float over their node's cores).
+Inside a Slurm job on a node whose co-scheduler made the job's folder, what malleable-srun would
+set is assumed where unset (``python train.py`` in a batch script joins the co-scheduler too).
 
 Steps/s per thread count (the status record) come from the optimizers' apply_gradients, from
 ``malleable_tf.step()`` in loops the runtime cannot see, or from ``MalleableCallback``.
@@ -40,6 +44,7 @@ from . import allowance
 from .runtime import (DEFAULT_SIGNALS, Action, MalleableError, NotInitialized, Runtime, Split,
                       ThreadState, parse_signal_spec)
 from ._native import NativeBuildError
+from malleable_protocol import step_folder
 
 __all__ = ["init", "set_threads", "threads", "step", "shutdown", "runtime", "ThreadState", "Action",
            "MalleableError", "NotInitialized", "NativeBuildError"]
@@ -86,6 +91,27 @@ def _env_max_threads() -> int | None:
     return int(value)
 
 
+def _join_the_co_scheduler() -> None:
+    """Inside a Slurm job whose folder the node's Prolog made (the co-scheduler runs), a rank
+    started without malleable-srun (``python train.py`` in a batch script or under salloc)
+    gets what malleable-srun would have set, where the user set nothing: its status record,
+    its node's target, the cgroup as allowance, a pool that can grow to the node."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if "MALLEABLE_TF_STATUS" in os.environ or not job.isdigit():
+        return
+    from malleable_protocol import RunLayout
+    from malleable_protocol.layout import DEFAULT_RUN_DIR
+    try:
+        layout = RunLayout(Path(os.environ.get("MALLEABLE_RUN_DIR") or DEFAULT_RUN_DIR))
+        if not layout.job_dir(int(job)).is_dir():
+            return
+        defaults = layout.rank_env(int(job))
+    except ValueError:
+        return
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
 def _env_rank() -> int:
     """This process's global rank, from the launcher's environment (mpirun, srun, horovodrun)."""
     return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get(
@@ -120,6 +146,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
 
         from ._native import load
 
+        _join_the_co_scheduler()
         max_threads = max_threads or _env_max_threads() or len(os.sched_getaffinity(0))
         inter_max = inter_max_threads or max_threads
         for name, value in (("max_threads", max_threads), ("inter_max_threads", inter_max)):
@@ -135,6 +162,9 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         source = os.environ.get("MALLEABLE_TF_ALLOWANCE", "auto")
         if source not in ("auto", "cgroup"):
             raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
+        pin_to = os.environ.get("MALLEABLE_TF_PIN", "share")
+        if pin_to not in ("share", "allowance"):
+            raise ValueError(f"MALLEABLE_TF_PIN must be share or allowance, not {pin_to!r}")
         try:
             split = Split(os.environ.get("MALLEABLE_TF_SPLIT", "active"))
         except ValueError:
@@ -158,6 +188,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         status = status_path or os.environ.get("MALLEABLE_TF_STATUS")
         fields = {"rank": rk, "local_rank": lr, "pid": os.getpid(),
                   "job": os.environ.get("SLURM_JOB_ID", "0"),
+                  "step": step_folder(os.environ.get("SLURM_STEP_ID")),
                   "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
         status = None if not status else Path(str(status).format(**fields))
         target = os.environ.get("MALLEABLE_TF_TARGET")
@@ -166,7 +197,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
                      recheck_interval_s=recheck_interval_s,
                      status_path=status, target_path=target_path,
-                     mask_restricts=source != "cgroup", split=split)
+                     mask_restricts=source != "cgroup", split=split, pin_share=pin_to == "share")
         _setup_logging()
         rt.install_signals(signals)
         rt.load_target()

@@ -95,6 +95,7 @@ class Runtime:
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
                  split: Split = Split.ACTIVE,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
+                 pin_share: bool = True,
                  clock: Callable[[], float] = time.monotonic, sample_interval_s: float = 0.5):
         self._native = native
         self.intra_pool = intra_pool
@@ -110,6 +111,9 @@ class Runtime:
         self._cgroup = cgroup or allow.CgroupReader()
         self.split = split
         self._pin = pin
+        # Pin the threads to this rank's share of the allowance (locality), or to the whole
+        # allowance (ranks float over their node's cores; the thread counts are the same).
+        self.pin_share = pin_share
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = False
@@ -218,8 +222,9 @@ class Runtime:
         grow = len(share) >= len(self._share)
         # Growing: widen the CPU set first, then wake threads. Shrinking: park first, then
         # narrow, so the process never has more running threads than cores.
+        pin_set = share if not self.follow or self.pin_share else allowed.cpus
         if self.follow and grow:
-            self._pin_to(share)
+            self._pin_to(pin_set)
         self._set_parked(INTRA, self.intra_pool - intra)
         self._set_parked(INTER, self.inter_pool - inter)
         if self.split is not Split.POOL:
@@ -231,7 +236,7 @@ class Runtime:
             self._native.lib.mtf_wait_settled(INTRA, int(wait_s * 1000))
             self._native.lib.mtf_wait_settled(INTER, int(wait_s * 1000))
         if self.follow and not grow:
-            self._pin_to(share)
+            self._pin_to(pin_set)
         self._share = share
         self._intra, self._inter = intra, inter
         if before[0] != intra:

@@ -117,11 +117,18 @@ class LocalCluster:
         """What points Slurm's commands (and malleable-srun) at this cluster. Jobs inherit it
         from sbatch. The nodes share one host, but each has its own scratch folder, so Open MPI's
         shared-memory transport between ranks of different nodes crashes (seen: a segfault in
-        mca_btl_vader with 2 ranks on each of 2 nodes); they talk over TCP on loopback instead."""
+        mca_btl_vader with 2 ranks on each of 2 nodes); they talk over TCP on loopback instead.
+        And Horovod hangs in its MPI calls when each CPU of the host runs pinned ranks of two
+        of these nodes (seen with plain Horovod 0.28.1 and no malleable_tf: 2 nodes x 2 ranks,
+        rank i pinned to CPU i mod 2 by taskset, in hvd.init or the first response-cache sync;
+        unpinned, 50 allreduces take about a second; the cache off helped once, not always):
+        ranks pin themselves to their whole allowance here, not their share, and the cache is
+        off."""
         return {"SLURM_CONF": str(self.paths.slurm_conf),
                 "MALLEABLE_RUN_DIR": str(self.paths.root / "malleable"),
                 "MALLEABLE_FEED_DIR": str(self.paths.root / "feed"),
-                "OMPI_MCA_btl": "self,tcp"}
+                "OMPI_MCA_btl": "self,tcp",
+                "HOROVOD_CACHE_CAPACITY": "0", "MALLEABLE_TF_PIN": "allowance"}
 
     @property
     def run_layout(self):
@@ -221,7 +228,8 @@ class LocalCluster:
         FeedStore(config.feed_dir).prepare()
         self.spec = self.spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],
                                          job_submit_lua=paths["job_submit.lua"],
-                                         ctld_event=paths["ctld_event.sh"])
+                                         ctld_event=paths["ctld_event.sh"],
+                                         plugstack=paths["plugstack.conf"])
 
     def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
            agents: Policy | None = None) -> None:

@@ -84,7 +84,7 @@ class ClusterPaths:
     def daemons_file(self) -> Path: return self.run / "daemons.json"
 
 
-_PATH_FIELDS = ("root", "prolog", "epilog", "job_submit_lua", "ctld_event")
+_PATH_FIELDS = ("root", "prolog", "epilog", "job_submit_lua", "ctld_event", "plugstack")
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ class ClusterSpec:
     epilog: Path | None = None
     job_submit_lua: Path | None = None
     ctld_event: Path | None = None     # PrologSlurmctld and EpilogSlurmctld: wakes the watcher
+    plugstack: Path | None = None      # PlugStackConfig: the SPANK plugin (steps in grown jobs)
     # Nodes only declared (State=DOWN, no slurmd): a cluster of that size to slurmctld, for
     # measuring what costs grow with the node count.
     phantom_nodes: int = 0
@@ -170,9 +171,10 @@ class ClusterSpec:
         return cls(**d)
 
     def with_hooks(self, *, prolog: Path | None, epilog: Path | None,
-                   job_submit_lua: Path | None, ctld_event: Path | None = None) -> "ClusterSpec":
+                   job_submit_lua: Path | None, ctld_event: Path | None = None,
+                   plugstack: Path | None = None) -> "ClusterSpec":
         return replace(self, prolog=prolog, epilog=epilog, job_submit_lua=job_submit_lua,
-                       ctld_event=ctld_event)
+                       ctld_event=ctld_event, plugstack=plugstack)
 
 
 def _template(name: str) -> string.Template:
@@ -199,6 +201,8 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
     if spec.ctld_event is not None:
         optional.append(f"PrologSlurmctld={spec.ctld_event}")
         optional.append(f"EpilogSlurmctld={spec.ctld_event}")
+    if spec.plugstack is not None:
+        optional.append(f"PlugStackConfig={spec.plugstack}")
     node_lines = [
         f"NodeName={n} NodeHostname={spec.hostname} NodeAddr={spec.address} "
         f"Port={spec.node_port(n)} {layout} State=UNKNOWN"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 from pathlib import Path
 
 from ..cgroups import CgroupVersion
@@ -75,20 +75,20 @@ class CgroupJob:
     cpus: frozenset[int]
     folders: dict[str, frozenset[int]]          # step folders (relative path) -> CPUs
 
-    def in_line(self, allocation: frozenset[int]) -> bool:
-        return all(cpus == folder_cpus(rel, self.cpus, allocation)
+    def in_line(self, step_cpus: Mapping[str, frozenset[int]] | None = None) -> bool:
+        return all(cpus == folder_cpus(rel, self.cpus, step_cpus)
                    for rel, cpus in self.folders.items())
 
 
-def folder_cpus(rel: str, cpus: frozenset[int], allocation: frozenset[int] | None
-                ) -> frozenset[int]:
-    """What the folder ``rel`` (below the job folder) should hold when the job holds ``cpus``.
-    The batch and extern steps stay within Slurm's ``allocation``: slurmstepd resets the job
-    folder to the allocation whenever a new step starts, which the kernel refuses (EBUSY: the
-    step then fails to launch) while any child holds more. Seen here with Slurm 22.05."""
-    step = rel.split("/", 1)[0]
-    if step in ("step_batch", "step_extern") and allocation:
-        return (cpus & allocation) or cpus
+def folder_cpus(rel: str, cpus: frozenset[int],
+                step_cpus: Mapping[str, frozenset[int]] | None = None) -> frozenset[int]:
+    """What the folder ``rel`` (below the job folder) should hold when the job holds ``cpus``:
+    all of them, or its step's block when ranks of several steps share the node
+    (``model.split_among_steps``). Every step may hold more than Slurm's allocation: a new
+    step's slurmstepd resets the job folder to the allocation, which the kernel refuses while a
+    child holds more, so the SPANK plugin brings the job back first (``hooks.step_start``)."""
+    if step_cpus:
+        return step_cpus.get(rel.split("/", 1)[0], cpus)
     return cpus
 
 
@@ -147,8 +147,8 @@ class CpusetActuator:
         return found
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],
-              allocation: frozenset[int] | None = None) -> None:
-        """Give the job ``cpus`` (its batch and extern steps: see ``folder_cpus``)."""
+              step_cpus: Mapping[str, frozenset[int]] | None = None) -> None:
+        """Give the job ``cpus``, and each step folder its share (see ``folder_cpus``)."""
         if not cpus:
             raise ValueError("a job cannot be left without CPUs")
         job_dir = self.layout.job_dir(uid, job_id)
@@ -156,7 +156,7 @@ class CpusetActuator:
             raise ActuatorError(f"no cgroup folder {job_dir}")
         top = str(job_dir)
         folders = [top] + _descendants(job_dir)
-        desired = {f: folder_cpus(f[len(top) + 1:], cpus, allocation) if f != top else cpus
+        desired = {f: folder_cpus(f[len(top) + 1:], cpus, step_cpus) if f != top else cpus
                    for f in folders}
         old = {f: read_cpus(f) or frozenset() for f in folders}
         # The uid folder must hold every CPU its jobs hold (v1 parents bound children).

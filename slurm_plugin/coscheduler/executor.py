@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from malleable_protocol import ProtocolError, RunLayout, Target
+from malleable_protocol import ProtocolError, RunLayout, Target, rank_share
 from malleable_protocol.safe_io import ensure_private_dir, write_atomic
 
 from .cgroup_actuator import ActuatorError, CpusetActuator
@@ -117,9 +117,12 @@ class PlanExecutor:
 
     def _parked(self, a: Action) -> bool:
         ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.node)
-        return all(r.intra_active <= a.threads_per_rank[min(r.local_rank,
-                                                             len(a.threads_per_rank) - 1)]
-                   for r in ranks)
+        try:
+            return all(r.intra_active <= len(rank_share(a.step_cpus.get(r.step, a.after),
+                                                        r.local_rank, r.local_size))
+                       for r in ranks)
+        except ValueError:     # a record with a bad local rank: not waited for
+            return True
 
     def _apply(self, a: Action, snapshot: NodeSnapshot) -> Outcome:
         t0 = self._clock()
@@ -127,7 +130,7 @@ class PlanExecutor:
         try:
             if a.kind is not ActionKind.REALIGN and job.malleable and not _announced(a, job):
                 self._write_target(a)
-            self.actuator.apply(a.uid, a.job_id, a.after, a.allocation)
+            self.actuator.apply(a.uid, a.job_id, a.after, a.step_cpus)
             if job.ranks and a.kind is not ActionKind.REALIGN:
                 self._signal(a, job.ranks)   # grown: use the new cores; shrunk: re-pin
         except (ActuatorError, OSError, ValueError, ProtocolError) as exc:

@@ -1,4 +1,5 @@
-"""The Slurm hooks of a node (Prolog, Epilog), the agent's factory, and the hooks' installer.
+"""The Slurm hooks of a node (Prolog, Epilog, the SPANK plugin's step start), the agent's
+factory, and the hooks' installer.
 
 The Prolog runs as root before a job's tasks start on the node. It asks slurmctld nothing: it
 makes the job's status folder for the job's user, marks the job as starting and runs one
@@ -22,14 +23,17 @@ from pathlib import Path
 from malleable_protocol import RunLayout, check_job_id
 from malleable_protocol.safe_io import ensure_private_dir, open_dir
 
+from .. import spank
 from ..cgroups import detect_version
 from ..feed.store import FeedStore
 from .cgroup_actuator import CpusetActuator, SlurmCgroupLayout, fault_hook
 from .config import AgentConfig
 from .executor import PlanExecutor
-from .ledger import LedgerFile
+from malleable_protocol.layout import check_step_name
+
+from .ledger import Fence, LedgerFile
 from .observe import NodeObserver
-from .reconciler import Reconciler, node_lock
+from .reconciler import CycleResult, Reconciler, node_lock
 from .request import MAX_VALUE
 
 
@@ -39,10 +43,15 @@ def _template(name: str) -> string.Template:
 
 def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) -> dict[str, Path]:
     """Render job_submit.lua, the node Prolog and Epilog, the controller's event hook
-    (PrologSlurmctld and EpilogSlurmctld) and agent.json into ``dest``."""
+    (PrologSlurmctld and EpilogSlurmctld), agent.json and plugstack.conf into ``dest``, and
+    build the SPANK plugin (malleable_spank.so) there."""
     dest.mkdir(parents=True, exist_ok=True)
-    names = ("job_submit.lua", "prolog.sh", "epilog.sh", "ctld_event.sh", "agent.json")
+    names = ("job_submit.lua", "prolog.sh", "epilog.sh", "ctld_event.sh", "agent.json",
+             "plugstack.conf")
     paths = {name: dest / name for name in names}
+    paths[spank.LIBRARY] = spank.build(dest)
+    paths["plugstack.conf"].write_text(spank.plugstack_line(
+        paths[spank.LIBRARY], python=python, config=paths["agent.json"]))
     events = FeedStore(config.feed_dir).events_file
     paths["agent.json"].write_text(config.to_json())
     paths["job_submit.lua"].write_text(_template("job_submit.lua.tmpl").substitute(
@@ -163,31 +172,71 @@ def lock_holder(lock_file: Path) -> int | None:
     return None
 
 
+def _hook_cycle(config: AgentConfig, what: str, **marks) -> CycleResult:
+    """One reconcile cycle for a hook, with its marks (``Reconciler.cycle``). A cycle holds the
+    lock for milliseconds: an agent that held it longer is hung. Only a verified agent is
+    killed (its service restarts it); anyone else holding it: the cycle fails (fail closed)."""
+    rec = make_reconciler(config)
+    result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **marks)
+    if result.lock_busy:
+        hung = agent_pid(config)
+        if hung is not None and lock_holder(config.lock_file) == hung:
+            os.kill(hung, signal.SIGKILL)
+            _note(config, f"{what}: killed the hung agent (pid {hung}) that held the node's lock")
+            result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **marks)
+    return result
+
+
+def _verdict(config: AgentConfig, what: str, t0: float, result: CycleResult,
+             problems: list[str]) -> int:
+    """A hook's exit code: 1 (fail closed) with every problem in the hooks log and on stderr
+    (slurmd's log), else 0 with the time it took."""
+    ms = (time.monotonic() - t0) * 1000
+    problems = result.failures + problems
+    if problems:
+        msg = f"{what}: NOT SAFE to start ({ms:.0f} ms): {'; '.join(problems)}"
+        _note(config, msg)
+        print(f"malleable {msg}", file=sys.stderr)
+        return 1
+    _note(config, f"{what}: {len(result.applied)} resizes in {ms:.0f} ms")
+    return 0
+
+
 def prolog(config: AgentConfig) -> int:
     t0 = time.monotonic()
     job_id, uid, gid = _job_env()
     make_job_folder(config.layout, job_id, uid, gid)
-    rec = make_reconciler(config)
-    result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, starting_job=job_id)
-    if result.lock_busy:
-        # A cycle holds the lock for milliseconds: an agent that held it this long is hung.
-        # Only a verified agent is killed (its service restarts it); anyone else: fail closed.
-        hung = agent_pid(config)
-        if hung is not None and lock_holder(config.lock_file) == hung:
-            os.kill(hung, signal.SIGKILL)
-            _note(config, f"prolog job {job_id}: killed the hung agent (pid {hung}) that held "
-                          "the node's lock")
-            result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s,
-                               starting_job=job_id)
-    problems = result.failures + lent_cores(config)
-    ms = (time.monotonic() - t0) * 1000
-    if problems:
-        msg = f"prolog job {job_id}: NOT SAFE to start ({ms:.0f} ms): {'; '.join(problems)}"
-        _note(config, msg)
-        print(f"malleable {msg}", file=sys.stderr)
-        return 1
-    _note(config, f"prolog job {job_id}: {len(result.applied)} resizes in {ms:.0f} ms")
-    return 0
+    result = _hook_cycle(config, f"prolog job {job_id}", starting_job=job_id)
+    return _verdict(config, f"prolog job {job_id}", t0, result, lent_cores(config))
+
+
+def outside_allocation(config: AgentConfig, job_id: int) -> list[str]:
+    """Read from the real cgroup tree: what of ``job_id``'s folders lies outside its allocation
+    (as the ledger knows it). Empty when slurmstepd can write the allocation to the job folder."""
+    cg = make_actuator(config).scan().get(job_id)
+    alloc = LedgerFile(config.state_dir, config.node).load().allocations.get(job_id)
+    if cg is None:
+        return []          # no folder yet (the batch step): slurmstepd makes it
+    if alloc is None:
+        return [f"job {job_id}: allocation unknown on this node"]
+    return [f"job {job_id} {rel or 'folder'} holds {sorted(cpus - alloc.cpus)} outside its "
+            "allocation" for rel, cpus in [("", cg.cpus), *cg.folders.items()]
+            if not cpus <= alloc.cpus]
+
+
+def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> int:
+    """Run by the SPANK plugin in a new step's slurmstepd (root), before slurmstepd writes the
+    job's folder back to Slurm's allocation: bring the job back to exactly that allocation (its
+    ranks told first, like any shrink) and fence it there until the step has joined its cpuset;
+    the agent then grows it again. Exit 1 (the step does not start) if it cannot."""
+    t0 = time.monotonic()
+    check_job_id(job_id)
+    fence = Fence(step=check_step_name(step), stepd_pid=stepd_pid, since=time.time())
+    if stepd_pid <= 1 or os.stat(f"/proc/{stepd_pid}").st_uid != 0:
+        raise ValueError(f"pid {stepd_pid} is not a slurmstepd of root")
+    what = f"job {job_id} {step} start"
+    result = _hook_cycle(config, what, fence=(job_id, fence))
+    return _verdict(config, what, t0, result, outside_allocation(config, job_id))
 
 
 def agent_pid(config: AgentConfig) -> int | None:
@@ -233,18 +282,27 @@ def main(argv: list[str] | None = None) -> int:
     the job held); the Epilog reports and exits 0 (a failing Epilog drains the node, and the
     next cycle repairs what it left)."""
     ap = argparse.ArgumentParser(prog="malleable-hook")
-    ap.add_argument("which", choices=["prolog", "epilog"])
+    ap.add_argument("which", choices=["prolog", "epilog", "step-start"])
     ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--job", type=int, help="step-start: the job id")
+    ap.add_argument("--step", help="step-start: the step's cgroup folder (step_0, step_batch)")
+    ap.add_argument("--stepd-pid", type=int, help="step-start: the step's slurmstepd")
     args = ap.parse_args(argv)
     config = None
     try:
         config = load_config(args.config)
-        return prolog(config) if args.which == "prolog" else epilog(config)
-    except Exception as exc:  # noqa: BLE001 - reported; the Prolog fails closed
+        if args.which == "prolog":
+            return prolog(config)
+        if args.which == "step-start":
+            if args.job is None or args.step is None or args.stepd_pid is None:
+                raise ValueError("step-start needs --job, --step and --stepd-pid")
+            return step_start(config, args.job, args.step, args.stepd_pid)
+        return epilog(config)
+    except Exception as exc:  # noqa: BLE001 - reported; the Prolog and step start fail closed
         print(f"malleable {args.which} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         if config is not None:
             _note(config, f"{args.which} failed: {exc!r}")
-        return 1 if args.which == "prolog" else 0
+        return 0 if args.which == "epilog" else 1
 
 
 if __name__ == "__main__":

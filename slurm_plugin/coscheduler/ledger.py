@@ -6,7 +6,9 @@
 - the jobs whose Prolog has run and whose cores are not known yet ("starting"): while any is,
   nobody may hold cores outside their own allocation;
 - the jobs whose Epilog has run ("ended"): their cores are free even while the cluster's feed,
-  which lags, still lists them.
+  which lags, still lists them;
+- the steps starting in a job ("fences", marked by the SPANK plugin's step-start hook): until
+  the step's slurmstepd has joined its cpuset, the job holds exactly its allocation.
 
 Read and written only under the node's lock.
 """
@@ -17,11 +19,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from malleable_protocol import check_job_id, check_node_name, format_cpu_list, parse_cpu_list
+from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import decode_json_bounded
 from malleable_protocol.safe_io import ensure_private_dir, read_bounded, write_atomic
 
 MAX_LEDGER_BYTES = 4 << 20
 STARTING_EXPIRY_S = 3600.0   # a start marker no Epilog removed (a lost job) expires
+FENCE_EXPIRY_S = 60.0        # a step that never joined its cpuset has failed to start
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A step of a job is starting: its slurmstepd (``stepd_pid``, root's) is about to write
+    the job's folder back to the allocation."""
+
+    step: str           # the step's cgroup folder name: step_batch, step_0, ...
+    stepd_pid: int
+    since: float        # wall time marked
 
 
 @dataclass(frozen=True)
@@ -35,13 +49,19 @@ class Ledger:
     allocations: dict[int, Allocation] = field(default_factory=dict)
     starting: dict[int, float] = field(default_factory=dict)     # job id -> wall time marked
     ended: dict[int, float] = field(default_factory=dict)
+    fences: dict[tuple[int, str], Fence] = field(default_factory=dict)   # (job, step) -> fence
+
+    def fenced_jobs(self) -> set[int]:
+        return {job_id for job_id, _ in self.fences}
 
     def encode(self) -> bytes:
         return json.dumps({
             "allocations": {str(k): {"uid": a.uid, "cpus": format_cpu_list(a.cpus)}
                             for k, a in sorted(self.allocations.items())},
             "starting": {str(k): t for k, t in sorted(self.starting.items())},
-            "ended": {str(k): t for k, t in sorted(self.ended.items())}},
+            "ended": {str(k): t for k, t in sorted(self.ended.items())},
+            "fences": {f"{j}/{f.step}": {"pid": f.stepd_pid, "since": f.since}
+                       for (j, _), f in sorted(self.fences.items())}},
             sort_keys=True).encode()
 
     @classmethod
@@ -55,6 +75,10 @@ class Ledger:
             led.starting[check_job_id(int(k))] = float(t)
         for k, t in (d.get("ended") or {}).items():
             led.ended[check_job_id(int(k))] = float(t)
+        for k, v in (d.get("fences") or {}).items():
+            job, _, step = k.partition("/")
+            led.fences[(check_job_id(int(job)), check_step_name(step))] = Fence(
+                check_step_name(step), int(v["pid"]), float(v["since"]))
         return led
 
 

@@ -5,6 +5,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from malleable_protocol import rank_share, threads_per_rank
+
 from .request import MalleableSpec
 
 
@@ -28,6 +30,7 @@ class Reason(enum.Enum):
     THROUGHPUT = "throughput"
     RECLAIM = "reclaim"            # a job is starting on the node: lent cores come back
     PEER_CAP = "peer-cap"          # a multi-node job held to what its slowest node gives it
+    STEP_START = "step-start"      # a step of the job is starting: back to its allocation
     TRIMMED = "trimmed"            # growth that did not fit the node
     REALIGN = "realign"
 
@@ -43,6 +46,7 @@ class RankView:
     intra_active: int
     steps_per_s: Mapping[int, float] = field(default_factory=dict)
     steps: int = 0
+    step: str = "step_0"       # the job step (cgroup folder) the process runs in
 
     @property
     def rate_now(self) -> float:
@@ -63,15 +67,41 @@ class JobView:
     folders_in_line: bool = True               # every step folder agrees with the job folder
     nodes: int = 1                             # nodes of the job (all of them)
     peer_cap_per_rank: int | None = None       # the smallest offer of the job's other nodes
+    fenced: bool = False                       # a step is starting: held to its allocation
 
     @property
     def malleable(self) -> bool:
         return self.spec is not None
 
     @property
+    def resizable(self) -> bool:
+        """Whether the policy may choose this job's cores now (else: exactly its allocation)."""
+        return self.malleable and self.has_folder and not self.fenced
+
+    @property
+    def ranks_per_step(self) -> dict[str, int]:
+        """Each step's ranks on this node (the largest local size its ranks report)."""
+        out: dict[str, int] = {}
+        for r in self.ranks:
+            out[r.step] = max(out.get(r.step, 1), r.local_size)
+        return out
+
+    @property
     def local_size(self) -> int:
-        """Ranks of the job on this node (1 when none has reported)."""
-        return max([1] + [r.local_size for r in self.ranks])
+        """Ranks of the job on this node, every step's (1 when none has reported)."""
+        return max(1, sum(self.ranks_per_step.values()))
+
+    def step_cpus(self, cpus: frozenset[int]) -> dict[str, frozenset[int]]:
+        """See ``split_among_steps``."""
+        return split_among_steps(cpus, self.ranks_per_step)
+
+    def threads_per_rank(self, cpus: frozenset[int]) -> tuple[int, ...]:
+        split = self.step_cpus(cpus)
+        if not split:
+            return threads_per_rank(cpus, self.local_size)
+        sizes = self.ranks_per_step
+        return tuple(t for step in sorted(split, key=step_order)
+                     for t in threads_per_rank(split[step], sizes[step]))
 
     @property
     def steps_per_s(self) -> dict[int, float]:
@@ -85,6 +115,28 @@ class JobView:
             for k, v in r.steps_per_s.items():
                 sums.setdefault(k * n, []).append(v)
         return {k: sum(v) / len(v) for k, v in sums.items() if len(v) == n}
+
+
+def step_order(name: str) -> tuple[int, str]:
+    tail = name.rpartition("_")[2]
+    return (int(tail), "") if tail.isdigit() else (-1, name)
+
+
+def split_among_steps(cpus: frozenset[int], ranks_per_step: Mapping[str, int]
+                      ) -> dict[str, frozenset[int]]:
+    """When ranks of two or more steps of one job run on the node (concurrent sruns), each step's
+    folder gets its own block of the job's cores, in proportion to its ranks (the protocol's
+    rank split, over the ranks of every step in step order), so the ranks of one step never
+    share cores with another's. Empty when one step or none has ranks: every step folder then
+    holds all the job's cores (a batch shell waiting on srun uses none)."""
+    if len(ranks_per_step) < 2 or not cpus:
+        return {}
+    units = [step for step in sorted(ranks_per_step, key=step_order)
+             for _ in range(ranks_per_step[step])]
+    out: dict[str, frozenset[int]] = {}
+    for i, step in enumerate(units):
+        out[step] = out.get(step, frozenset()) | rank_share(cpus, i, len(units))
+    return out
 
 
 @dataclass(frozen=True)
@@ -111,6 +163,9 @@ class Action:
     after: frozenset[int]
     threads_per_rank: tuple[int, ...]
     reason: Reason
+    # Concurrent steps with ranks: each step folder's block of ``after`` (else every folder
+    # holds all of ``after``).
+    step_cpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     @property
     def releases(self) -> frozenset[int]:
@@ -149,7 +204,7 @@ def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
             if c in seen:
                 raise PlanInvariantError(f"core {c} given to jobs {seen[c]} and {job.job_id}")
             seen[c] = job.job_id
-        if not job.malleable or not job.has_folder:
+        if not job.resizable:
             if target != job.allocation:
                 raise PlanInvariantError(f"job {job.job_id} moved off its allocation")
             continue

@@ -1,18 +1,20 @@
 """Observe one node without asking slurmctld: the cluster's feed (bounds, requests, Slurm's
 allocations, the node's size), the cgroup tree (which jobs run here and what they hold), the
-node's ledger (allocations first seen, jobs starting) and the ranks' status records."""
+node's ledger (allocations first seen, jobs starting, steps starting) and the ranks' status
+records."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Protocol
 
 from malleable_protocol import RunLayout
 
 from ..feed.model import NodeFeed, Offers
 from .cgroup_actuator import CpusetActuator
-from .ledger import STARTING_EXPIRY_S, Allocation, Ledger
+from .ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
 from .model import JobView, NodeSnapshot
-from .ranks import read_job_ranks
+from .ranks import cpuset_path, read_job_ranks, step_in_path
 
 
 class FeedSource(Protocol):
@@ -25,7 +27,8 @@ class FeedSource(Protocol):
 class NodeObserver:
     def __init__(self, node: str, layout: RunLayout, feed: FeedSource, actuator: CpusetActuator,
                  *, max_cpus: int | None = None, read_ranks: Callable = read_job_ranks,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time,
+                 cpuset_of: Callable[[int], str | None] = cpuset_path):
         self.node = node
         self.max_cpus = max_cpus
         self.layout = layout
@@ -33,6 +36,7 @@ class NodeObserver:
         self.actuator = actuator
         self._read_ranks = read_ranks
         self._wall = wall
+        self._cpuset_of = cpuset_of
 
     def node_cpus(self, feed: NodeFeed | None) -> frozenset[int]:
         if feed is not None:
@@ -50,9 +54,21 @@ class NodeObserver:
                 caps.append(offers.per_rank[job_id])
         return min(caps) if caps else None
 
+    def _resolve_fences(self, ledger: Ledger) -> set[int]:
+        """Lift each fence whose slurmstepd has joined its step's cpuset (its writes are done),
+        is gone (the step failed or ended), or is too old; return the jobs still fenced."""
+        now = self._wall()
+        for (job_id, step), fence in list(ledger.fences.items()):
+            path = self._cpuset_of(fence.stepd_pid)
+            if path is None or now - fence.since > FENCE_EXPIRY_S or \
+                    step_in_path(path, job_id, self.node) == step:
+                del ledger.fences[(job_id, step)]
+        return ledger.fenced_jobs()
+
     def observe(self, ledger: Ledger) -> NodeSnapshot:
         """The node now. Updates ``ledger`` (first-seen allocations, start markers resolved)."""
         feed = self.feed.read_node(self.node)
+        fenced = self._resolve_fences(ledger)
         found = self.actuator.scan()
         views: list[JobView] = []
         for job_id, cg in sorted(found.items()):
@@ -70,13 +86,14 @@ class NodeObserver:
             spec = fj.spec if fj is not None else None
             ranks = self._read_ranks(self.layout, job_id, cg.uid, self.node) if spec else ()
             nodes = fj.nodes if fj is not None else (self.node,)
-            views.append(JobView(
+            view = JobView(
                 job_id=job_id, uid=cg.uid, user=fj.user if fj else str(cg.uid),
                 allocation=alloc, current=cg.cpus, spec=spec,
                 requested=fj.requested if fj is not None else None, ranks=ranks,
-                folders_in_line=cg.in_line(alloc), nodes=len(nodes),
+                nodes=len(nodes), fenced=job_id in fenced,
                 peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1
-                else None))
+                else None)
+            views.append(replace(view, folders_in_line=cg.in_line(view.step_cpus(cg.cpus))))
         # Jobs Slurm placed here whose folder is not made yet: their cores are reserved. A stale
         # feed entry whose cores a running job's folder already holds is an ended job.
         held = frozenset().union(*(v.allocation | v.current for v in views))

@@ -1,8 +1,8 @@
 """The pure policies: ``decide(snapshot, policy) -> Plan``. No I/O, no clock.
 
 1. How many cores each malleable job should have (by policy; an explicit request wins within
-   the job's bounds). Rigid jobs, and jobs whose cgroup is not made yet, keep exactly their
-   allocation. While a job is starting on the node with cores not known yet, nobody holds cores
+   the job's bounds). Rigid jobs, jobs whose cgroup is not made yet and jobs with a step
+   starting (fenced) keep exactly their allocation. While a job is starting on the node with cores not known yet, nobody holds cores
    outside their own allocation.
 2. A multi-node job is one job: each node offers it cores per rank, and no node gives it more
    per rank than the smallest offer of its other nodes (a synchronous job runs at its slowest
@@ -10,11 +10,10 @@
 3. Which cores: a job keeps what it holds where it can, its own Slurm cores come first, and
    borrowed cores are the idle ones nearest to what it has. Slurm's allocation is each job's
    guarantee: its owner gets those cores back before anyone borrows them.
-4. Actions: what changes for each job, with each rank's thread target (the protocol's split).
+4. Actions: what changes for each job, with each rank's thread target (the protocol's split),
+   and each step's block of cores when ranks of several steps share the node.
 """
 from __future__ import annotations
-
-from malleable_protocol import threads_per_rank
 
 from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, Policy, Reason,
                     check_plan)
@@ -104,9 +103,10 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
 def target_counts(snapshot: NodeSnapshot, policy: Policy, *, peer_cap: bool = True
                   ) -> tuple[dict[int, int], dict[int, Reason]]:
     n_node = len(snapshot.cpus)
-    mall = [j for j in snapshot.jobs if j.malleable and j.has_folder]
+    mall = [j for j in snapshot.jobs if j.resizable]
     counts = {j.job_id: len(j.allocation) for j in snapshot.jobs}
-    reasons = {j.job_id: Reason.ALLOCATION for j in snapshot.jobs}
+    reasons = {j.job_id: Reason.STEP_START if j.fenced else Reason.ALLOCATION
+               for j in snapshot.jobs}
     bounds = {j.job_id: _bounds(j, snapshot, peer_cap=peer_cap) for j in mall}
     free = n_node - sum(len(j.allocation) for j in snapshot.jobs)
     # Explicit requests first: they win within the bounds, and a shrink frees cores.
@@ -179,7 +179,7 @@ def assign_cores(snapshot: NodeSnapshot, counts: dict[int, int]) -> dict[int, fr
     targets: dict[int, set[int]] = {}
     taken: set[int] = set()
     jobs = sorted(snapshot.jobs, key=lambda j: j.job_id)
-    flexible = [j for j in jobs if j.malleable and j.has_folder]
+    flexible = [j for j in jobs if j.resizable]
     for j in jobs:
         if j not in flexible:
             targets[j.job_id] = set(j.allocation)
@@ -231,8 +231,8 @@ def plan_actions(snapshot: NodeSnapshot, targets: dict[int, frozenset[int]],
             kind, reason = ActionKind.REALIGN, Reason.REALIGN
         actions.append(Action(kind=kind, job_id=j.job_id, uid=j.uid, allocation=j.allocation,
                               before=j.current, after=after,
-                              threads_per_rank=threads_per_rank(after, j.local_size),
-                              reason=reason))
+                              threads_per_rank=j.threads_per_rank(after),
+                              reason=reason, step_cpus=j.step_cpus(after)))
     return tuple(actions)
 
 
@@ -243,7 +243,7 @@ def decide(snapshot: NodeSnapshot, policy: Policy) -> Plan:
     if not snapshot.pending_starts:
         uncapped, _ = target_counts(snapshot, policy, peer_cap=False)
         offers = {j.job_id: max(1, uncapped[j.job_id] // j.local_size)
-                  for j in snapshot.jobs if j.malleable and j.has_folder and j.nodes > 1}
+                  for j in snapshot.jobs if j.resizable and j.nodes > 1}
     plan = Plan(node=snapshot.node, policy=policy, targets=targets, reasons=reasons,
                 actions=plan_actions(snapshot, targets, reasons), offers=offers)
     check_plan(snapshot, plan)

@@ -28,21 +28,51 @@ def process_uid(pid: int) -> int | None:
     return None
 
 
-def in_job_cgroup(pid: int, job_id: int, node: str, uid: int) -> bool:
-    """True when ``pid`` is a process of ``uid`` in ``job_id``'s cgroup on ``node`` (several
-    slurmd may share one machine, and so one /proc)."""
+def cpuset_path(pid: int) -> str | None:
+    """The cgroup folder whose CPUs bind ``pid``: the cpuset controller's (v1) or the unified
+    one (v2), from the kernel's /proc/<pid>/cgroup. None when the process is gone."""
     try:
         with open(f"/proc/{pid}/cgroup", "rb") as f:
             text = f.read(65536).decode(errors="replace")
     except OSError:
-        return False
-    marks = (f"/slurm_{node}/", f"/{node}_slurmstepd.scope/")
-    inside = any(f"/job_{job_id}/" in line + "/" and any(m in line for m in marks)
-                 for line in text.splitlines())
-    return inside and process_uid(pid) == uid
+        return None
+    unified = None
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "cpuset" in controllers.split(","):
+            return path
+        if controllers == "":
+            unified = path
+    return unified or ""
+
+
+def step_in_path(path: str, job_id: int, node: str) -> str | None:
+    """``step_0`` for .../slurm_<node>/uid_<u>/job_<id>/step_0/... (v1) or
+    .../<node>_slurmstepd.scope/job_<id>/step_0/... (v2); None for any other folder."""
+    head, sep, tail = (path + "/").partition(f"/job_{job_id}/")
+    if not sep or not any(m in head + "/" for m in (f"/slurm_{node}/",
+                                                    f"/{node}_slurmstepd.scope/")):
+        return None
+    return tail.split("/", 1)[0] or None
+
+
+def job_step_of(pid: int, job_id: int, node: str, uid: int) -> str | None:
+    """The step folder (``step_0``, ``step_batch``...) of ``job_id`` on ``node`` whose cpuset
+    binds ``pid``, when it is a process of ``uid`` (several slurmd may share one machine, and so
+    one /proc); else None. The kernel says, not the process."""
+    path = cpuset_path(pid)
+    step = step_in_path(path, job_id, node) if path else None
+    if step is None or process_uid(pid) != uid:
+        return None
+    return step
+
+
+def in_job_cgroup(pid: int, job_id: int, node: str, uid: int) -> bool:
+    return job_step_of(pid, job_id, node, uid) is not None
 
 
 PidCheck = Callable[[int, int, str, int], bool]
+StepLookup = Callable[[int, int, str, int], "str | None"]
 
 
 def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[RankStatus]:
@@ -76,13 +106,17 @@ def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[Ran
 
 
 def read_job_ranks(layout: RunLayout, job_id: int, uid: int, node: str, *,
-                   check_pid: PidCheck = in_job_cgroup) -> tuple[RankView, ...]:
-    """The records of ``job_id``'s ranks that run on ``node``; bad ones are skipped."""
-    return tuple(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
-                          local_size=st.local_size, intra_active=st.intra_active,
-                          steps_per_s=dict(st.steps_per_s), steps=st.steps)
-                 for st in _read_records(layout, job_id, uid)
-                 if check_pid(st.pid, job_id, node, uid))
+                   step_of: StepLookup = job_step_of) -> tuple[RankView, ...]:
+    """The records of ``job_id``'s ranks that run on ``node``, each with its step; bad ones
+    are skipped."""
+    out = []
+    for st in _read_records(layout, job_id, uid):
+        step = step_of(st.pid, job_id, node, uid)
+        if step is not None:
+            out.append(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
+                                local_size=st.local_size, intra_active=st.intra_active,
+                                steps_per_s=dict(st.steps_per_s), steps=st.steps, step=step))
+    return tuple(out)
 
 
 def read_job_statuses(layout: RunLayout, job_id: int) -> list[RankStatus]:

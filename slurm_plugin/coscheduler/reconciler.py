@@ -24,7 +24,7 @@ from ..feed.model import JobReport, NodeReport, Offers
 from ..feed.store import FeedStore
 from .config import AgentConfig
 from .executor import Outcome, OutcomeStatus, PlanExecutor
-from .ledger import LedgerFile
+from .ledger import Fence, LedgerFile
 from .model import NodeSnapshot, Plan, PlanInvariantError
 from .observe import NodeObserver
 from .policy import decide
@@ -88,14 +88,16 @@ class Reconciler:
         self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
 
     def cycle(self, *, lock_timeout_s: float | None = None,
-              starting_job: int | None = None) -> CycleResult:
+              starting_job: int | None = None,
+              fence: tuple[int, Fence] | None = None) -> CycleResult:
         """One cycle. ``starting_job`` (the Prolog's job) is marked as starting first: until its
-        cores are known, every lent core comes back."""
+        cores are known, every lent core comes back. ``fence`` (job, Fence: the SPANK plugin's
+        step start) is marked first too: that job goes back to exactly its allocation."""
         t0 = self._clock()
         result = CycleResult()
         try:
             with node_lock(self.config.lock_file, lock_timeout_s, self._sleep):
-                self._cycle_locked(result, starting_job)
+                self._cycle_locked(result, starting_job, fence)
         except TimeoutError as exc:
             result.lock_busy = True
             result.errors.append(f"{type(exc).__name__}: {exc}")
@@ -108,10 +110,13 @@ class Reconciler:
             self.on_cycle(result)
         return result
 
-    def _cycle_locked(self, result: CycleResult, starting_job: int | None) -> None:
+    def _cycle_locked(self, result: CycleResult, starting_job: int | None,
+                      fence: tuple[int, Fence] | None) -> None:
         ledger = self.ledger.load()
         if starting_job is not None:
             ledger.starting[starting_job] = self._wall()
+        if fence is not None:
+            ledger.fences[(fence[0], fence[1].step)] = fence[1]
         result.snapshot = self.observer.observe(ledger)
         self.ledger.save(ledger)
         result.plan = decide(result.snapshot, self.config.policy)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from malleable_protocol import parse_cpu_list, rank_share
 from slurm_plugin.cluster import daemons
-from slurm_plugin.coscheduler.ranks import read_job_statuses
+from slurm_plugin.coscheduler.ranks import job_step_of, read_job_statuses
 from slurm_plugin.feed import FeedStore
 
 SENTINELS = [Path("/etc/passwd"), Path("/etc/shadow"), Path("/etc/hostname")]
@@ -67,7 +67,10 @@ def violations(cluster, node: str, *, threads: bool = True) -> list[str]:
             for st in read_job_statuses(cluster.run_layout, job_id):
                 if st.node != node or not cpus:
                     continue
-                share = rank_share(cpus, st.local_rank, st.local_size)
+                # Concurrent steps each hold their own block of the job's cores.
+                step = job_step_of(st.pid, job_id, node, uid)
+                scope = (_cpus(job_dir / step / "cpuset.cpus") if step else cpus) or cpus
+                share = rank_share(scope, st.local_rank, st.local_size)
                 if st.intra_active > len(share):
                     problems.append(f"job {job_id} rank {st.rank}: {st.intra_active} threads "
                                     f"on {len(share)} cores")

@@ -105,7 +105,9 @@ def test_cluster_cli_status_and_env(cluster):
     assert env.stdout.splitlines() == [f"export SLURM_CONF={cluster.paths.slurm_conf}",
                                        f"export MALLEABLE_RUN_DIR={cluster.paths.root}/malleable",
                                        f"export MALLEABLE_FEED_DIR={cluster.paths.root}/feed",
-                                       "export OMPI_MCA_btl=self,tcp"]
+                                       "export OMPI_MCA_btl=self,tcp",
+                                       "export HOROVOD_CACHE_CAPACITY=0",
+                                       "export MALLEABLE_TF_PIN=allowance"]
     # The printed lines point Slurm's own commands at the cluster.
     sinfo = subprocess.run(["bash", "-c", 'eval "$(cat)"; sinfo -h -o %N'], input=env.stdout,
                            capture_output=True, text=True, timeout=30)

@@ -249,3 +249,50 @@ def test_max_node_is_held_to_the_sites_limit():
     assert len(decide(snap, Policy.LEND_IDLE).targets[1]) == 3
     with pytest.raises(PlanInvariantError, match="maximum"):
         check_plan(snap, Plan("n", Policy.LEND_IDLE, {1: frozenset(range(5))}, {}, ()))
+
+
+def test_a_fenced_job_goes_back_to_exactly_its_allocation():
+    # Job 1 grew over the node; a step starts in it: slurmstepd is about to write its folder
+    # back to the allocation, so the plan does it first (ranks told), and lends nothing to it.
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0, 1}, current=CPUS8, spec=M(1, None), req=6,
+                                         fenced=True),
+                                     job(2, {4}, spec=M(1, None))))
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert plan.targets[1] == {0, 1} and plan.reasons[1] is Reason.STEP_START
+    (a,) = [a for a in plan.actions if a.job_id == 1]
+    assert a.kind is ActionKind.SHRINK and a.after == {0, 1}
+    # A fenced job that had lent part of its allocation gets all of it back (slurmstepd will
+    # write the whole allocation).
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0, 1, 2, 3}, current={0}, spec=M(1, None),
+                                         fenced=True),
+                                     job(2, {4}, current={1, 2, 3, 4, 5, 6, 7},
+                                         spec=M(1, None))))
+    t = decide(snap, Policy.THROUGHPUT).targets
+    assert t[1] == {0, 1, 2, 3} and not t[2] & t[1]
+    snap = NodeSnapshot("n", CPUS8, (job(1, {0, 1}, current={0, 1, 2}, spec=M(1, None)),))
+    bad = Plan("n", Policy.LEND_IDLE, {1: frozenset({0, 1, 2})}, {}, ())
+    check_plan(snap, bad)
+    with pytest.raises(PlanInvariantError):
+        check_plan(NodeSnapshot("n", CPUS8, (job(1, {0, 1}, current={0, 1, 2}, spec=M(1, None),
+                                                 fenced=True),)), bad)
+
+
+def test_ranks_of_concurrent_steps_get_disjoint_blocks_in_proportion():
+    from slurm_plugin.coscheduler.model import split_among_steps
+    ranks = (RankView(pid=10, rank=0, local_rank=0, local_size=1, intra_active=1, step="step_0"),
+             RankView(pid=11, rank=0, local_rank=0, local_size=2, intra_active=1, step="step_1"),
+             RankView(pid=12, rank=1, local_rank=1, local_size=2, intra_active=1, step="step_1"))
+    j = job(1, {0, 1}, current=set(range(6)), spec=M(1, None), ranks=ranks)
+    split = j.step_cpus(frozenset(range(6)))
+    assert split == {"step_0": {0, 1}, "step_1": {2, 3, 4, 5}}
+    assert j.local_size == 3 and j.threads_per_rank(frozenset(range(6))) == (2, 2, 2)
+    # The plan carries the blocks; one step with ranks (a batch shell waiting on srun has none)
+    # needs none.
+    plan = decide(NodeSnapshot("n", frozenset(range(6)), (j,)), Policy.LEND_IDLE)
+    assert plan.actions == () or all(a.step_cpus == split for a in plan.actions)
+    assert split_among_steps(frozenset(range(6)), {"step_batch": 1}) == {}
+    # Steps in step order (10 after 9, batch first); fewer cores than ranks: they share.
+    assert split_among_steps(frozenset({0}), {"step_10": 1, "step_9": 1}) == \
+        {"step_9": {0}, "step_10": {0}}
+    assert split_among_steps(frozenset(range(4)), {"step_10": 1, "step_batch": 1, "step_9": 2}) \
+        == {"step_batch": {0}, "step_9": {1, 2}, "step_10": {3}}

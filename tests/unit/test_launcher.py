@@ -16,7 +16,7 @@ def test_inside_allocation():
     # An unchanged script runs malleably: python SCRIPT becomes python -m malleable_tf.run SCRIPT.
     assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=none", "-n", "4", "python",
                          *RUN, "train.py"]
-    assert plan.env == {"MALLEABLE_TF_STATUS": "/s/jobs/job_42/rank_{rank}.json",
+    assert plan.env == {"MALLEABLE_TF_STATUS": "/s/jobs/job_42/rank_{rank}.{step}.json",
                         "MALLEABLE_TF_TARGET": "/s/targets/job_42.{node}.json",
                         "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "node"}
     assert str(plan.status_dir) == "/s/jobs/job_42"

@@ -171,3 +171,41 @@ def test_every_feed_record_survives_its_own_bounds():
     assert NodeReport.decode(rep.encode()) == rep
     off = Offers("n1", {3: 2})
     assert Offers.decode(off.encode()) == off
+
+
+def test_a_fence_holds_until_the_steps_slurmstepd_joins_its_cpuset():
+    from slurm_plugin.coscheduler.ledger import Fence
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
+    cg = {7: CgroupJob(1000, 7, S({0, 1, 2, 3}), {"step_batch": S({0, 1, 2, 3})})}
+    where = {41: "/slurm_n1/uid_1000/job_7/step_batch"}     # slurmstepd not in step_0 yet
+    ledger = Ledger(allocations={}, fences={(7, "step_0"): Fence("step_0", 41, 999.0)})
+
+    def obs(now=1000.0):
+        return NodeObserver("n1", RunLayout(Path("/nonexistent")), FakeFeed(feed),
+                            FakeCgroups(cg), read_ranks=lambda *a: (), wall=lambda: now,
+                            cpuset_of=where.get)
+    assert obs().observe(ledger).job(7).fenced
+    assert not obs().observe(ledger).job(7).resizable
+    # Another node's slurmd on the same host: not this node's step.
+    where[41] = "/slurm_n2/uid_1000/job_7/step_0"
+    assert obs().observe(ledger).job(7).fenced
+    where[41] = "/slurm_n1/uid_1000/job_7/step_0"           # joined: every write is done
+    assert not obs().observe(ledger).job(7).fenced and not ledger.fences
+    # A slurmstepd that is gone (the step failed), or a fence that is too old, lifts too.
+    for pid, since, now in ((42, 999.0, 1000.0), (41, 0.0, 1000.0)):
+        where[41] = "/slurm_n1/uid_1000/job_7/step_batch"
+        ledger.fences[(7, "step_1")] = Fence("step_1", pid, since)
+        assert not obs(now).observe(ledger).job(7).fenced
+
+
+def test_fences_survive_the_ledger_file_and_bad_step_names_are_refused(tmp_path):
+    import pytest
+    from slurm_plugin.coscheduler.ledger import Fence, check_step_name
+    ledger = Ledger(fences={(7, "step_0"): Fence("step_0", 41, 5.0),
+                            (7, "step_batch"): Fence("step_batch", 40, 4.0)})
+    f = LedgerFile(tmp_path, "n1")
+    f.save(ledger)
+    assert f.load().fences == ledger.fences and f.load().fenced_jobs() == {7}
+    for bad in ("../step_0", "step_0/x", "step_", "task_0", "step_12345678901", ""):
+        with pytest.raises(ValueError):
+            check_step_name(bad)

@@ -82,6 +82,25 @@ def test_layout_refuses_hostile_names():
     assert RunLayout.parse_status_name("rank_12.json") == 12
     assert RunLayout.parse_status_name("target-n1.json") is None
     assert RunLayout.parse_status_name("rank_x.json") is None
+    assert RunLayout.parse_status_name("rank_3.step_12.json") == 3
+    assert RunLayout.parse_status_name("rank_3.step_batch.json") == 3
+    for bad in ("rank_3.step_.json", "rank_3.step_1/x.json", "rank_3.task_0.json",
+                "rank_3..json", "rank_3.step_1.json.tmp"):
+        assert RunLayout.parse_status_name(bad) is None, bad
+    assert RunLayout.status_name(3, "step_batch") == "rank_3.step_batch.json"
+    with pytest.raises(ValueError):
+        RunLayout.status_name(3, "../x")
+
+
+def test_the_step_of_a_process_from_slurms_step_id():
+    from malleable_protocol import step_folder
+    assert step_folder(None) == "step_batch"          # a batch script has no SLURM_STEP_ID
+    assert step_folder("0") == "step_0" and step_folder("17") == "step_17"
+    assert step_folder(str(0xfffffffb)) == "step_batch"
+    assert step_folder(str(0xfffffffa)) == "step_interactive"
+    for bad in ("-1", "x", str(2**32)):
+        with pytest.raises(ValueError):
+            step_folder(bad)
 
 
 def test_read_bounded_refuses_links_fifos_big_files_and_strangers(tmp_path):

@@ -1,0 +1,53 @@
+"""The SPANK plugin that lets steps start in a grown job (see malleable_spank.c), and its build.
+
+It is compiled at install time (``malleable install-slurm-hooks``, ``LocalCluster.up``) against
+the installed Slurm's <slurm/spank.h>, and loaded by slurmstepd through plugstack.conf.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from malleable_protocol.runner import CommandError, run_command
+
+SOURCE = "malleable_spank.c"
+LIBRARY = "malleable_spank.so"
+HEADER = Path("/usr/include/slurm/spank.h")
+
+
+class SpankBuildError(RuntimeError):
+    pass
+
+
+def build(dest: Path, *, compiler: str | None = None, include: Path = HEADER.parent.parent
+          ) -> Path:
+    """Compile the plugin into ``dest`` (replaced atomically; world-readable: srun, sbatch and
+    salloc load plugstack.conf's plugins too)."""
+    cc = compiler or os.environ.get("CC") or "gcc"
+    if shutil.which(cc) is None:
+        raise SpankBuildError(f"building the SPANK plugin needs a C compiler, and '{cc}' is not "
+                              "on PATH (apt-get install gcc)")
+    if not (include / "slurm" / "spank.h").exists():
+        raise SpankBuildError(f"building the SPANK plugin needs Slurm's headers, and "
+                              f"{include / 'slurm' / 'spank.h'} is missing "
+                              "(apt-get install libslurm-dev)")
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / LIBRARY
+    tmp = dest / f".{LIBRARY}.{os.getpid()}"
+    with resources.as_file(resources.files(__package__).joinpath(SOURCE)) as src:
+        try:
+            run_command([cc, "-std=gnu11", "-O2", "-Wall", "-Werror", "-shared", "-fPIC",
+                         f"-I{include}", str(src), "-o", str(tmp)], timeout=120)
+        except CommandError as exc:
+            tmp.unlink(missing_ok=True)
+            raise SpankBuildError(f"building the SPANK plugin failed: {exc}") from exc
+    tmp.chmod(0o755)
+    os.replace(tmp, out)
+    return out
+
+
+def plugstack_line(library: Path, *, python: str, config: Path, timeout_s: float = 20.0) -> str:
+    return (f"required {library} python={python} config={config} "
+            f"timeout={timeout_s:g}\n")

@@ -1,0 +1,236 @@
+"""Every job grows, whatever way it runs (the SPANK plugin and the step fence): training in the
+batch step, sequential and concurrent sruns in a job that has grown, salloc then srun. Real
+Slurm, real cgroups, real TensorFlow; each node of the cluster has 2 CPUs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from malleable_protocol.cpulist import parse_cpu_list
+from slurm_plugin.slurm import JobState
+
+from .helpers import wait_for
+from .invariants import violations
+
+pytestmark = pytest.mark.cluster
+TRAIN = Path(__file__).parent.parent / "programs" / "train_until.py"
+
+
+def folder_cpus(node: str, job_id: int, step: str = "") -> frozenset[int] | None:
+    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{job_id}") / step / "cpuset.cpus"
+    try:
+        return parse_cpu_list(p.read_text())
+    except OSError:
+        return None
+
+
+def records(cluster, job_id: int) -> dict[str, dict]:
+    """The job's rank records by step (one rank per step here)."""
+    out = {}
+    for f in cluster.run_layout.job_dir(job_id).glob("rank_*.step_*.json"):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        d["allowed"] = parse_cpu_list(d["allowed_cpus"])
+        out[f.name.split(".")[1]] = d
+    return out
+
+
+def timeline(cluster, node: str, job_id: int) -> list[str]:
+    """What the test saw, for failure messages: the job folder and each rank."""
+    return [f"job={sorted(folder_cpus(node, job_id) or ())} " + " ".join(
+        f"{s}:cpus={sorted(r['allowed'])},threads={r['intra_active']}"
+        for s, r in sorted(records(cluster, job_id).items()))]
+
+
+def finish(client, job_id: int) -> JobState:
+    return wait_for(lambda: (lambda j: j.state if not j.state.holds_cores and
+                             j.state is not JobState.PENDING else None)(client.job(job_id)),
+                    timeout=120, what=f"job {job_id} to end")
+
+
+def test_training_in_the_batch_step_grows_and_shrinks(agent_cluster, tmp_path):
+    """``sbatch -c1 --wrap "python train.py"``: no malleable-srun, no srun."""
+    c, node = agent_cluster, "an1"
+    tmp_path.chmod(0o777)
+    stop = tmp_path / "stop"
+    client = c.client()
+    env = {**os.environ, **c.env()}
+    job_id = int(subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
+         f"-o{tmp_path}/out", "--wrap", f"exec {sys.executable} {TRAIN} {stop}"],
+        check=True, env=env, capture_output=True, text=True).stdout.split(";")[0])
+    seen = []
+    try:
+        # The node's other core is idle: the job and its threads grow to 2.
+        wait_for(lambda: (r := records(c, job_id).get("step_batch")) and
+                 r["allowed"] == {0, 1} and r["intra_active"] == 2 and r["steps"] > 0,
+                 timeout=120, what="the batch step grown to 2 cores, 2 threads",
+                 show=lambda: timeline(c, node, job_id))
+        seen += timeline(c, node, job_id)
+        assert folder_cpus(node, job_id) == folder_cpus(node, job_id, "step_batch") == {0, 1}
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "Comment=malleable:cpus=1"],
+                       check=True, env=env, capture_output=True)
+        wait_for(lambda: (r := records(c, job_id)["step_batch"]) and len(r["allowed"]) == 1 and
+                 r["intra_active"] == 1, timeout=10, what="shrunk to 1 core, 1 thread",
+                 show=lambda: timeline(c, node, job_id))
+        seen += timeline(c, node, job_id)
+        assert len(folder_cpus(node, job_id)) == 1
+        assert not violations(c, node), violations(c, node)
+        stop.touch()
+        assert finish(client, job_id) is JobState.COMPLETED, (tmp_path / "out").read_text()[-2000:]
+        assert "trained" in (tmp_path / "out").read_text()
+    finally:
+        stop.touch()
+        client.cancel(job_id)
+    print("\n".join(seen))
+
+
+def test_sequential_and_concurrent_sruns_launch_in_a_grown_job(agent_cluster, tmp_path):
+    """Before the SPANK plugin, a second step in a job that held more than its allocation failed
+    to launch (slurmstepd's reset of the job folder: EBUSY)."""
+    c, node = agent_cluster, "an1"
+    tmp_path.chmod(0o777)
+    go, stop, out = tmp_path / "go", tmp_path / "stop", tmp_path / "out"
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+while [ ! -e {go} ]; do sleep 0.1; done
+for i in 1 2 3; do srun -n1 true; echo "sequential $i rc=$?"; done
+srun --overlap -n1 {sys.executable} {TRAIN} {stop} &
+srun --overlap -n1 {sys.executable} {TRAIN} {stop} &
+wait
+echo "all steps done"
+""")
+    client = c.client()
+    job_id = client.submit(script, ["-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
+                                    f"-o{out}"])
+    try:
+        wait_for(lambda: folder_cpus(node, job_id) == {0, 1}, timeout=60,
+                 what="the job grown to the node's 2 cores")
+        go.touch()
+        # Two concurrent steps with a rank each: each step's folder gets its own core, and
+        # each rank runs one thread on it; the job keeps both cores.
+        wait_for(lambda: len(st := records(c, job_id)) == 2 and
+                 all(len(r["allowed"]) == 1 and r["intra_active"] == 1 and r["steps"] > 0
+                     for r in st.values()), timeout=120,
+                 what="two concurrent steps training, one core each",
+                 show=lambda: (timeline(c, node, job_id), out.read_text()[-1500:]))
+        st = records(c, job_id)
+        (a, ra), (b, rb) = sorted(st.items())
+        assert a != b and not ra["allowed"] & rb["allowed"], st
+        assert folder_cpus(node, job_id, a) == ra["allowed"]
+        assert folder_cpus(node, job_id, b) == rb["allowed"]
+        assert folder_cpus(node, job_id) == {0, 1}
+        assert not violations(c, node), violations(c, node)
+        text = out.read_text()
+        assert all(f"sequential {i} rc=0" in text for i in (1, 2, 3)), text[-2000:]
+        stop.touch()
+        assert finish(client, job_id) is JobState.COMPLETED, out.read_text()[-2000:]
+        assert "all steps done" in out.read_text()
+    finally:
+        go.touch()
+        stop.touch()
+        client.cancel(job_id)
+
+
+def test_salloc_then_srun_grows_and_a_second_srun_joins(agent_cluster, tmp_path):
+    c, node = agent_cluster, "an2"
+    tmp_path.chmod(0o777)
+    stop = tmp_path / "stop"
+    env = {**os.environ, **c.env()}
+    salloc = subprocess.Popen(
+        ["salloc", "-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
+         "srun", "-n1", sys.executable, str(TRAIN), str(stop)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    second = None
+    try:
+        job_id = wait_for(lambda: next((j.job_id for j in c.client().jobs(node=node)
+                                        if j.state.holds_cores), None),
+                          timeout=60, what="salloc's job")
+        wait_for(lambda: (r := records(c, job_id).get("step_0")) and r["allowed"] == {0, 1} and
+                 r["intra_active"] == 2, timeout=120, what="salloc's srun grown to 2 threads",
+                 show=lambda: timeline(c, node, job_id))
+        # A second srun into the grown allocation (as from another terminal).
+        second = subprocess.Popen(["srun", f"--jobid={job_id}", "--overlap", "-n1",
+                                   sys.executable, str(TRAIN), str(stop)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for(lambda: len(st := records(c, job_id)) == 2 and
+                 all(len(r["allowed"]) == 1 and r["intra_active"] == 1 for r in st.values()) and
+                 not st["step_0"]["allowed"] & st["step_1"]["allowed"], timeout=120,
+                 what="two steps, one core each", show=lambda: timeline(c, node, job_id))
+        assert folder_cpus(node, job_id) == {0, 1}
+        assert not violations(c, node), violations(c, node)
+        stop.touch()
+        assert second.wait(60) == 0, second.stdout.read()[-2000:]
+        assert salloc.wait(60) == 0, salloc.stdout.read()[-2000:]
+    finally:
+        stop.touch()
+        for p in (salloc, second):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(30)
+
+
+def test_a_step_that_cannot_be_made_safe_does_not_start(agent_cluster, tmp_path):
+    """Fail closed: while something that is not the node's agent holds the node's lock, the
+    step-start hook cannot fence the job; the SPANK plugin then refuses the step (slurmd's log
+    says why) and the job goes on; the next step starts once the lock is free."""
+    c, node = agent_cluster, "an2"
+    config = dataclasses.replace(c.agent_config(), node=node)
+    tmp_path.chmod(0o777)
+    go1, go2, out = tmp_path / "go1", tmp_path / "go2", tmp_path / "out"
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+while [ ! -e {go1} ]; do sleep 0.1; done
+srun -n1 touch {tmp_path}/ran-locked; echo "locked rc=$?"
+while [ ! -e {go2} ]; do sleep 0.1; done
+srun -n1 touch {tmp_path}/ran-free; echo "free rc=$?"
+""")
+    client = c.client()
+    job_id = client.submit(script, ["-N1", "-c1", f"-w{node}",
+                                    "--comment=malleable:min=1,max=2", f"-o{out}"])
+    holder = None
+    try:
+        wait_for(lambda: folder_cpus(node, job_id) is not None, timeout=60, what="job running")
+        # flock's child (sleep) holds the lock too: the whole group is killed below.
+        holder = subprocess.Popen(["flock", str(config.lock_file), "sleep", "120"],
+                                  start_new_session=True)
+        wait_for(lambda: holder.pid and _holds_lock(config.lock_file), timeout=10,
+                 what="the lock taken")
+        go1.touch()
+        wait_for(lambda: out.exists() and "locked rc=" in out.read_text(), timeout=60,
+                 what="the first srun")
+        # srun says so (and exits 0 all the same, Slurm 22.05); the task never ran.
+        assert "launch failed: Plugin initialization failed" in out.read_text()
+        assert not (tmp_path / "ran-locked").exists()
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        go2.touch()
+        assert finish(client, job_id) is JobState.COMPLETED, out.read_text()[-2000:]
+        assert "free rc=0" in out.read_text() and (tmp_path / "ran-free").exists(), \
+            out.read_text()[-2000:]
+        log = (config.state_dir / f"hooks-{node}.log").read_text()
+        assert f"job {job_id} step_0 start: NOT SAFE to start" in log, log[-2000:]
+        assert not violations(c, node), violations(c, node)
+    finally:
+        if holder is not None:
+            try:
+                os.killpg(holder.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        go1.touch()
+        go2.touch()
+        client.cancel(job_id)
+
+
+def _holds_lock(path: Path) -> bool:
+    from slurm_plugin.coscheduler.hooks import lock_holder
+    return lock_holder(path) is not None
