@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, median, percentile, save
+from common import RESULTS, machine, median, percentile, save
 
 from slurm_plugin.cluster import LocalCluster, default_spec
 from slurm_plugin.coscheduler.model import Policy
@@ -37,8 +37,9 @@ for i in $(seq 1 {steps}); do
   if [ {grow} = 1 ]; then
     until [ "$(cat $folder/cpuset.cpus)" = 0-1 ]; do sleep 0.02; done
   fi
+  before=$(cat $folder/cpuset.cpus)
   s=$EPOCHREALTIME; srun -n1 true; rc=$?; e=$EPOCHREALTIME
-  echo "step $i rc=$rc start=$s end=$e cpus=$(cat $folder/cpuset.cpus)"
+  echo "step $i rc=$rc start=$s end=$e before=$before after=$(cat $folder/cpuset.cpus)"
   touch {turns}/{name}.$i.done
 done
 """
@@ -71,11 +72,13 @@ def run_jobs(cluster: LocalCluster, root: Path, jobs: dict[str, tuple[str, str, 
     out = {}
     for name in jobs:
         text = (root / f"{name}.out").read_text()
-        rows = re.findall(r"step \d+ rc=(\d+) start=([\d.]+) end=([\d.]+) cpus=(\S+)", text)
+        rows = re.findall(r"step \d+ rc=(\d+) start=([\d.]+) end=([\d.]+) before=(\S+) "
+                          r"after=(\S+)", text)
         if len(rows) != steps or any(rc != "0" for rc, *_ in rows):
             raise RuntimeError(f"{name}: a step failed to launch:\n{text[-2000:]}")
-        out[name] = [float(e) - float(s) for _, s, e, _ in rows]
-        out[name + " cpus before"] = sorted({c for *_, c in rows})
+        out[name] = [float(e) - float(s) for _, s, e, _, _ in rows]
+        out[name + " cpus before"] = sorted({b for *_, b, _ in rows})
+        out[name + " cpus after"] = sorted({a for *_, a in rows})
     return out
 
 
@@ -85,6 +88,21 @@ def cluster_at(root: Path, port: int, agents: Policy | None) -> LocalCluster:
                                   name="malleablestep"))
     c.up(agents=agents)
     return c
+
+
+def plot(data: dict) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(data["seconds"])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.boxplot([[x * 1000 for x in data["seconds"][n]] for n in names], tick_labels=names)
+    ax.set_ylabel("srun -n1 true (ms)")
+    ax.set_title("Step launch: plain Slurm, co-scheduled job, grown job")
+    fig.tight_layout()
+    path = RESULTS / "step_launch.png"
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def main() -> None:
@@ -104,24 +122,27 @@ def main() -> None:
         co = cluster_at(base / "co", 39917, Policy.LEND_IDLE)
         try:
             times.update(run_jobs(co, base / "co", {
-                "not grown": ("sl1", "malleable:min=1,max=1", False),
+                "not_grown": ("sl1", "malleable:min=1,max=1", False),
                 "grown": ("sl2", "malleable:min=1,max=2", True)}, args.steps))
         finally:
             co.down()
     finally:
         shutil.rmtree(base, ignore_errors=True)
     summary = {k: {"p50_s": round(median(v), 3), "p95_s": round(percentile(v, 95), 3),
-                   "n": len(v)} for k, v in times.items() if not k.endswith("cpus before")}
-    ratios = {"grown / not grown (p50)": round(summary["grown"]["p50_s"] /
-                                               summary["not grown"]["p50_s"], 2),
-              "not grown / plain (p50)": round(summary["not grown"]["p50_s"] /
+                   "n": len(v)} for k, v in times.items() if " cpus " not in k}
+    ratios = {"grown / not_grown (p50)": round(summary["grown"]["p50_s"] /
+                                               summary["not_grown"]["p50_s"], 2),
+              "not_grown / plain (p50)": round(summary["not_grown"]["p50_s"] /
                                                summary["plain"]["p50_s"], 2)}
     data = {"machine": machine(), "steps": args.steps, "summary": summary, "ratios": ratios,
-            "job cores before each srun": {k[:-len(" cpus before")]: v for k, v in times.items()
+            "job cores before each srun": {k.split(" ")[0]: v for k, v in times.items()
                                            if k.endswith("cpus before")},
+            "job cores right after each srun": {k.split(" ")[0]: v for k, v in times.items()
+                                                if k.endswith("cpus after")},
             "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()
-                        if not k.endswith("cpus before")}}
+                        if " cpus " not in k}}
     path = save("step_launch", data)
+    plot(data)
     for k, v in summary.items():
         print(f"{k:10s} p50 {v['p50_s'] * 1000:.0f} ms  p95 {v['p95_s'] * 1000:.0f} ms")
     print(ratios, "->", path)
