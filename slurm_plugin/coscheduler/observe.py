@@ -54,13 +54,16 @@ class NodeObserver:
                 caps.append(offers.per_rank[job_id])
         return min(caps) if caps else None
 
-    def _resolve_fences(self, ledger: Ledger) -> set[int]:
-        """Lift each fence whose slurmstepd has joined its step's cpuset (its writes are done),
-        is gone (the step failed or ended), or is too old; return the jobs still fenced."""
+    def _resolve_fences(self, ledger: Ledger, found: dict) -> set[int]:
+        """Lift each fence whose step is set up: its folder holds CPUs (slurmstepd writes the
+        step's CPUs after the job's) or its slurmstepd has joined it; or whose slurmstepd is
+        gone (the step failed or ended), or that is too old. Return the jobs still fenced."""
         now = self._wall()
         for (job_id, step), fence in list(ledger.fences.items()):
+            cg = found.get(job_id)
             path = self._cpuset_of(fence.stepd_pid)
             if path is None or now - fence.since > FENCE_EXPIRY_S or \
+                    (cg is not None and cg.folders.get(step)) or \
                     step_in_path(path, job_id, self.node) == step:
                 del ledger.fences[(job_id, step)]
         return ledger.fenced_jobs()
@@ -68,8 +71,8 @@ class NodeObserver:
     def observe(self, ledger: Ledger) -> NodeSnapshot:
         """The node now. Updates ``ledger`` (first-seen allocations, start markers resolved)."""
         feed = self.feed.read_node(self.node)
-        fenced = self._resolve_fences(ledger)
         found = self.actuator.scan()
+        fenced = self._resolve_fences(ledger, found)
         views: list[JobView] = []
         for job_id, cg in sorted(found.items()):
             fj = feed.job(job_id) if feed is not None else None

@@ -191,6 +191,14 @@ def test_a_fence_holds_until_the_steps_slurmstepd_joins_its_cpuset():
     assert obs().observe(ledger).job(7).fenced
     where[41] = "/slurm_n1/uid_1000/job_7/step_0"           # joined: every write is done
     assert not obs().observe(ledger).job(7).fenced and not ledger.fences
+    # Or once the step's folder holds CPUs (written after the job folder's), joined or not.
+    where[41] = "/slurm_n1/uid_1000/job_7/step_batch"
+    ledger.fences[(7, "step_0")] = Fence("step_0", 41, 999.0)
+    assert obs().observe(ledger).job(7).fenced
+    cg[7] = CgroupJob(1000, 7, S({0}), {"step_batch": S({0}), "step_0": S()})   # made, empty
+    assert obs().observe(ledger).job(7).fenced
+    cg[7] = CgroupJob(1000, 7, S({0}), {"step_batch": S({0}), "step_0": S({0})})
+    assert not obs().observe(ledger).job(7).fenced
     # A slurmstepd that is gone (the step failed), or a fence that is too old, lifts too.
     for pid, since, now in ((42, 999.0, 1000.0), (41, 0.0, 1000.0)):
         where[41] = "/slurm_n1/uid_1000/job_7/step_batch"
