@@ -68,6 +68,7 @@ class JobView:
     nodes: int = 1                             # nodes of the job (all of them)
     peer_cap_per_rank: int | None = None       # the smallest offer of the job's other nodes
     fenced: bool = False                       # a step is starting: held to its allocation
+    steps: tuple[str, ...] = ()                # the job's step folders on this node
 
     @property
     def malleable(self) -> bool:
@@ -91,17 +92,29 @@ class JobView:
         """Ranks of the job on this node, every step's (1 when none has reported)."""
         return max(1, sum(self.ranks_per_step.values()))
 
+    @property
+    def units_per_step(self) -> dict[str, int]:
+        """What the job's cores are split by: each step's ranks, and one unit for each srun
+        step whose ranks have not reported yet (its processes get a block of their own from the
+        start, rather than run beside another step's ranks on all of the job's cores). A batch
+        or interactive shell without ranks counts for nothing: it mostly waits on srun."""
+        units = self.ranks_per_step
+        for step in self.steps:
+            if step not in units and step not in SHELL_STEPS:
+                units[step] = 1
+        return units
+
     def step_cpus(self, cpus: frozenset[int]) -> dict[str, frozenset[int]]:
         """See ``split_among_steps``."""
-        return split_among_steps(cpus, self.ranks_per_step)
+        return split_among_steps(cpus, self.units_per_step)
 
     def threads_per_rank(self, cpus: frozenset[int]) -> tuple[int, ...]:
         split = self.step_cpus(cpus)
         if not split:
             return threads_per_rank(cpus, self.local_size)
         sizes = self.ranks_per_step
-        return tuple(t for step in sorted(split, key=step_order)
-                     for t in threads_per_rank(split[step], sizes[step]))
+        return tuple(t for step in sorted(sizes, key=step_order)
+                     for t in threads_per_rank(split.get(step, cpus), sizes[step]))
 
     @property
     def steps_per_s(self) -> dict[int, float]:
@@ -115,6 +128,9 @@ class JobView:
             for k, v in r.steps_per_s.items():
                 sums.setdefault(k * n, []).append(v)
         return {k: sum(v) / len(v) for k, v in sums.items() if len(v) == n}
+
+
+SHELL_STEPS = frozenset({"step_batch", "step_interactive", "step_extern"})
 
 
 def step_order(name: str) -> tuple[int, str]:

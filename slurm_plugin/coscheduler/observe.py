@@ -94,6 +94,7 @@ class NodeObserver:
                 allocation=alloc, current=cg.cpus, spec=spec,
                 requested=fj.requested if fj is not None else None, ranks=ranks,
                 nodes=len(nodes), fenced=job_id in fenced,
+                steps=tuple(sorted({rel.split("/", 1)[0] for rel in cg.folders})),
                 peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1
                 else None)
             views.append(replace(view, folders_in_line=cg.in_line(view.step_cpus(cg.cpus))))

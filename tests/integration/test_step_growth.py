@@ -144,7 +144,7 @@ echo "all steps done"
 def test_salloc_then_srun_grows_and_a_second_srun_joins(agent_cluster, tmp_path):
     c, node = agent_cluster, "an2"
     tmp_path.chmod(0o777)
-    stop = tmp_path / "stop"
+    stop, stop2 = tmp_path / "stop", tmp_path / "stop2"
     env = {**os.environ, **c.env()}
     salloc = subprocess.Popen(
         ["salloc", "-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
@@ -160,18 +160,22 @@ def test_salloc_then_srun_grows_and_a_second_srun_joins(agent_cluster, tmp_path)
                  show=lambda: timeline(c, node, job_id))
         # A second srun into the grown allocation (as from another terminal).
         second = subprocess.Popen(["srun", f"--jobid={job_id}", "--overlap", "-n1",
-                                   sys.executable, str(TRAIN), str(stop)], env=env,
+                                   sys.executable, str(TRAIN), str(stop2)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wait_for(lambda: len(st := records(c, job_id)) == 2 and
-                 all(len(r["allowed"]) == 1 and r["intra_active"] == 1 for r in st.values()) and
+                 all(len(r["allowed"]) == 1 and r["intra_active"] == 1 and r["steps"] > 0
+                     for r in st.values()) and
                  not st["step_0"]["allowed"] & st["step_1"]["allowed"], timeout=120,
                  what="two steps, one core each", show=lambda: timeline(c, node, job_id))
         assert folder_cpus(node, job_id) == {0, 1}
         assert not violations(c, node), violations(c, node)
-        stop.touch()
+        # The second step ends first: salloc's end would take the allocation from under it.
+        stop2.touch()
         assert second.wait(60) == 0, second.stdout.read()[-2000:]
+        stop.touch()
         assert salloc.wait(60) == 0, salloc.stdout.read()[-2000:]
     finally:
+        stop2.touch()
         stop.touch()
         for p in (salloc, second):
             if p is not None and p.poll() is None:

@@ -296,3 +296,20 @@ def test_ranks_of_concurrent_steps_get_disjoint_blocks_in_proportion():
         {"step_9": {0}, "step_10": {0}}
     assert split_among_steps(frozenset(range(4)), {"step_10": 1, "step_batch": 1, "step_9": 2}) \
         == {"step_batch": {0}, "step_9": {1, 2}, "step_10": {3}}
+
+
+def test_a_new_srun_step_gets_its_own_block_before_its_ranks_report():
+    batch_rank = (RankView(pid=10, rank=0, local_rank=0, local_size=1, intra_active=2,
+                           step="step_batch"),)
+    cpus = frozenset({0, 1})
+    # Training in the batch step, a new srun step whose rank has not reported yet: split now.
+    j = job(1, {0}, current=cpus, spec=M(1, None), ranks=batch_rank,
+            steps=("step_batch", "step_3"))
+    assert j.step_cpus(cpus) == {"step_batch": {0}, "step_3": {1}}
+    assert j.threads_per_rank(cpus) == (1,)
+    # A batch shell waiting on its one srun step: no split, the step keeps all the cores.
+    j = job(1, {0}, current=cpus, spec=M(1, None), steps=("step_batch", "step_0"))
+    assert j.step_cpus(cpus) == {}
+    # Two new sruns from the shell, neither reported yet: one core each from the start.
+    j = job(1, {0}, current=cpus, spec=M(1, None), steps=("step_batch", "step_3", "step_4"))
+    assert j.step_cpus(cpus) == {"step_3": {0}, "step_4": {1}}
