@@ -8,14 +8,16 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MALLEABLE_VENV:-$REPO/.venv}"
 CACHE="${MALLEABLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/malleable}"
 WHEELS="$CACHE/wheels"
-PY="${PYTHON:-python3}"
 
 APT_PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
-              openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv)
+              openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv python3-dev)
 # The environment every cluster user's jobs run in: on Debian's own Python, in a folder every
 # user can read (root's home, where a developer's Python may live, is not).
 SITE_VENV="${MALLEABLE_SITE_VENV:-/opt/malleable/venv}"
 SITE_PY="${MALLEABLE_SITE_PYTHON:-/usr/bin/python3}"
+# The tests' and agents' environment is on the same Python: a job user's process started from it
+# (a test's job of another user, a site that points its jobs at it) must be able to run it.
+PY="${PYTHON:-$SITE_PY}"
 TF_PIN="tensorflow-cpu==2.15.1"
 HOROVOD_PIN="horovod==0.28.1"
 
@@ -46,7 +48,14 @@ else
 fi
 done_step
 
-step "virtualenv at $VENV"
+step "virtualenv at $VENV (on $PY)"
+# A virtualenv made on another interpreter (an earlier setup's, e.g. one in root's home that no
+# other user can reach) is made again.
+if [ -x "$VENV/bin/python" ] && ! grep -qx "home = $(dirname "$(readlink -f "$PY")")" \
+     "$VENV/pyvenv.cfg" 2>/dev/null; then
+  echo "[setup] $VENV was made on another Python: making it again"
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
