@@ -35,3 +35,13 @@ def rank_statuses(folder: Path, pattern: str = "rank_*.json") -> dict[int, dict]
                 d[key] = sorted(parse_cpu_list(d.get(key, "")))
             out[d["rank"]] = d
     return out
+
+
+def cgroup_cpus(node: str, job_id: int, step: str = "", uid: int = 0) -> frozenset[int] | None:
+    """The CPUs of a job's cpuset folder on ``node`` (or of its ``step`` folder); None when the
+    folder does not exist."""
+    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_{uid}/job_{job_id}") / step / "cpuset.cpus"
+    try:
+        return parse_cpu_list(p.read_text())
+    except OSError:
+        return None

@@ -18,7 +18,7 @@ from slurm_plugin.cluster import daemons
 from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
-from .helpers import rank_statuses, wait_for
+from .helpers import cgroup_cpus, rank_statuses, wait_for
 
 pytestmark = pytest.mark.cluster
 PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
@@ -26,13 +26,7 @@ NODE = "an1"
 
 
 def job_cpus(job_id: int, step: str | None = None) -> frozenset[int] | None:
-    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{job_id}")
-    if step:
-        p = p / step
-    try:
-        return parse_cpu_list((p / "cpuset.cpus").read_text())
-    except OSError:
-        return None
+    return cgroup_cpus(NODE, job_id, step or "")
 
 
 def rank_status(cluster, job_id: int) -> dict | None:
@@ -237,12 +231,6 @@ def test_only_the_owner_can_ask_for_a_resize(agent_cluster, tmp_path):
                 time.sleep(0.2)
 
 
-def node_cpus(node: str, job_id: int) -> frozenset[int] | None:
-    try:
-        return parse_cpu_list(Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{job_id}/"
-                                   "cpuset.cpus").read_text())
-    except OSError:
-        return None
 
 
 def test_prolog_reclaims_with_slurmctld_stopped(agent_cluster, tmp_path):
@@ -304,7 +292,7 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
         return rank_statuses(c.run_layout.job_dir(a))
 
     try:
-        wait_for(lambda: node_cpus(NODE, a) == cores and node_cpus(other, a) == cores,
+        wait_for(lambda: cgroup_cpus(NODE, a) == cores and cgroup_cpus(other, a) == cores,
                  timeout=120, what="A grown on both nodes")
         wait_for(lambda: len(st := ranks()) == 2 and
                  all(s["intra_active"] == len(cores) and str(len(cores)) in s["steps_per_s"]
@@ -315,16 +303,16 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
             s0 = {r: s["steps"] for r, s in ranks().items()}
             time.sleep(seconds)
             s1 = {r: s["steps"] for r, s in ranks().items()}
-            held = len(node_cpus(NODE, a)) + len(node_cpus(other, a))
+            held = len(cgroup_cpus(NODE, a)) + len(cgroup_cpus(other, a))
             return round(min(s1[r] - s0[r] for r in s0) / seconds, 1), held
 
         before = pace()
         b = client.submit(_sleeper(tmp_path, 40), ["-N1", f"-w{NODE}", "-n1"])
         wait_for(lambda: client.job(b).state is JobState.RUNNING, timeout=30, what="B running")
         # NODE gave the core back to B; the other node holds A to one core per rank too.
-        wait_for(lambda: len(node_cpus(NODE, a)) == 1 and len(node_cpus(other, a)) == 1,
+        wait_for(lambda: len(cgroup_cpus(NODE, a)) == 1 and len(cgroup_cpus(other, a)) == 1,
                  timeout=15, what="A at one core on both nodes",
-                 show=lambda: (node_cpus(NODE, a), node_cpus(other, a)))
+                 show=lambda: (cgroup_cpus(NODE, a), cgroup_cpus(other, a)))
         events = [json.loads(line) for line in (c.paths.root / "agent" / f"events-{other}.jsonl")
                   .read_text().splitlines()]
         assert any(e.get("job") == a and e.get("reason") == "peer-cap" and
@@ -339,7 +327,7 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
         assert after[1] == 2 and after[0] > 0
         # B ends: both nodes give A every core again.
         wait_for(lambda: not client.job(b).state.holds_cores, timeout=90, what="B done")
-        wait_for(lambda: node_cpus(NODE, a) == cores and node_cpus(other, a) == cores,
+        wait_for(lambda: cgroup_cpus(NODE, a) == cores and cgroup_cpus(other, a) == cores,
                  timeout=20, what="A regrown on both nodes")
     finally:
         stop.touch()
