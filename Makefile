@@ -7,7 +7,9 @@ setup:
 demo: setup
 	.venv/bin/python scripts/demo.py
 
-test: setup
+# The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv.
+test:
+	bash scripts/setup.sh --keras3
 	bash scripts/run_tests.sh
 
 unit:

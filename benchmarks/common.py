@@ -9,8 +9,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -40,23 +42,47 @@ class BurstWorker:
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self._stderr = tempfile.TemporaryFile(mode="w+")   # shown when the worker fails
 
-    def start(self, timeout: float = 300) -> None:
+    def start(self, timeout: float = 300,
+              resize: "Callable[[BurstWorker], None] | None" = None) -> dict:
+        """Start the worker and wait until it is READY; then stop it. A worker that prints
+        "STARTED" first (tf_worker.py) is resized by ``resize(self)`` and told "GO". Returns the
+        JSON the READY line carries ({} if none)."""
         self.proc = subprocess.Popen([sys.executable, *self.args], cwd=HERE, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=self.env)
-        self._expect("READY", timeout)
+                                     stderr=self._stderr, env=self.env)
+        if resize is not None:
+            self._expect("STARTED", timeout)
+            resize(self)
+            self.send("GO")
+        ready = self._expect("READY", timeout)
         os.kill(self.proc.pid, signal.SIGSTOP)
+        return json.loads(ready) if ready else {}
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def _expect(self, prefix: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         for line in self.proc.stdout:
             if line.startswith(prefix):
                 return line[len(prefix):].strip()
+            if line.startswith("FAILED"):
+                raise RuntimeError(f"worker {self.args}: {line.strip()}\n{self.stderr_tail()}")
             if time.monotonic() > deadline:
                 break
         raise RuntimeError(f"worker {self.args} did not print {prefix!r} "
-                           f"(exit {self.proc.poll()})")
+                           f"(exit {self.proc.poll()})\n{self.stderr_tail()}")
+
+    def stderr_tail(self, chars: int = 3000) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-chars:]
 
     def burst(self, workload: str, seconds: float) -> dict:
         os.kill(self.proc.pid, signal.SIGCONT)
@@ -78,6 +104,58 @@ class BurstWorker:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+class CpusetFolder:
+    """A cpuset cgroup (v1) of the benchmark's own: workers join it (tf_worker.py --cgroup) and
+    the driver changes its CPUs while they run. ``remove`` moves stragglers out and deletes it."""
+
+    ROOT = Path("/sys/fs/cgroup/cpuset")
+
+    def __init__(self, name: str, cpus: str):
+        self.path = self.ROOT / f"malleable_bench_{os.getpid()}_{name}"
+        self.path.mkdir()
+        (self.path / "cpuset.mems").write_text((self.ROOT / "cpuset.mems").read_text())
+        self.set_cpus(cpus)
+
+    def set_cpus(self, cpus: str) -> None:
+        (self.path / "cpuset.cpus").write_text(cpus)
+
+    def remove(self) -> None:
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                (self.ROOT / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # exited meanwhile
+        self.path.rmdir()
+
+
+def take_turns(workers: dict[str, BurstWorker], workloads: list[str] | tuple[str, ...],
+               rounds: int, seconds: float, rng: random.Random) -> dict[str, list[dict]]:
+    """``rounds`` rounds of bursts: in each, every workload once on every worker, the workers in
+    random order. Returns, per worker, one {workload: {"wall", "cpu"}} per round."""
+    out: dict[str, list[dict]] = {k: [] for k in workers}
+    for _ in range(rounds):
+        got: dict[str, dict] = {k: {} for k in workers}
+        for workload in workloads:
+            order = list(workers)
+            rng.shuffle(order)
+            for k in order:
+                got[k][workload] = workers[k].burst(workload, seconds)
+        for k in workers:
+            out[k].append(got[k])
+    return out
+
+
+def ratio_stats(num: list[list[dict]], den: list[list[dict]], workload: str) -> dict:
+    """Per-round ratios num/den of a workload's steps/s, grouped by pair (one fresh set of
+    processes): their median, a bootstrap 95% CI resampling pairs, and each pair's median."""
+    groups = [[a[workload]["wall"] / b[workload]["wall"] for a, b in zip(pa, pb)]
+              for pa, pb in zip(num, den)]
+    ratios = [r for g in groups for r in g]
+    lo, hi = median_ci(groups)
+    return {"median": median(ratios), "ci95": [lo, hi], "ratios": ratios,
+            "pair_medians": [median(g) for g in groups]}
 
 
 def median_ci(groups: list[list[float]], *, level: float = 0.95, resamples: int = 2000,

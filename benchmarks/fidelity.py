@@ -1,18 +1,24 @@
-"""Fidelity and overhead of thread parking, against plain TensorFlow, side by side.
+"""Fidelity of every control path, pinned or floating, and the overhead, against plain TensorFlow
+side by side.
 
-For every N up to the machine's cores: steps/s of a process whose pools have M = cores threads
-with N active (malleable_tf following an N-core allowance, its tf.data map function gated)
-against a plain TensorFlow process started with N threads, both pinned to the same N cores. N = M is the overhead of malleable_tf
-when not resizing.
+A malleable process starts with pools of M = the machine's cores on all of them, and is brought
+to N active threads from outside through one control path; it is compared with a plain
+TensorFlow process started with N intra-op and N inter-op threads, in the same placement:
 
-Both processes stay alive and take turns: a burst of ``--seconds`` each, in random order, round
-after round, the idle one stopped (SIGSTOP), so the machine's slow drifts hit both alike. Each
-round gives one ratio. A process is lucky or unlucky for its whole life here (an A/A run of two
-identical configurations gave per-pair medians from 0.84 to 1.25), so both are started afresh
-``--pairs`` times, ``--rounds`` rounds each; the result is the median of all ratios with a
+    floating  the process may still run on every core:       api, signal
+    pinned    the process runs on N cores (whoever put it there):
+              api and signal (follow off; then taskset -a), target file (+ SIGUSR1),
+              cpuset cgroup change, affinity change (taskset -a)
+    overhead  N = M, nothing resized (path "none"), against plain TF with M threads
+
+Every process of a group stays alive and they take turns: a burst of ``--seconds`` each, in
+random order, round after round, the idle ones stopped (SIGSTOP), so the machine's slow drifts
+hit all alike. Each round gives one ratio per path (malleable / plain steps/s). A process is lucky
+or unlucky for its whole life here (an A/A run gave per-pair medians from 0.84 to 1.25), so each
+group is started afresh ``--pairs`` times; the result is the median of all ratios with a
 bootstrap 95% confidence interval that resamples whole pairs.
 
-    python benchmarks/fidelity.py [--pairs 10] [--rounds 4] [--seconds 1]
+    python benchmarks/fidelity.py [--pairs 5] [--rounds 3] [--seconds 1]
 
 Writes benchmarks/results/fidelity.json and fidelity.png.
 """
@@ -21,81 +27,194 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
-from common import BurstWorker, machine, median, median_ci, save
+from common import (BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
+                    take_turns)
+
+from malleable_protocol import Target
 
 WORKLOADS = ("keras_cnn", "matmul", "tf_data")
 GOALS = {"fidelity": 0.95, "overhead": 0.98}
+# Signals for the signal path: one step down of each pool per signal.
+SIGNAL_SPEC = "USR1=reload,USR2=intra-down,URG=inter-down"
 
 
-def measure(n: int, pool: int, args, rng: random.Random) -> dict:
+def cpu_list(n: int) -> str:
+    return "0" if n == 1 else f"0-{n - 1}"
+
+
+def taskset(pid: int, cpus: str) -> None:
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True,
+                   capture_output=True)
+
+
+@dataclass
+class Ctx:
+    """What a resize needs: the sizes, and the folder for target files."""
+    n: int
+    m: int
+    scratch: Path
+
+
+@dataclass
+class ControlPath:
+    """One way to bring a malleable process from M to N active threads."""
+    name: str
+    pinned: bool
+    args: Callable[[Ctx, dict], list[str]]   # extra tf_worker.py arguments (may make resources)
+    resize: Callable[[Ctx, BurstWorker, dict], None]
+    env: Callable[[Ctx], dict] = lambda ctx: {}
+
+
+def _api(ctx: Ctx, w: BurstWorker, res: dict) -> None:
+    w.send(f"API {ctx.n} {ctx.n}")
+    if res.get("pin"):
+        time.sleep(0.5)   # the API line is read before GO; pin once it has been applied
+        taskset(w.pid, cpu_list(ctx.n))
+
+
+def _signal(ctx: Ctx, w: BurstWorker, res: dict) -> None:
+    # Standard signals do not queue: one at a time, each given time to be handled.
+    for _ in range(ctx.m - ctx.n):
+        for signo in (signal.SIGUSR2, signal.SIGURG):
+            os.kill(w.pid, signo)
+            time.sleep(0.3)
+    if res.get("pin"):
+        taskset(w.pid, cpu_list(ctx.n))
+
+
+def _target(ctx: Ctx, w: BurstWorker, res: dict) -> None:
+    path = ctx.scratch / f"target_{w.pid}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(Target(cpus=frozenset(range(ctx.n)), generation=1).encode())
+    os.replace(tmp, path)
+    os.kill(w.pid, signal.SIGUSR1)
+
+
+def _cpuset_args(ctx: Ctx, res: dict) -> list[str]:
+    res["cpuset"] = CpusetFolder(f"fid{len(res)}_{random.randrange(10**6)}", cpu_list(ctx.m))
+    return ["--cgroup", str(res["cpuset"].path)]
+
+
+PATHS = {
+    "api floating": ControlPath("api", False, lambda c, r: [], _api),
+    "signal floating": ControlPath("signal", False, lambda c, r: [], _signal,
+                                   lambda c: {"MALLEABLE_TF_SIGNALS": SIGNAL_SPEC}),
+    "api pinned": ControlPath("api", True, lambda c, r: r.update(pin=True) or ["--no-follow"],
+                              _api),
+    "signal pinned": ControlPath("signal", True,
+                                 lambda c, r: r.update(pin=True) or ["--no-follow"], _signal,
+                                 lambda c: {"MALLEABLE_TF_SIGNALS": SIGNAL_SPEC}),
+    "target file": ControlPath("target", True, lambda c, r: [], _target,
+                               lambda c: {"MALLEABLE_TF_TARGET": str(c.scratch / "target_{pid}.json")}),
+    "cpuset": ControlPath("cpuset", True, _cpuset_args,
+                          lambda c, w, r: r["cpuset"].set_cpus(cpu_list(c.n))),
+    "affinity": ControlPath("affinity", True, lambda c, r: [],
+                            lambda c, w, r: taskset(w.pid, cpu_list(c.n))),
+}
+GROUPS = {"floating": ["api floating", "signal floating"],
+          "pinned": ["api pinned", "signal pinned", "target file", "cpuset", "affinity"]}
+
+
+def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
+              overhead: bool = False) -> dict[str, dict]:
+    """Rates of each path's malleable process and of the group's plain one, over fresh pairs."""
     env = {"MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    # rates[workload][mode][pair] = the rounds of that pair
-    rates: dict[str, dict[str, list[list[dict]]]] = {
-        w: {"plain": [], "malleable": []} for w in WORKLOADS}
+    names = ["none"] if overhead else paths
+    pinned = not overhead and PATHS[paths[0]].pinned
+    # rates[name][pair] = [{workload: rate} per round]
+    rates: dict[str, list[list[dict]]] = {k: [] for k in ["plain", *names]}
+    states: dict[str, list[dict]] = {k: [] for k in names}
     for pair in range(args.pairs):
-        for modes in rates.values():
-            for rounds in modes.values():
-                rounds.append([])
-        workers = {"plain": BurstWorker(["fidelity_worker.py", "plain", str(n)], env=env),
-                   "malleable": BurstWorker(["fidelity_worker.py", "malleable", str(n), str(pool)],
-                                            env=env)}
+        scratch = Path(tempfile.mkdtemp(prefix="malleable-fid-"))
+        ctx = Ctx(n, m, scratch)
+        resources: dict[str, dict] = {k: {} for k in names}
+        plain_args = ["plain", "--threads", str(m if overhead else n)]
+        if pinned:
+            plain_args += ["--cpus", cpu_list(n)]
+        workers = {"plain": BurstWorker(["tf_worker.py", *plain_args], env=env)}
+        for k in names:
+            extra, extra_env = [], {}
+            if k != "none":
+                extra = PATHS[k].args(ctx, resources[k])
+                extra_env = PATHS[k].env(ctx)
+            workers[k] = BurstWorker(["tf_worker.py", "malleable", "--pool", str(m), "--expect",
+                                      str(m if overhead else n), *extra],
+                                     env={**env, **extra_env})
         try:
-            for w in workers.values():
-                w.start()
-            for r in range(args.rounds):
-                for workload in WORKLOADS:
-                    order = list(workers)
-                    rng.shuffle(order)
-                    for mode in order:
-                        rates[workload][mode][pair].append(
-                            workers[mode].burst(workload, args.seconds))
-            print(f"N={n} pair {pair}: " + ", ".join(
-                f"{wl} {median(_ratios(m['malleable'][pair], m['plain'][pair], 'wall')):.3f}"
-                for wl, m in rates.items()), flush=True)
+            workers["plain"].start(resize=lambda w: None)
+            for k in names:
+                how = (lambda w: None) if k == "none" else (
+                    lambda w, k=k: PATHS[k].resize(ctx, w, resources[k]))
+                states[k].append(workers[k].start(resize=how))
+            for k, got in take_turns(workers, WORKLOADS, args.rounds, args.seconds,
+                                     rng).items():
+                rates[k].append(got)
+            print(f"N={n}/{m} pair {pair}: " + "; ".join(
+                f"{k}: " + " ".join(
+                    f"{wl} {ratio_stats([rates[k][pair]], [rates['plain'][pair]], wl)['median']:.2f}"
+                    for wl in WORKLOADS) for k in names), flush=True)
         finally:
             for w in workers.values():
                 w.close()
-    row = {"active": n, "pool": pool, "workloads": {}}
-    for workload, modes in rates.items():
-        out = {}
-        for kind in ("wall", "cpu"):
-            groups = [_ratios(a, b, kind) for a, b in zip(modes["malleable"], modes["plain"])]
-            ratios = [r for g in groups for r in g]
-            lo, hi = median_ci(groups)
-            out[kind] = {"median": median(ratios), "ci95": [lo, hi], "ratios": ratios,
-                         "pair_medians": [median(g) for g in groups]}
-        out["steps_per_s"] = {m: median([x["wall"] for pair in v for x in pair])
-                              for m, v in modes.items()}
-        row["workloads"][workload] = out
-    return row
-
-
-def _ratios(malleable: list[dict], plain: list[dict], kind: str) -> list[float]:
-    return [a[kind] / b[kind] for a, b in zip(malleable, plain)]
+            for r in resources.values():
+                if "cpuset" in r:
+                    r["cpuset"].remove()
+            for f in scratch.iterdir():
+                f.unlink()
+            scratch.rmdir()
+    out = {}
+    for k in names:
+        row = {"path": k, "pinned": pinned, "active": m if overhead else n, "pool": m,
+               "goal": GOALS["overhead" if overhead else "fidelity"],
+               "worker_state_when_ready": states[k][0], "workloads": {}}
+        for wl in WORKLOADS:
+            row["workloads"][wl] = {
+                **ratio_stats(rates[k], rates["plain"], wl),
+                "steps_per_s": {"malleable": median([x[wl]["wall"] for p in rates[k] for x in p]),
+                                "plain": median([x[wl]["wall"] for p in rates["plain"] for x in p])}}
+        out[k if not overhead else "none (overhead)"] = row
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--pairs", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=4, help="rounds per pair")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per pair")
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--groups", default="floating,pinned,overhead")
     args = ap.parse_args()
-    cores = len(os.sched_getaffinity(0))
+    m = len(os.sched_getaffinity(0))
     rng = random.Random(1)
-    rows = [measure(n, cores, args, rng) for n in range(1, cores + 1)]
-    data = {"benchmark": "fidelity", "machine": machine(), "rounds_per_pair": args.rounds,
-            "pairs": args.pairs, "seconds_per_burst": args.seconds, "goal": GOALS,
-            "method": "interleaved bursts, idle worker SIGSTOPped; ratio = malleable/plain "
-                      "steps/s per round; median of all rounds with a bootstrap 95% CI "
-                      "resampling pairs of processes",
+    rows: dict[str, dict] = {}
+    for group in args.groups.split(","):
+        if group == "overhead":
+            rows.update(run_group([], m, m, args, rng, overhead=True))
+            continue
+        for n in range(1, m):
+            rows.update({f"{k} N={n}" if m > 2 else k: v
+                         for k, v in run_group(GROUPS[group], n, m, args, rng).items()})
+    data = {"benchmark": "fidelity per control path", "machine": machine(),
+            "rounds_per_pair": args.rounds, "pairs": args.pairs,
+            "seconds_per_burst": args.seconds, "goal": GOALS,
+            "method": "a malleable process started with pools of M on all cores, resized to N "
+                      "from outside through the path, against plain TF started with N threads "
+                      "in the same placement; interleaved bursts, idle workers SIGSTOPped; "
+                      "ratio = malleable/plain steps/s per round; median of all rounds with a "
+                      "bootstrap 95% CI resampling pairs of processes",
             "rows": rows}
-    for row in rows:
-        for workload, out in row["workloads"].items():
-            goal = GOALS["overhead" if row["active"] == row["pool"] else "fidelity"]
-            lo, hi = out["wall"]["ci95"]
-            print(f"N={row['active']}/{row['pool']} {workload}: median {out['wall']['median']:.3f} "
-                  f"(95% CI {lo:.3f}-{hi:.3f}), goal {goal}")
+    for name, row in rows.items():
+        for wl, out in row["workloads"].items():
+            lo, hi = out["ci95"]
+            print(f"{name:18s} N={row['active']}/{row['pool']} {wl:9s}: {out['median']:.3f} "
+                  f"(95% CI {lo:.3f}-{hi:.3f}), goal {row['goal']}")
     save("fidelity", data)
     plot(data)
 
@@ -105,29 +224,31 @@ def plot(data: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = data["rows"]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     width = 0.8 / len(WORKLOADS)
-    for i, w in enumerate(WORKLOADS):
-        xs = [row["active"] + (i - (len(WORKLOADS) - 1) / 2) * width for row in rows]
-        meds = [row["workloads"][w]["wall"]["median"] for row in rows]
-        err = [[m - row["workloads"][w]["wall"]["ci95"][0] for m, row in zip(meds, rows)],
-               [row["workloads"][w]["wall"]["ci95"][1] - m for m, row in zip(meds, rows)]]
-        ax.bar(xs, meds, width, label=w, yerr=err, capsize=4)
-        for row, x in zip(rows, xs):
-            rs = row["workloads"][w]["wall"]["pair_medians"]
+    for i, wl in enumerate(WORKLOADS):
+        xs = [j + (i - (len(WORKLOADS) - 1) / 2) * width for j in range(len(names))]
+        meds = [rows[k]["workloads"][wl]["median"] for k in names]
+        err = [[m - rows[k]["workloads"][wl]["ci95"][0] for m, k in zip(meds, names)],
+               [rows[k]["workloads"][wl]["ci95"][1] - m for m, k in zip(meds, names)]]
+        ax.bar(xs, meds, width, label=wl, yerr=err, capsize=3)
+        for k, x in zip(names, xs):
+            rs = rows[k]["workloads"][wl]["pair_medians"]
             ax.plot([x] * len(rs), rs, "k.", ms=3, alpha=0.6)
     ax.axhline(GOALS["fidelity"], color="r", ls="--", lw=1, label="fidelity goal 0.95")
-    ax.axhline(GOALS["overhead"], color="m", ls=":", lw=1, label="overhead goal 0.98 (N = M)")
+    ax.axhline(GOALS["overhead"], color="m", ls=":", lw=1, label="overhead goal 0.98 (none)")
     ax.axhline(1.0, color="gray", lw=0.5)
-    ax.set_xticks([row["active"] for row in rows])
-    ax.set_xlabel(f"active threads N (pool M = {rows[0]['pool']})")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([f"{k}\nN={rows[k]['active']}/{rows[k]['pool']}" for k in names],
+                       fontsize=8)
     ax.set_ylabel("steps/s malleable / plain TF with N threads")
-    ax.set_title(f"Thread parking fidelity, interleaved bursts, {data['pairs']} process pairs\n"
-                 "(bars: median ratio, 95% CI over pairs; dots: pair medians)", fontsize=10)
-    top = max(r for row in rows for w in WORKLOADS
-              for r in row["workloads"][w]["wall"]["pair_medians"] + row["workloads"][w]["wall"]["ci95"])
-    ax.set_ylim(0.6, max(1.3, top) + 0.15)
-    ax.legend(fontsize=7, loc="upper center", ncol=3)
+    ax.set_title(f"Fidelity per control path, interleaved bursts, {data['pairs']} fresh groups\n"
+                 "(bars: median ratio, 95% CI over groups; dots: group medians)", fontsize=10)
+    top = max(r for k in names for wl in WORKLOADS
+              for r in rows[k]["workloads"][wl]["pair_medians"] + rows[k]["workloads"][wl]["ci95"])
+    ax.set_ylim(0.5, max(1.3, top) + 0.15)
+    ax.legend(fontsize=7, loc="upper center", ncol=5)
     fig.tight_layout()
     out = os.path.join(os.path.dirname(__file__), "results", "fidelity.png")
     fig.savefig(out, dpi=110)

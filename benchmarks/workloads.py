@@ -1,5 +1,5 @@
-"""Workloads shared by the benchmarks: a Keras CNN training step, a matmul-heavy function and
-a tf.data input pipeline.
+"""Workloads shared by the benchmarks: training steps of a small Keras CNN and of MobileNetV2
+(3.5 M parameters, 96x96 images), a matmul-heavy function and an input-bound tf.data pipeline.
 
 Import this only after TensorFlow's thread settings are made (plain or malleable_tf.init).
 Each ``make(map_wrapper)`` returns a step function; ``map_wrapper`` wraps tf.data map functions
@@ -10,6 +10,21 @@ from __future__ import annotations
 import time
 
 import tensorflow as tf
+
+
+def _train_step(model, x, y):
+    opt = tf.keras.optimizers.SGD(0.01)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    return lambda: step().numpy()
 
 
 def keras_cnn_step(map_wrapper=None, batch: int = 64):
@@ -24,20 +39,19 @@ def keras_cnn_step(map_wrapper=None, batch: int = 64):
         tf.keras.layers.Dense(64, activation="relu"),
         tf.keras.layers.Dense(10),
     ])
-    opt = tf.keras.optimizers.SGD(0.01)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x = tf.random.normal((batch, 28, 28, 1), seed=1)
     y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32, seed=2)
+    return _train_step(model, x, y)
 
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables))
-        return loss
 
-    return lambda: step().numpy()
+def mobilenet_v2_step(map_wrapper=None, batch: int = 16, size: int = 96):
+    """MobileNetV2 (untrained: weights=None, nothing downloaded), 10 classes."""
+    tf.random.set_seed(0)
+    model = tf.keras.applications.MobileNetV2(input_shape=(size, size, 3), weights=None,
+                                              classes=10, classifier_activation=None)
+    x = tf.random.normal((batch, size, size, 3), seed=1)
+    y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32, seed=2)
+    return _train_step(model, x, y)
 
 
 def matmul_step(map_wrapper=None, size: int = 512, depth: int = 8):
@@ -68,7 +82,8 @@ def tf_data_step(map_wrapper=None, batch: int = 8):
     return lambda: next(it).numpy()
 
 
-WORKLOADS = {"keras_cnn": keras_cnn_step, "matmul": matmul_step, "tf_data": tf_data_step}
+WORKLOADS = {"keras_cnn": keras_cnn_step, "mobilenet_v2": mobilenet_v2_step,
+             "matmul": matmul_step, "tf_data": tf_data_step}
 
 
 def steps_per_second(step, *, seconds: float = 3.0, warmup: int = 3) -> dict[str, float]:

@@ -176,6 +176,7 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         except RuntimeError as exc:
             raise MalleableError("malleable_tf.init() must run before TensorFlow executes its "
                                  f"first op ({exc})") from exc
+        _setup_logging()   # before load(): it may warn (a parking-only library)
         native = load(tf)
         intra_pool = native.attach(inter_max)
         if intra_pool != max_threads:
@@ -198,7 +199,6 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                      recheck_interval_s=recheck_interval_s,
                      status_path=status, target_path=target_path,
                      mask_restricts=source != "cgroup", split=split, pin_share=pin_to == "share")
-        _setup_logging()
         rt.install_signals(signals)
         rt.load_target()
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")

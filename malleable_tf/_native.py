@@ -4,6 +4,12 @@ Every .cc file in native/ is compiled into one shared library against the instal
 headers on first use, cached per TensorFlow version, sources (.cc and .h) and compiler flags, so
 no manual build step exists. Several ranks starting at once on one node build it once: the build
 holds a file lock.
+
+One part reads a private member of TensorFlow (split_width.cc). Against a TensorFlow whose
+headers differ there, the full build fails; ``load`` then builds the parking-only variant, warns
+once, and remembers the failure next to the cache (no process pays for the failed build again).
+MALLEABLE_TF_NATIVE=parking-only asks for that variant directly; MALLEABLE_TF_CXXFLAGS adds
+compiler flags (placed before TensorFlow's own, so an -I there takes precedence).
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -26,6 +33,16 @@ INTER = 1
 
 class NativeBuildError(RuntimeError):
     pass
+
+
+class CompilerRefused(NativeBuildError):
+    """The compiler ran and rejected the sources against this TensorFlow's headers, now or in an
+    earlier build (``note``: where that is remembered)."""
+
+    def __init__(self, message: str, note: Path, earlier: bool):
+        super().__init__(message)
+        self.note = note
+        self.earlier = earlier
 
 
 def cache_dir() -> Path:
@@ -55,34 +72,48 @@ def _digest_inputs() -> list[Path]:
     return sorted([*sources(), *NATIVE_DIR.glob("*.h")])
 
 
-def _flags(tf) -> list[str]:
-    return list(tf.sysconfig.get_compile_flags()) + list(tf.sysconfig.get_link_flags())
+PARKING_ONLY_DEFINE = "-DMTF_PARKING_ONLY"
 
 
-def library_name(tf) -> str:
+def _flags(tf, parking_only: bool = False) -> list[str]:
+    extra = shlex.split(os.environ.get("MALLEABLE_TF_CXXFLAGS", ""))
+    return [*extra, *([PARKING_ONLY_DEFINE] if parking_only else []),
+            *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+
+
+def library_name(tf, parking_only: bool = False) -> str:
     h = hashlib.sha256()
     for path in _digest_inputs():
         data = path.read_bytes()
         h.update(f"{path.name}\0{len(data)}\0".encode())
         h.update(data)
-    h.update("\0".join(_flags(tf)).encode())
+    h.update("\0".join(_flags(tf, parking_only)).encode())
     digest = h.hexdigest()[:16]
-    return f"libmalleable_tf-{tf.__version__}-{digest}.so"
+    variant = "-parking-only" if parking_only else ""
+    return f"libmalleable_tf-{tf.__version__}{variant}-{digest}.so"
 
 
-def library_path(tf) -> Path:
+def library_path(tf, parking_only: bool = False) -> Path:
     """Where this TensorFlow's library is, or will be built: the site's copy when the
     installer made one, else the user's cache."""
-    name = library_name(tf)
+    name = library_name(tf, parking_only)
     site = site_cache_dir() / name
     return site if site.exists() else cache_dir() / name
 
 
-def build(tf, *, compiler: str | None = None) -> Path:
-    """Compile the library if the cache has no copy for this TensorFlow; return its path."""
-    target = library_path(tf)
+def _failure_note(target: Path) -> Path:
+    return target.with_name(target.name + ".failed")
+
+
+def build(tf, *, compiler: str | None = None, parking_only: bool = False) -> Path:
+    """Compile the library if the cache has no copy for this TensorFlow; return its path.
+    A build that failed before (its note is in the cache) fails again at once."""
+    target = library_path(tf, parking_only)
     if target.exists():
         return target
+    note = _failure_note(target)
+    if note.exists():
+        raise CompilerRefused(note.read_text(errors="replace")[-2000:], note, earlier=True)
     cxx = compiler or os.environ.get("CXX") or "g++"
     if shutil.which(cxx) is None:
         raise NativeBuildError(
@@ -107,9 +138,16 @@ def build(tf, *, compiler: str | None = None) -> Path:
             from malleable_protocol.runner import CommandError, run_command
             try:
                 run_command([cxx, "-std=c++17", "-shared", "-fPIC", "-O2",
-                             *(str(src) for src in sources()), "-o", str(out), *_flags(tf)],
-                            timeout=600)
+                             *(str(src) for src in sources()), "-o", str(out),
+                             *_flags(tf, parking_only)], timeout=600)
             except CommandError as exc:
+                if exc.returncode is not None and exc.returncode > 0:   # the compiler said no
+                    # Its errors, not the last lines: newer headers add pages of warnings.
+                    errors = [line for line in exc.stderr.splitlines() if " error: " in line]
+                    message = (f"building the thread-parking library failed ({cxx} exit "
+                               f"{exc.returncode}): " + " | ".join(errors[:5] or [str(exc)]))
+                    note.write_text(message)
+                    raise CompilerRefused(message, note, earlier=False) from exc
                 raise NativeBuildError(f"building the thread-parking library failed: {exc}") from exc
             os.replace(out, target)
     return target
@@ -120,13 +158,39 @@ class NativeLib:
     path: Path
     ops: object          # the module tf.load_op_library returns
     lib: ctypes.CDLL     # the same shared object, for its extern "C" functions
+    parking_only: bool = False   # built without the split width (see the module's doc)
 
     def attach(self, inter_op_threads: int) -> int:
         return int(self.ops.malleable_attach(inter_op_threads=inter_op_threads).numpy())
 
 
+def build_for_this_tensorflow(tf) -> tuple[Path, bool]:
+    """The library to load, and whether it is the parking-only variant: the full one where it
+    builds against this TensorFlow, else parking only, with a warning."""
+    mode = os.environ.get("MALLEABLE_TF_NATIVE", "auto")
+    if mode not in ("auto", "parking-only"):
+        raise ValueError(f"MALLEABLE_TF_NATIVE must be auto or parking-only, not {mode!r}")
+    if mode == "parking-only":
+        return build(tf, parking_only=True), True
+    try:
+        return build(tf), False
+    except CompilerRefused as full:
+        try:
+            path = build(tf, parking_only=True)
+        except NativeBuildError as fallback:
+            raise NativeBuildError(f"{full}\nand the parking-only variant: {fallback}") from full
+        logging.getLogger("malleable_tf").warning(
+            "malleable_tf: the full native library does not build against TensorFlow %s (its "
+            "split-width part reads a private member of DeviceBase); using parking only: "
+            "threads are parked and woken, kernels keep splitting work by the pool size. "
+            "The compiler said (%s): %s", tf.__version__,
+            f"in an earlier build; delete {full.note} to try again" if full.earlier else "now",
+            str(full)[-600:])
+        return path, True
+
+
 def load(tf) -> NativeLib:
-    path = build(tf)
+    path, parking_only = build_for_this_tensorflow(tf)
     ops = tf.load_op_library(str(path))
     lib = ctypes.CDLL(str(path))
     for name, argtypes in {
@@ -149,4 +213,4 @@ def load(tf) -> NativeLib:
     for name in ("mtf_poll_count", "mtf_gate_stat"):
         getattr(lib, name).argtypes = [ctypes.c_int]
         getattr(lib, name).restype = ctypes.c_long
-    return NativeLib(path=path, ops=ops, lib=lib)
+    return NativeLib(path=path, ops=ops, lib=lib, parking_only=parking_only)

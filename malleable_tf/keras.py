@@ -1,8 +1,8 @@
 """Keras integration: steps counted from every Keras optimizer, and ``MalleableCallback``.
 
 ``count_optimizer_steps`` (run by ``malleable_tf.init()`` unless ``count_steps=False``) makes
-each ``apply_gradients`` of a Keras optimizer count one step, in custom loops as in
-``Model.fit``. Inside a ``tf.function`` the Python of a call runs only while tracing, so the count
+each ``apply_gradients`` of a Keras optimizer (and, in Keras 3, each ``apply``, which custom
+loops may call directly) count one step, in custom loops as in ``Model.fit``. Inside a ``tf.function`` the Python of a call runs only while tracing, so the count
 is an op in the graph: an int64 variable's ``assign_add``, which the runtime reads from Python.
 
 Resizes take effect in native code at any moment (the runtime's watcher applies them) and the
@@ -27,8 +27,14 @@ _step_var: tf.Variable | None = None   # one per process: the classes are patche
 _inside = threading.local()            # an apply_gradients under way in this thread
 
 
+# What a training step calls on its optimizer: Keras 2 and 3 have apply_gradients; Keras 3's
+# apply_gradients calls apply, which custom loops may also call directly (counted once: _inside).
+_STEP_METHODS = ("apply_gradients", "apply")
+
+
 def _optimizer_classes() -> list[type]:
-    """The Keras 2 optimizer base classes (TF 2.15): the current one and the legacy one."""
+    """The optimizer base classes: Keras 2 (TF 2.15) has the current one and the legacy one,
+    Keras 3 (TF 2.16 and later) the one."""
     out = []
     for name in ("Optimizer", "legacy.Optimizer"):
         obj = tf.keras.optimizers
@@ -54,7 +60,7 @@ def _count_one(var: tf.Variable) -> None:
 def _counting(apply):
     @functools.wraps(apply)
     @tf.autograph.experimental.do_not_convert   # like Keras itself: autograph leaves it be
-    def apply_gradients(self, *args, **kwargs):
+    def counted(self, *args, **kwargs):
         if getattr(_inside, "active", False):
             # A wrapper's inner optimizer, or super() of a subclass (Horovod): one step.
             return apply(self, *args, **kwargs)
@@ -66,8 +72,8 @@ def _counting(apply):
         _count_one(_step_var)   # after: a call that raised applied nothing
         return result
 
-    apply_gradients._malleable_counting = True
-    return apply_gradients
+    counted._malleable_counting = True
+    return counted
 
 
 def count_optimizer_steps(runtime: Runtime) -> bool:
@@ -84,8 +90,10 @@ def count_optimizer_steps(runtime: Runtime) -> bool:
             _step_var = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="malleable_tf_steps")
         for cls in classes:
-            if not getattr(cls.apply_gradients, "_malleable_counting", False):
-                cls.apply_gradients = _counting(cls.apply_gradients)
+            for name in _STEP_METHODS:
+                method = getattr(cls, name, None)
+                if method is not None and not getattr(method, "_malleable_counting", False):
+                    setattr(cls, name, _counting(method))
     var = _step_var
     start = int(var.numpy())   # a runtime counts from its own start
     runtime.add_step_source(lambda: int(var.numpy()) - start)

@@ -2,7 +2,16 @@
 # Idempotent installer for a fresh Debian 12 machine (root): apt packages, a virtualenv,
 # the Python dependencies and a Horovod wheel built once and cached.
 # Each step prints what it does and how long it took; a failing step says which one.
+#   --keras3   also the Keras 3 environment (TensorFlow 2.21, no Horovod) that malleable_tf's
+#              own tests run in a second time (make test)
 set -euo pipefail
+WITH_KERAS3=0
+for arg in "$@"; do
+  case "$arg" in
+    --keras3) WITH_KERAS3=1 ;;
+    *) echo "usage: setup.sh [--keras3]" >&2; exit 2 ;;
+  esac
+done
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MALLEABLE_VENV:-$REPO/.venv}"
@@ -20,6 +29,8 @@ SITE_PY="${MALLEABLE_SITE_PYTHON:-/usr/bin/python3}"
 PY="${PYTHON:-$SITE_PY}"
 TF_PIN="tensorflow-cpu==2.15.1"
 HOROVOD_PIN="horovod==0.28.1"
+KERAS3_VENV="${MALLEABLE_KERAS3_VENV:-$REPO/.venv-keras3}"
+KERAS3_TF_PIN="tensorflow-cpu==2.21.0"
 
 step_name=""
 step_start=0
@@ -116,7 +127,7 @@ fi
 done_step
 
 step "this project (editable install)"
-installed_at=$("$VENV/bin/python" -c "import slurm_plugin, os; print(os.path.dirname(os.path.dirname(slurm_plugin.__file__)))" 2>/dev/null || true)
+installed_at=$("$VENV/bin/python" -I -c "import slurm_plugin, os; print(os.path.dirname(os.path.dirname(slurm_plugin.__file__)))" 2>/dev/null || true)
 if [ "$installed_at" = "$REPO" ] && [ "$VENV/bin/malleable" -nt "$REPO/pyproject.toml" ]; then
   echo "[setup] already installed from $REPO"
 else
@@ -141,7 +152,7 @@ stamp="$SITE_VENV/.malleable-source"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   "${SITE_PIP[@]}" install --no-deps --no-build-isolation --force-reinstall "$REPO"
   MALLEABLE_CACHE="$SITE_VENV/share/malleable" "$SITE_VENV/bin/python" -c \
-    "import tensorflow as tf; from malleable_tf import _native; print('[setup] native library:', _native.build(tf))"
+    "import tensorflow as tf; from malleable_tf import _native; print('[setup] native library:', _native.build_for_this_tensorflow(tf))"
   echo "$digest" > "$stamp"
 else
   echo "[setup] site environment up to date"
@@ -149,5 +160,26 @@ fi
 chmod -R a+rX "$SITE_VENV"
 chmod a+rx "$(dirname "$SITE_VENV")"
 done_step
+
+if [ "$WITH_KERAS3" = 1 ]; then
+  step "Keras 3 environment at $KERAS3_VENV ($KERAS3_TF_PIN, for malleable_tf's own tests)"
+  if [ -x "$KERAS3_VENV/bin/python" ] && ! grep -qx "home = $(dirname "$(readlink -f "$PY")")" \
+       "$KERAS3_VENV/pyvenv.cfg" 2>/dev/null; then
+    rm -rf "$KERAS3_VENV"
+  fi
+  [ -x "$KERAS3_VENV/bin/python" ] || "$PY" -m venv "$KERAS3_VENV"
+  KERAS3_DEPS=("$KERAS3_TF_PIN" pytest pytest-timeout psutil prometheus-client)
+  if VENV="$KERAS3_VENV" have_versions "${KERAS3_DEPS[@]}"; then
+    echo "[setup] already installed"
+  else
+    "$KERAS3_VENV/bin/python" -m pip --disable-pip-version-check -q install "${KERAS3_DEPS[@]}"
+  fi
+  installed_at=$("$KERAS3_VENV/bin/python" -I -c "import malleable_tf, os; print(os.path.dirname(os.path.dirname(malleable_tf.__file__)))" 2>/dev/null || true)
+  if [ "$installed_at" != "$REPO" ]; then
+    "$KERAS3_VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
+      --no-build-isolation -e "$REPO"
+  fi
+  done_step
+fi
 
 echo "[setup] ready: $VENV (tests, agents) and $SITE_VENV (jobs of every user)"

@@ -6,12 +6,31 @@
 // does the same for kernels that split with Shard(). Both are restored at shutdown. The pool's
 // own ParallelFor and NumThreads() still say M (its threads exist), and kernels that size
 // per-thread buffers use those, which stay right.
+//
+// The table is a private member: a TensorFlow whose DeviceBase renames it fails to compile this
+// file. The loader then builds the library again with MTF_PARKING_ONLY, where this file is
+// stubs (mtf_set_split_width says -2, "no table"): threads are parked, kernels split by M.
 
 #include <algorithm>
 #include <mutex>
 #include <vector>
 
 #include "internal.h"
+
+#ifdef MTF_PARKING_ONLY
+
+namespace mtf_internal {
+void CaptureSplitWidth(tensorflow::DeviceBase*, int) {}
+void RestoreSplitWidth() {}
+}  // namespace mtf_internal
+
+extern "C" {
+int mtf_set_split_width(int, int) { return -2; }
+int mtf_split_width() { return 0; }
+}  // extern "C"
+
+#else  // the split width follows the active threads
+
 #include "tensorflow/core/framework/device_base.h"
 
 namespace {
@@ -101,3 +120,5 @@ int mtf_split_width() {
 }
 
 }  // extern "C"
+
+#endif  // MTF_PARKING_ONLY

@@ -1,8 +1,9 @@
 """Steps counted without help: custom loops and Keras fit, read back from the status record.
 
 argv: loops|fit. ``loops``: a tf.function train step (GradientTape, optimizer.apply_gradients)
-at 2 intra-op threads then at 1, an eager step with a legacy optimizer, then a loop with no
-optimizer that calls malleable_tf.step(); after each phase, the status record's steps. ``fit``:
+at 2 intra-op threads then at 1, an eager step (Keras 2: with a legacy optimizer; Keras 3:
+calling the optimizer's ``apply`` directly), then a loop with no optimizer that calls
+malleable_tf.step(); after each phase, the status record's steps. ``fit``:
 Model.fit with MalleableCallback, epoch after epoch for a few seconds. Set
 MALLEABLE_TF_COUNT_STEPS=0 to count with the callback alone.
 """
@@ -71,15 +72,21 @@ if sys.argv[1] == "loops":
     steps += for_seconds(train_step, 4.0)                # 1 thread
     out["tape"] = {"steps": steps, "status": settle(steps)}
 
-    legacy = tf.keras.optimizers.legacy.SGD(0.01)
+    keras3 = hasattr(tf.keras.optimizers.Optimizer, "apply")
+    if keras3:   # Keras 3 has no legacy optimizers; its custom loops may call apply()
+        eager_opt = tf.keras.optimizers.SGD(0.01)
+        apply = lambda grads: eager_opt.apply(grads, [w])  # noqa: E731
+    else:
+        eager_opt = tf.keras.optimizers.legacy.SGD(0.01)
+        apply = lambda grads: eager_opt.apply_gradients(zip(grads, [w]))  # noqa: E731
 
     def eager_step():
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2)
-        legacy.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+        apply(tape.gradient(loss, [w]))
 
     steps += for_seconds(eager_step, 1.0)
-    out["legacy"] = {"steps": steps, "status": settle(steps)}
+    out["eager"] = {"steps": steps, "status": settle(steps), "keras3": keras3}
 
     @tf.function
     def manual_step():   # no optimizer: the runtime cannot see this one
