@@ -37,7 +37,7 @@ if args.cpus:
     lo, _, hi = args.cpus.partition("-")
     os.sched_setaffinity(0, range(int(lo), int(hi or lo) + 1))  # every thread inherits it
 
-map_wrapper = None
+data_map = None
 state = None
 if args.mode == "plain":
     import tensorflow as tf
@@ -47,11 +47,11 @@ else:
     import malleable_tf
     malleable_tf.init(max_threads=args.pool, follow=not args.no_follow)
     import malleable_tf.data
-    map_wrapper = malleable_tf.data.gate
+    data_map = malleable_tf.data.map
 
 from workloads import WORKLOADS, steps_per_second  # noqa: E402
 
-steps = {name: WORKLOADS[name](map_wrapper) for name in args.workloads.split(",")}
+steps = {name: WORKLOADS[name](data_map) for name in args.workloads.split(",")}
 print(f"STARTED {os.getpid()}", flush=True)
 for line in sys.stdin:
     word, *rest = line.split()

@@ -2,8 +2,8 @@
 (3.5 M parameters, 96x96 images), a matmul-heavy function and an input-bound tf.data pipeline.
 
 Import this only after TensorFlow's thread settings are made (plain or malleable_tf.init).
-Each ``make(map_wrapper)`` returns a step function; ``map_wrapper`` wraps tf.data map functions
-(malleable_tf.data.gate in a malleable process).
+Each ``make(data_map)`` returns a step function; ``data_map(dataset, fn, **kw)`` maps a tf.data
+stage (malleable_tf.data.map in a malleable process; None: ``dataset.map``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _train_step(model, x, y):
     return lambda: step().numpy()
 
 
-def keras_cnn_step(map_wrapper=None, batch: int = 64):
+def keras_cnn_step(data_map=None, batch: int = 64):
     tf.random.set_seed(0)
     model = tf.keras.Sequential([
         tf.keras.layers.Input((28, 28, 1)),
@@ -44,7 +44,7 @@ def keras_cnn_step(map_wrapper=None, batch: int = 64):
     return _train_step(model, x, y)
 
 
-def mobilenet_v2_step(map_wrapper=None, batch: int = 16, size: int = 96):
+def mobilenet_v2_step(data_map=None, batch: int = 16, size: int = 96):
     """MobileNetV2 (untrained: weights=None, nothing downloaded), 10 classes."""
     tf.random.set_seed(0)
     model = tf.keras.applications.MobileNetV2(input_shape=(size, size, 3), weights=None,
@@ -54,7 +54,7 @@ def mobilenet_v2_step(map_wrapper=None, batch: int = 16, size: int = 96):
     return _train_step(model, x, y)
 
 
-def matmul_step(map_wrapper=None, size: int = 512, depth: int = 8):
+def matmul_step(data_map=None, size: int = 512, depth: int = 8):
     a = tf.random.normal((size, size), seed=3)
 
     @tf.function
@@ -67,7 +67,7 @@ def matmul_step(map_wrapper=None, size: int = 512, depth: int = 8):
     return lambda: step().numpy()
 
 
-def tf_data_step(map_wrapper=None, batch: int = 8):
+def tf_data_step(data_map=None, batch: int = 8):
     """A batch from a pipeline whose map function is CPU-bound (AUTOTUNE parallelism)."""
     def parse(i):
         x = tf.random.stateless_normal((128, 128), seed=tf.stack([i, 0]))
@@ -75,9 +75,12 @@ def tf_data_step(map_wrapper=None, batch: int = 8):
             x = tf.tanh(tf.matmul(x, x) / 128.0)
         return tf.reduce_mean(x, axis=0)
 
-    fn = map_wrapper(parse) if map_wrapper else parse
-    ds = (tf.data.Dataset.range(2**62).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
-          .batch(batch).prefetch(1))
+    source = tf.data.Dataset.range(2**62)
+    if data_map is None:
+        ds = source.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = data_map(source, parse, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch).prefetch(1)
     it = iter(ds)
     return lambda: next(it).numpy()
 

@@ -10,6 +10,12 @@ that number changes with every resize. The other calls wait, blocked, using no C
     malleable_tf.init()
     ds = malleable_tf.data.map(ds, parse, num_parallel_calls=tf.data.AUTOTUNE)
     # or: ds.map(malleable_tf.data.gate(parse), num_parallel_calls=...)
+    #     .with_options(malleable_tf.data.options())
+
+TensorFlow sizes a pipeline's thread pool, and so AUTOTUNE's most calls at once, by the cores
+the process may use when its iterator is made: a pipeline started on one core stays at one call
+after cores are added. ``options()`` gives the pipeline a private pool as large as the inter-op
+pool, so it can widen; ``map`` applies it (options set on any stage apply to the whole pipeline).
 
 Work inside ``fn`` that does not depend on the element may start before the ticket is taken.
 Do not nest gated functions (a gated function that iterates another gated pipeline): the outer
@@ -44,10 +50,19 @@ def gate(fn: Callable) -> Callable:
     return gated
 
 
+def options():
+    """``tf.data.Options`` with a private thread pool of the inter-op pool's size (the most
+    threads this process can grow to); the gate decides how many map calls run at once."""
+    import tensorflow as tf
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = malleable_tf.runtime().inter_pool
+    return opts
+
+
 def map(dataset, fn: Callable, num_parallel_calls=None, deterministic=None, name=None):  # noqa: A001
-    """``dataset.map(gate(fn), ...)``."""
+    """``dataset.map(gate(fn), ...).with_options(options())``."""
     return dataset.map(gate(fn), num_parallel_calls=num_parallel_calls,
-                       deterministic=deterministic, name=name)
+                       deterministic=deterministic, name=name).with_options(options())
 
 
 def stats() -> dict[str, int]:

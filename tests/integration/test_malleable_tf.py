@@ -231,6 +231,18 @@ def test_tf_data_pipeline_follows_the_inter_op_threads():
     assert narrow["pipeline_cores"] <= 1.2, narrow
 
 
+def test_a_pipeline_made_on_one_core_widens_when_a_core_is_added():
+    """The pipeline's iterator is made while the process may use one core. With
+    malleable_tf.data.map its map calls go from 1 at once to 2 when a second core comes; with
+    the gate alone (TensorFlow's pool, sized by the one core) they stay at 1: the control."""
+    env = {"MALLEABLE_TF_LOG": "0"}
+    grown = result_of(run_program("data_grow.py", "map", env=env))["runs"]
+    gate_only = result_of(run_program("data_grow.py", "gate", env=env))["runs"]
+    assert [r["inter"] for r in grown] == [1, 2] == [r["inter"] for r in gate_only]
+    assert [r["max_in_use"] for r in grown] == [1, 2], grown
+    assert [r["max_in_use"] for r in gate_only] == [1, 1], gate_only
+
+
 # --- unmodified scripts: python -m malleable_tf.run ------------------------------------------
 
 import signal  # noqa: E402
