@@ -19,8 +19,10 @@ group is started afresh ``--pairs`` times; the result is the median of all ratio
 bootstrap 95% confidence interval that resamples whole pairs.
 
     python benchmarks/fidelity.py [--pairs 5] [--rounds 3] [--seconds 1]
+                                  [--groups floating,pinned,overhead] [--env K=V] [--name NAME]
 
-Writes benchmarks/results/fidelity.json and fidelity.png.
+Writes benchmarks/results/NAME.json and NAME.png (NAME: fidelity). --env sets a variable in every
+worker, e.g. TF_ENABLE_ONEDNN_OPTS=0 to see what oneDNN's kernels contribute.
 """
 from __future__ import annotations
 
@@ -126,7 +128,7 @@ GROUPS = {"floating": ["api floating", "signal floating"],
 def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
               overhead: bool = False) -> dict[str, dict]:
     """Rates of each path's malleable process and of the group's plain one, over fresh pairs."""
-    env = {"MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {"MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2", **args.env}
     names = ["none"] if overhead else paths
     pinned = not overhead and PATHS[paths[0]].pinned
     # rates[name][pair] = [{workload: rate} per round]
@@ -190,7 +192,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per pair")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--groups", default="floating,pinned,overhead")
+    ap.add_argument("--env", action="append", default=[], help="K=V for every worker")
+    ap.add_argument("--name", default="fidelity")
     args = ap.parse_args()
+    args.env = dict(kv.split("=", 1) for kv in args.env)
     m = len(os.sched_getaffinity(0))
     rng = random.Random(1)
     rows: dict[str, dict] = {}
@@ -203,7 +208,7 @@ def main() -> None:
                          for k, v in run_group(GROUPS[group], n, m, args, rng).items()})
     data = {"benchmark": "fidelity per control path", "machine": machine(),
             "rounds_per_pair": args.rounds, "pairs": args.pairs,
-            "seconds_per_burst": args.seconds, "goal": GOALS,
+            "seconds_per_burst": args.seconds, "goal": GOALS, "worker_env": args.env,
             "method": "a malleable process started with pools of M on all cores, resized to N "
                       "from outside through the path, against plain TF started with N threads "
                       "in the same placement; interleaved bursts, idle workers SIGSTOPped; "
@@ -215,11 +220,11 @@ def main() -> None:
             lo, hi = out["ci95"]
             print(f"{name:18s} N={row['active']}/{row['pool']} {wl:9s}: {out['median']:.3f} "
                   f"(95% CI {lo:.3f}-{hi:.3f}), goal {row['goal']}")
-    save("fidelity", data)
-    plot(data)
+    save(args.name, data)
+    plot(data, args.name)
 
 
-def plot(data: dict) -> None:
+def plot(data: dict, name: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -243,14 +248,15 @@ def plot(data: dict) -> None:
     ax.set_xticklabels([f"{k}\nN={rows[k]['active']}/{rows[k]['pool']}" for k in names],
                        fontsize=8)
     ax.set_ylabel("steps/s malleable / plain TF with N threads")
-    ax.set_title(f"Fidelity per control path, interleaved bursts, {data['pairs']} fresh groups\n"
+    env = " ".join(f"{k}={v}" for k, v in data["worker_env"].items())
+    ax.set_title(f"Fidelity per control path {env}, interleaved bursts, {data['pairs']} fresh groups\n"
                  "(bars: median ratio, 95% CI over groups; dots: group medians)", fontsize=10)
     top = max(r for k in names for wl in WORKLOADS
               for r in rows[k]["workloads"][wl]["pair_medians"] + rows[k]["workloads"][wl]["ci95"])
     ax.set_ylim(0.5, max(1.3, top) + 0.15)
     ax.legend(fontsize=7, loc="upper center", ncol=5)
     fig.tight_layout()
-    out = os.path.join(os.path.dirname(__file__), "results", "fidelity.png")
+    out = os.path.join(os.path.dirname(__file__), "results", f"{name}.png")
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
 
