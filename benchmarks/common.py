@@ -147,10 +147,12 @@ def take_turns(workers: dict[str, BurstWorker], workloads: list[str] | tuple[str
     return out
 
 
-def ratio_stats(num: list[list[dict]], den: list[list[dict]], workload: str) -> dict:
-    """Per-round ratios num/den of a workload's steps/s, grouped by pair (one fresh set of
-    processes): their median, a bootstrap 95% CI resampling pairs, and each pair's median."""
-    groups = [[a[workload]["wall"] / b[workload]["wall"] for a, b in zip(pa, pb)]
+def ratio_stats(num: list[list[dict]], den: list[list[dict]], workload: str,
+                kind: str = "wall") -> dict:
+    """Per-round ratios num/den of a workload's steps/s (``kind``: per wall-clock second, or
+    "cpu": per second of the process's CPU time), grouped by pair (one fresh set of processes):
+    their median, a bootstrap 95% CI resampling pairs, and each pair's median."""
+    groups = [[a[workload][kind] / b[workload][kind] for a, b in zip(pa, pb)]
               for pa, pb in zip(num, den)]
     ratios = [r for g in groups for r in g]
     lo, hi = median_ci(groups)

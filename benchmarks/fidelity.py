@@ -180,6 +180,12 @@ def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
         for wl in WORKLOADS:
             row["workloads"][wl] = {
                 **ratio_stats(rates[k], rates["plain"], wl),
+                # Per CPU-second: where plain TF uses more cores than its thread settings say
+                # (tf.data's own pool is sized by the cores, not by the inter-op threads).
+                "per_cpu_second": ratio_stats(rates[k], rates["plain"], wl, "cpu"),
+                "cores_used": {name: median([x[wl]["wall"] / x[wl]["cpu"] for p in rates[key]
+                                             for x in p])
+                               for name, key in (("malleable", k), ("plain", "plain"))},
                 "steps_per_s": {"malleable": median([x[wl]["wall"] for p in rates[k] for x in p]),
                                 "plain": median([x[wl]["wall"] for p in rates["plain"] for x in p])}}
         out[k if not overhead else "none (overhead)"] = row

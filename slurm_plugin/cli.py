@@ -159,6 +159,33 @@ def _status_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_cmd(args: argparse.Namespace) -> int:
+    from .simulator import SimPolicy, Simulation, generate, parse_swf
+    if args.swf:
+        jobs = parse_swf(Path(args.swf).read_text(errors="replace"), cores=args.cores,
+                         malleable_fraction=args.malleable_fraction, seed=args.seed)
+        if args.jobs:
+            jobs = jobs[: args.jobs]
+    else:
+        jobs = generate(args.jobs or 1000, args.nodes, args.cores, args.malleable_fraction,
+                        args.seed)
+    policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
+    results = []
+    for policy in policies:
+        r = Simulation(jobs, nodes=args.nodes, cores=args.cores, policy=policy,
+                       backfill_depth=args.backfill_depth).run()
+        summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
+                   args.malleable_fraction, "workload": args.swf or "generated"}
+        results.append(summary)
+        print(f"{policy.value:12s} makespan {r.makespan_s:12.0f} s  mean completion "
+              f"{r.mean_completion_s:10.0f} s  utilisation {r.utilisation:.3f}  lower bound "
+              f"{r.lower_bound_makespan_s:12.0f} s  resizes {r.resizes}  wall {r.wall_s:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results,
+                                              indent=2) + "\n")
+    return 0
+
+
 def _sbatch_cmd(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
@@ -250,6 +277,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--all", action="store_true", help="rigid jobs too")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status_cmd)
+
+    sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
+                                         "discrete-event simulation running the agent's decide)")
+    sm.add_argument("--nodes", type=int, default=100)
+    sm.add_argument("--cores", type=int, default=64, help="cores per node")
+    sm.add_argument("--jobs", type=int, default=0,
+                    help="generated jobs (default 1000), or the first N of the SWF log")
+    sm.add_argument("--swf", help="a Standard Workload Format log instead of a generated load")
+    sm.add_argument("--malleable-fraction", type=float, default=0.5)
+    sm.add_argument("--policy", default="throughput",
+                    choices=["static", "lend-idle", "throughput", "cgroup-only", "all"])
+    sm.add_argument("--seed", type=int, default=1)
+    sm.add_argument("--backfill-depth", type=int, default=100,
+                    help="queued jobs the scheduler looks at per event")
+    sm.add_argument("--json", help="write the summary (a list with --policy all) here")
+    sm.set_defaults(func=_simulate_cmd)
     return parser
 
 

@@ -108,3 +108,43 @@ def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):
                  timeout=240, what="resume", show=lambda: out.read_text()[-2000:])
     finally:
         client.cancel(job_id)
+
+
+def status_rows(env: dict, job_id: int) -> list[dict]:
+    """``malleable status --json`` (the real command), this job's rows."""
+    out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "status", "--json"],
+                         capture_output=True, text=True, timeout=60, env=env, check=True)
+    return [r for r in json.loads(out.stdout) if r["job_id"] == job_id]
+
+
+def test_a_custom_training_loop_shows_its_steps_per_s_in_malleable_status(agent_cluster,
+                                                                          tmp_path):
+    """Horovod's DistributedGradientTape in a tf.function: no Keras fit, no callback, no
+    malleable_tf.step(). The optimizer's apply_gradients counts each step (an op in the graph),
+    and `malleable status` shows the job's steps/s."""
+    c, node = agent_cluster, "an1"
+    tmp_path.chmod(0o777)
+    stop = tmp_path / "stop"
+    env = {**os.environ, **c.env()}
+    job_id = int(subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-n1", "-c1", f"-w{node}",
+         "--comment=malleable:min=1,max=2", f"-o{tmp_path}/out", "--wrap",
+         f"exec {LAUNCHER} {sys.executable} {REPO}/tests/programs/hvd_tape.py {stop}"],
+        check=True, env=env, capture_output=True, text=True).stdout.split(";")[0])
+    try:
+        rows = wait_for(lambda: (r := status_rows(env, job_id)) and r[0]["steps_per_s"] and
+                        all(v > 0 for v in r[0]["steps_per_s"]) and r,
+                        timeout=180, what="steps/s in malleable status",
+                        show=lambda: status_rows(env, job_id))
+        print(rows)
+        assert rows[0]["node"] == node and rows[0]["threads"], rows
+        table = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "status"],
+                               capture_output=True, text=True, timeout=60, env=env).stdout
+        print(table)
+        line = next(x for x in table.splitlines() if x.split()[:1] == [str(job_id)])
+        assert line.split()[-1] != "-", table     # the STEPS/S column has a number
+    finally:
+        stop.touch()
+        time.sleep(1)
+        client = c.client()
+        client.cancel(job_id)

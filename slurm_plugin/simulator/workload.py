@@ -1,0 +1,211 @@
+"""What the simulator runs: jobs with a speedup curve, generated or read from a Standard Workload
+Format file. Pure: no clock, no I/O beyond reading the SWF text handed in."""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Protocol
+
+from ..coscheduler.request import MalleableSpec
+
+
+class Speedup(Protocol):
+    def rate(self, cores: int) -> float:
+        """Work done per second on ``cores`` cores (1.0 at one core)."""
+
+    def best_rate(self, max_cores: int) -> float:
+        """The highest rate on 1..max_cores cores."""
+
+    def least_cost(self, lo: int, hi: int) -> float:
+        """The fewest core-seconds per unit of work on lo..hi cores."""
+
+
+@dataclass(frozen=True)
+class Amdahl:
+    """Amdahl's law with a communication term: time(n)/time(1) = s + (1-s)/n + c(n-1).
+    Beyond n* = sqrt((1-s)/c) more cores slow the job down."""
+
+    serial: float = 0.05
+    comm: float = 0.0
+
+    def rate(self, cores: int) -> float:
+        n = max(1, cores)
+        return 1.0 / (self.serial + (1.0 - self.serial) / n + self.comm * (n - 1))
+
+    def best_rate(self, max_cores: int) -> float:
+        if self.comm <= 0:
+            return self.rate(max_cores)
+        peak = math.sqrt((1.0 - self.serial) / self.comm)
+        candidates = {1, max_cores, min(max_cores, max(1, math.floor(peak))),
+                      min(max_cores, max(1, math.ceil(peak)))}
+        return max(self.rate(n) for n in candidates)
+
+    def least_cost(self, lo: int, hi: int) -> float:
+        # n / rate(n) = n*s + (1-s) + c*n*(n-1) grows with n: the fewest cores cost least.
+        return lo / self.rate(lo)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Steps/s measured at some core counts (telemetry of a real run), normalised so that the
+    rate at the fewest measured cores, scaled linearly down to one core, is per-core 1.0;
+    linear in between, flat beyond the last point."""
+
+    points: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def from_steps_per_s(cls, steps: Mapping[int, float]) -> "Measured":
+        pts = sorted((int(k), float(v)) for k, v in steps.items() if int(k) > 0 and v > 0)
+        if not pts:
+            raise ValueError("a measured curve needs at least one point with steps/s > 0")
+        base = pts[0][1] / pts[0][0]
+        return cls(tuple((k, v / base) for k, v in pts))
+
+    def rate(self, cores: int) -> float:
+        pts = self.points
+        if cores <= pts[0][0]:
+            return pts[0][1] * max(1, cores) / pts[0][0]
+        for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
+            if cores <= k1:
+                return v0 + (v1 - v0) * (cores - k0) / (k1 - k0)
+        return pts[-1][1]
+
+    def best_rate(self, max_cores: int) -> float:
+        return max(self.rate(n) for n in range(1, max_cores + 1))
+
+    def least_cost(self, lo: int, hi: int) -> float:
+        return min(n / self.rate(n) for n in range(lo, hi + 1))
+
+
+@dataclass(frozen=True)
+class SimJob:
+    job_id: int
+    submit_s: float
+    cores: int                        # Slurm's allocation on its node (single-node jobs)
+    runtime_s: float                  # at its allocation
+    speedup: Speedup
+    spec: MalleableSpec | None = None  # None: rigid
+
+    @property
+    def work(self) -> float:
+        """Work units: what the job must get done (rate x seconds)."""
+        return self.runtime_s * self.speedup.rate(self.cores)
+
+    def max_cores(self, node_cores: int) -> int:
+        return self.cores if self.spec is None else max(self.cores,
+                                                        self.spec.max_on(node_cores))
+
+    def min_cores(self, node_cores: int) -> int:
+        return self.cores if self.spec is None else min(self.spec.min_cpus, self.cores)
+
+
+@dataclass(frozen=True)
+class WorkloadModel:
+    """A synthetic workload with the structure commonly reported for HPC logs (and modelled by
+    Lublin and Feitelson): a share of serial jobs, sizes log-uniform with a preference for
+    powers of two, log-normal runtimes, Poisson arrivals. The parameters are this project's own
+    defaults, not the published model's fitted values."""
+
+    serial_share: float = 0.25
+    power_of_two_share: float = 0.75
+    runtime_median_s: float = 900.0
+    runtime_sigma: float = 1.2
+    runtime_max_s: float = 86_400.0
+    offered_load: float = 1.2          # work arriving per unit of capacity while jobs arrive
+    serial_fraction: tuple[float, float] = (0.01, 0.15)
+    comm: tuple[float, float] = (0.0, 0.002)
+    malleable_max_factor: int = 4      # a malleable job may grow to this times its allocation
+
+
+def generate(n_jobs: int, nodes: int, cores: int, malleable_fraction: float, seed: int,
+             model: WorkloadModel = WorkloadModel()) -> list[SimJob]:
+    if n_jobs < 1 or nodes < 1 or cores < 1:
+        raise ValueError("jobs, nodes and cores must be at least 1")
+    if not 0.0 <= malleable_fraction <= 1.0:
+        raise ValueError("the malleable fraction is between 0 and 1")
+    rng = random.Random(seed)
+    top = math.log2(cores)
+    shapes = []
+    for _ in range(n_jobs):
+        if rng.random() < model.serial_share:
+            size = 1
+        else:
+            size = 2 ** rng.uniform(0.0, top)
+            size = 2 ** round(math.log2(size)) if rng.random() < model.power_of_two_share \
+                else round(size)
+        size = max(1, min(cores, int(size)))
+        runtime = min(model.runtime_max_s,
+                      rng.lognormvariate(math.log(model.runtime_median_s), model.runtime_sigma))
+        shapes.append((size, max(1.0, runtime)))
+    mean_core_s = sum(s * r for s, r in shapes) / n_jobs
+    arrival_rate = model.offered_load * nodes * cores / mean_core_s   # jobs per second
+    t, out = 0.0, []
+    for i, (size, runtime) in enumerate(shapes):
+        t += rng.expovariate(arrival_rate)
+        curve = Amdahl(rng.uniform(*model.serial_fraction), rng.uniform(*model.comm))
+        spec = None
+        if rng.random() < malleable_fraction:
+            spec = MalleableSpec(min_cpus=1, max_cpus=min(cores, size * model.malleable_max_factor))
+        out.append(SimJob(i + 1, round(t, 3), size, round(runtime, 3), curve, spec))
+    return out
+
+
+class SWFError(ValueError):
+    pass
+
+
+def parse_swf(text: str, *, cores: int, malleable_fraction: float = 0.0, seed: int = 0,
+              model: WorkloadModel = WorkloadModel()) -> list[SimJob]:
+    """Jobs of a Standard Workload Format log: field 1 job number, 2 submit time, 4 run time,
+    5 allocated processors (8, requested processors, where 5 is -1). Lines starting with ';' are
+    the header. Jobs that did not run (run time or processors <= 0) are left out; processors above
+    ``cores`` are capped to one node (this simulator places single-node jobs). A speedup curve
+    and, for ``malleable_fraction`` of the jobs, malleability are drawn as in ``generate``."""
+    rng = random.Random(seed)
+    jobs = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(";"):
+            continue
+        fields = line.split()
+        if len(fields) < 8:
+            raise SWFError(f"line {lineno}: {len(fields)} fields, an SWF line has 18")
+        try:
+            job, submit, run = int(fields[0]), float(fields[1]), float(fields[3])
+            procs = int(fields[4]) if int(fields[4]) > 0 else int(fields[7])
+        except ValueError as exc:
+            raise SWFError(f"line {lineno}: {exc}") from None
+        if run <= 0 or procs <= 0:
+            continue
+        size = min(cores, procs)
+        curve = Amdahl(rng.uniform(*model.serial_fraction), rng.uniform(*model.comm))
+        spec = None
+        if rng.random() < malleable_fraction:
+            spec = MalleableSpec(min_cpus=1, max_cpus=min(cores, size * model.malleable_max_factor))
+        jobs.append(SimJob(job, submit, size, run, curve, spec))
+    if not jobs:
+        raise SWFError("no job that ran in this SWF text")
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int) -> float:
+    """A makespan no schedule can beat: every job as efficient as it can be (its least
+    core-seconds) spread over the whole cluster from its arrival, and no job faster than at its
+    best width. Both bounds hold for every policy; the result is the larger, from the first
+    arrival."""
+    jobs = sorted(jobs, key=lambda j: j.submit_s)
+    if not jobs:
+        return 0.0
+    capacity = nodes * cores
+    first = jobs[0].submit_s
+    least_core_s, fastest = [], 0.0
+    for j in jobs:
+        lo, hi = j.min_cores(cores), j.max_cores(cores)
+        least_core_s.append(j.work * j.speedup.least_cost(lo, hi))
+        fastest = max(fastest, j.submit_s + j.work / j.speedup.best_rate(hi))
+    suffix, best = 0.0, 0.0
+    for j, cs in zip(reversed(jobs), reversed(least_core_s)):
+        suffix += cs
+        best = max(best, j.submit_s + suffix / capacity)
+    return max(best, fastest) - first

@@ -1,0 +1,134 @@
+"""The simulator (pure): speedup curves, the scheduler stand-in, the agent's decide driving the
+cores, the fluid lower bound, SWF parsing."""
+from __future__ import annotations
+
+import pytest
+
+from slurm_plugin.coscheduler.request import MalleableSpec
+from slurm_plugin.simulator import (Amdahl, Measured, SimJob, SimPolicy, Simulation,
+                                    fluid_lower_bound, generate, parse_swf, simulate)
+from slurm_plugin.simulator.workload import SWFError
+
+LINEAR = Amdahl(serial=0.0, comm=0.0)
+
+
+def test_amdahl_rates_and_best_rate():
+    a = Amdahl(serial=0.1, comm=0.01)
+    assert a.rate(1) == pytest.approx(1.0)
+    rates = [a.rate(n) for n in range(1, 65)]
+    peak = max(rates)
+    assert a.best_rate(64) == pytest.approx(peak)
+    assert rates.index(peak) + 1 == 9       # n* = sqrt(0.9 / 0.01) = 9.49: 9 or 10
+    assert a.best_rate(4) == pytest.approx(a.rate(4))
+    assert LINEAR.rate(8) == pytest.approx(8.0)
+    assert a.least_cost(1, 64) == pytest.approx(1.0)
+
+
+def test_measured_curve_is_normalised_and_flat_beyond_its_points():
+    m = Measured.from_steps_per_s({1: 50.0, 2: 90.0, 4: 120.0})
+    assert m.rate(1) == pytest.approx(1.0) and m.rate(2) == pytest.approx(1.8)
+    assert m.rate(3) == pytest.approx(2.1) and m.rate(8) == pytest.approx(2.4)
+    assert m.best_rate(8) == pytest.approx(2.4)
+    assert m.least_cost(1, 4) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        Measured.from_steps_per_s({2: 0.0})
+
+
+def one_node(jobs, policy, cores=4):
+    return simulate(jobs, nodes=1, cores=cores, policy=policy)
+
+
+def test_a_malleable_job_alone_grows_into_the_idle_cores_only_when_its_threads_follow():
+    job = SimJob(1, 0.0, 1, 100.0, LINEAR, MalleableSpec(min_cpus=1, max_cpus=4))
+    ends = {p: one_node([job], p).per_job[0].end_s for p in SimPolicy}
+    assert ends[SimPolicy.STATIC] == pytest.approx(100.0)
+    assert ends[SimPolicy.LEND_IDLE] == pytest.approx(25.0)    # 4 cores, linear: 4x
+    assert ends[SimPolicy.THROUGHPUT] == pytest.approx(25.0)
+    # The cgroup grew, the threads did not: no faster than static.
+    assert ends[SimPolicy.CGROUP_ONLY] == pytest.approx(100.0)
+    assert one_node([job], SimPolicy.CGROUP_ONLY).resizes == 0   # the start is no resize
+    u = one_node([job], SimPolicy.LEND_IDLE).utilisation
+    assert u == pytest.approx(1.0)
+
+
+def test_a_new_job_gets_its_allocation_back_from_a_borrower_at_once():
+    borrower = SimJob(1, 0.0, 2, 100.0, LINEAR, MalleableSpec(min_cpus=1, max_cpus=4))
+    rigid = SimJob(2, 10.0, 2, 30.0, LINEAR)
+    r = one_node([borrower, rigid], SimPolicy.LEND_IDLE)
+    by_id = {j.job_id: j for j in r.per_job}
+    assert by_id[2].start_s == pytest.approx(10.0) and by_id[2].end_s == pytest.approx(40.0)
+    # 200 units of work: 40 done at 4 cores in 10 s, then 2 cores until the rigid job ends
+    # (60 more), then 4 again: 100 left at 4 = 25 s.
+    assert by_id[1].end_s == pytest.approx(65.0)
+    assert r.resizes == 2
+    static = {j.job_id: j for j in one_node([borrower, rigid], SimPolicy.STATIC).per_job}
+    assert static[1].end_s == pytest.approx(100.0) and static[2].end_s == pytest.approx(40.0)
+
+
+def test_jobs_wait_first_come_first_served_and_small_ones_fill_gaps():
+    big = SimJob(1, 0.0, 3, 50.0, LINEAR)
+    waits = SimJob(2, 1.0, 2, 10.0, LINEAR)      # does not fit beside the first
+    fills = SimJob(3, 2.0, 1, 10.0, LINEAR)      # fits: starts before job 2
+    r = {j.job_id: j for j in one_node([big, waits, fills], SimPolicy.STATIC).per_job}
+    assert r[3].start_s == pytest.approx(2.0)
+    assert r[2].start_s == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_policy_stays_above_the_fluid_lower_bound_and_is_deterministic(seed):
+    jobs = generate(300, 4, 16, 0.5, seed)
+    lb = fluid_lower_bound(jobs, 4, 16)
+    for policy in SimPolicy:
+        a = simulate(jobs, nodes=4, cores=16, policy=policy)
+        b = simulate(jobs, nodes=4, cores=16, policy=policy)
+        assert a.makespan_s >= lb * (1 - 1e-9), (policy, a.makespan_s, lb)
+        assert a.lower_bound_makespan_s == pytest.approx(lb)
+        assert a.summary() | {"wall_s": 0} == b.summary() | {"wall_s": 0}
+        assert a.jobs == 300 and 0 < a.utilisation <= 1.0 + 1e-9
+    static = simulate(jobs, nodes=4, cores=16, policy=SimPolicy.STATIC)
+    cg = simulate(jobs, nodes=4, cores=16, policy=SimPolicy.CGROUP_ONLY)
+    assert cg.makespan_s == pytest.approx(static.makespan_s)
+
+
+def test_no_malleable_job_means_every_policy_is_static():
+    jobs = generate(200, 2, 8, 0.0, 5)
+    base = simulate(jobs, nodes=2, cores=8, policy=SimPolicy.STATIC).summary()
+    for policy in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT):
+        r = simulate(jobs, nodes=2, cores=8, policy=policy).summary()
+        assert r["makespan_s"] == pytest.approx(base["makespan_s"])
+        assert r["resizes"] == 0
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="asks for 9 cores"):
+        Simulation([SimJob(1, 0.0, 9, 1.0, LINEAR)], nodes=1, cores=8, policy=SimPolicy.STATIC)
+    with pytest.raises(ValueError):
+        generate(10, 1, 8, 1.5, 1)
+    with pytest.raises(ValueError):
+        generate(0, 1, 8, 0.5, 1)
+
+
+SWF = """; Version: 2.2
+; Computer: an example in the Standard Workload Format (18 fields per job)
+; MaxProcs: 128
+1 0 5 3600 16 -1 -1 16 7200 -1 1 3 1 -1 1 -1 -1 -1
+2 60 0 -1 8 -1 -1 8 600 -1 0 3 1 -1 1 -1 -1 -1
+3 120 10 600 -1 -1 -1 4 900 -1 1 4 1 -1 1 -1 -1 -1
+4 180 3 100 128 -1 -1 128 200 -1 1 4 1 -1 1 -1 -1 -1
+"""
+
+
+def test_swf_jobs_that_ran_with_processors_capped_to_a_node():
+    jobs = parse_swf(SWF, cores=64)
+    assert [(j.job_id, j.submit_s, j.cores, j.runtime_s) for j in jobs] == [
+        (1, 0.0, 16, 3600.0), (3, 120.0, 4, 600.0), (4, 180.0, 64, 100.0)]
+    assert all(j.spec is None for j in jobs)
+    half = parse_swf(SWF, cores=64, malleable_fraction=1.0)
+    assert all(j.spec is not None and j.spec.max_cpus <= 64 for j in half)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("1 0 5\n", "fields"), ("x 0 5 10 1 -1 -1 1\n", "line 1"), ("; only a header\n", "no job")])
+def test_bad_swf_text_is_a_clear_error(text, message):
+    with pytest.raises(SWFError, match=message):
+        parse_swf(text, cores=8)
