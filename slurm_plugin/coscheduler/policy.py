@@ -240,10 +240,10 @@ def decide(snapshot: NodeSnapshot, policy: Policy) -> Plan:
     counts, reasons = target_counts(snapshot, policy)
     targets = assign_cores(snapshot, counts)
     offers = {}
-    if not snapshot.pending_starts:
+    multi_node = [j for j in snapshot.jobs if j.resizable and j.nodes > 1]
+    if multi_node and not snapshot.pending_starts:   # only they need the uncapped counts
         uncapped, _ = target_counts(snapshot, policy, peer_cap=False)
-        offers = {j.job_id: max(1, uncapped[j.job_id] // j.local_size)
-                  for j in snapshot.jobs if j.resizable and j.nodes > 1}
+        offers = {j.job_id: max(1, uncapped[j.job_id] // j.local_size) for j in multi_node}
     plan = Plan(node=snapshot.node, policy=policy, targets=targets, reasons=reasons,
                 actions=plan_actions(snapshot, targets, reasons), offers=offers)
     check_plan(snapshot, plan)

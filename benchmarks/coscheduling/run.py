@@ -1,0 +1,224 @@
+"""Does malleability finish more work sooner? A reference workload of TensorFlow jobs arriving
+over time on the real local cluster, run once per regime:
+
+    static        the agent keeps every job on its Slurm allocation (Slurm alone)
+    cgroup-only   the agent lends idle cores (lend-idle) but the jobs are plain TensorFlow whose
+                  threads stay as many as Slurm allocated (what `docker update` or a cpuset-only
+                  agent gives)
+    lend-idle     idle cores shared among malleable jobs; malleable_tf follows
+    throughput    idle cores where the jobs' measured steps/s say they add the most
+
+One node with this machine's 2 cores (the local cluster's node is the host; no other node shares
+them). Every job asks Slurm for 1 core; malleable jobs say min=1,max=2. Each job runs a fixed
+number of steps (benchmarks/workloads.py: the Keras CNN, compute-bound, or the tf.data pipeline,
+input-bound) and reports its start, end and CPU seconds. Measured per regime: makespan, mean
+completion (submit to end), core utilisation (the jobs' CPU seconds / (2 cores x makespan)),
+resizes and their latency (the agent's event log); every 0.5 s each job's cpuset and threads.
+
+    python benchmarks/coscheduling/run.py [--regimes static,cgroup-only,lend-idle,throughput]
+
+Writes benchmarks/results/coscheduling.json and coscheduling.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from common import RESULTS, machine, median, percentile, save  # noqa: E402
+
+from malleable_protocol.cpulist import parse_cpu_list  # noqa: E402
+from slurm_plugin.cluster import LocalCluster, default_spec  # noqa: E402
+from slurm_plugin.coscheduler.model import Policy  # noqa: E402
+from slurm_plugin.coscheduler.ranks import read_job_statuses  # noqa: E402
+from slurm_plugin.slurm import JobState  # noqa: E402
+
+NODE = "cs1"
+
+
+@dataclass(frozen=True)
+class RefJob:
+    name: str
+    submit_s: float          # after the run's start
+    workload: str
+    steps: int
+    malleable: bool
+
+
+# About 30-40 s each on one core here: A starts alone, the rigid C arrives while A and B run.
+JOBS = (RefJob("A", 0, "keras_cnn", 6000, True),
+        RefJob("B", 12, "tf_data", 8000, True),
+        RefJob("C", 24, "keras_cnn", 6000, False),
+        RefJob("D", 36, "tf_data", 8000, True),
+        RefJob("E", 48, "keras_cnn", 6000, True))
+
+REGIMES = {"static": (Policy.STATIC, "malleable"), "cgroup-only": (Policy.LEND_IDLE, "plain"),
+           "lend-idle": (Policy.LEND_IDLE, "malleable"),
+           "throughput": (Policy.THROUGHPUT, "malleable")}
+
+
+def job_cpus(job_id: int) -> frozenset[int] | None:
+    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{job_id}/cpuset.cpus")
+    try:
+        return parse_cpu_list(p.read_text())
+    except OSError:
+        return None
+
+
+def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:
+    mode = mode if job.malleable else "plain"
+    args = ["sbatch", "--parsable", "-N1", "-n1", "-c1", f"-w{NODE}", f"-J{job.name}",
+            f"-o{root}/{job.name}.out"]
+    if job.malleable:
+        args.append("--comment=malleable:min=1,max=2")
+    cmd = f"exec {sys.executable} {HERE / 'job.py'} {job.workload} {job.steps} {mode}"
+    t = time.time()
+    out = subprocess.run([*args, "--wrap", cmd], env=env, check=True, capture_output=True,
+                         text=True)
+    return int(out.stdout.split(";")[0]), t
+
+
+def run_regime(name: str, root: Path, port: int) -> dict:
+    policy, mode = REGIMES[name]
+    root.mkdir(mode=0o755)
+    cluster = LocalCluster(default_spec(root, nodes=1, port_base=port, node_prefix="cs",
+                                        name="malleablecs"))
+    cluster.up(agents=policy)
+    env = {**os.environ, **cluster.env()}
+    client = cluster.client()
+    ids: dict[str, int] = {}
+    submitted: dict[str, float] = {}
+    samples: list[dict] = []
+    telemetry: dict[str, dict] = {}
+    t0 = time.time()
+    try:
+        pending = list(JOBS)
+        while True:
+            now = time.time() - t0
+            while pending and now >= pending[0].submit_s:
+                job = pending.pop(0)
+                ids[job.name], submitted[job.name] = submit(env, root, job, mode)
+            for jname, jid in ids.items():
+                cpus = job_cpus(jid)
+                st = read_job_statuses(cluster.run_layout, jid)
+                if st:
+                    telemetry[jname] = {str(k): v for s in st for k, v in s.steps_per_s.items()}
+                if cpus is not None:
+                    samples.append({"t": round(now, 2), "job": jname, "cores": len(cpus),
+                                    "threads": [s.intra_active for s in st]})
+            states = {k: client.job(v).state for k, v in ids.items()}
+            if not pending and all(not s.holds_cores and s is not JobState.PENDING
+                                   for s in states.values()):
+                break
+            if now > 600:
+                raise TimeoutError(f"{name}: jobs still running after 600 s: {states}")
+            time.sleep(0.5)
+        events = []
+        log = root / "agent" / f"events-{NODE}.jsonl"
+        if log.exists():
+            events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    finally:
+        problems = cluster.down()
+        if problems:
+            print(f"{name}: cluster down left {problems}", file=sys.stderr)
+    jobs = {}
+    for job in JOBS:
+        text = (root / f"{job.name}.out").read_text()
+        line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"{name}: job {job.name} printed no result:\n{text[-2000:]}")
+        r = json.loads(line[7:])
+        jobs[job.name] = {**asdict(job), "submitted": submitted[job.name] - t0,
+                          "start": r["start"] - t0, "ready": r["ready"] - t0,
+                          "end": r["end"] - t0, "cpu_s": r["cpu_s"],
+                          "steps_per_s_by_threads": telemetry.get(job.name, {})}
+    first = min(j["submitted"] for j in jobs.values())
+    makespan = max(j["end"] for j in jobs.values()) - first
+    resizes = [e for e in events if e.get("status") == "applied"
+               and e.get("event") in ("grow", "shrink", "move")]
+    lat = [e["latency_ms"] for e in resizes if e.get("latency_ms") is not None]
+    return {"regime": name, "policy": policy.value, "job_mode": mode, "jobs": jobs,
+            "makespan_s": makespan,
+            "mean_completion_s": sum(j["end"] - j["submitted"] for j in jobs.values()) / len(jobs),
+            "utilisation": sum(j["cpu_s"] for j in jobs.values()) / (2 * makespan),
+            "resizes": len(resizes), "resize_latency_ms": {"p50": median(lat),
+                                                           "p95": percentile(lat, 95)},
+            "samples": samples}
+
+
+def plot(data: dict) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = data["runs"]
+    names = [j.name for j in JOBS]
+    fig, axes = plt.subplots(len(runs) + 1, 1, figsize=(9, 2.2 * (len(runs) + 1)))
+    colors = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, run in zip(axes, runs):
+        ts = sorted({s["t"] for s in run["samples"]})
+        by = {(s["t"], s["job"]): s["cores"] for s in run["samples"]}
+        ax.stackplot(ts, [[by.get((t, n), 0) for t in ts] for n in names], labels=names,
+                     colors=[colors[n] for n in names], step="post")
+        ax.set_ylim(0, 2.2)
+        ax.set_ylabel("cores")
+        ax.set_title(f"{run['regime']}: makespan {run['makespan_s']:.0f} s, mean completion "
+                     f"{run['mean_completion_s']:.0f} s", fontsize=9)
+    axes[0].legend(fontsize=7, ncol=len(names), loc="upper right")
+    ax = axes[-1]
+    xs = range(len(runs))
+    ax.bar([x - 0.2 for x in xs], [r["makespan_s"] for r in runs], 0.4, label="makespan")
+    ax.bar([x + 0.2 for x in xs], [r["mean_completion_s"] for r in runs], 0.4,
+           label="mean completion")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["regime"] for r in runs])
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = RESULTS / "coscheduling.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--port-base", type=int, default=41817)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="malleable-cosched-", dir="/tmp"))
+    base.chmod(0o755)
+    runs = []
+    try:
+        for i, name in enumerate(args.regimes.split(",")):
+            print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
+            runs.append(run_regime(name, base / name, args.port_base + 100 * i))
+            r = runs[-1]
+            print(f"  makespan {r['makespan_s']:.1f} s, mean completion "
+                  f"{r['mean_completion_s']:.1f} s, utilisation {r['utilisation']:.2f}, "
+                  f"resizes {r['resizes']}", flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    static = next((r for r in runs if r["regime"] == "static"), None)
+    data = {"benchmark": "co-scheduling, real runs", "machine": machine(), "node_cores": 2,
+            "jobs": [asdict(j) for j in JOBS], "runs": runs}
+    if static:
+        data["vs_static"] = {r["regime"]: {
+            "makespan": round(r["makespan_s"] / static["makespan_s"], 3),
+            "mean_completion": round(r["mean_completion_s"] / static["mean_completion_s"], 3)}
+            for r in runs}
+        print(json.dumps(data["vs_static"], indent=1))
+    save("coscheduling", data)
+    print("wrote", plot(data))
+
+
+if __name__ == "__main__":
+    main()
