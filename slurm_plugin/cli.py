@@ -160,15 +160,17 @@ def _status_cmd(args: argparse.Namespace) -> int:
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
-    from .simulator import SimPolicy, Simulation, generate, parse_swf
+    from .simulator import SimPolicy, Simulation, WorkloadModel, generate, parse_swf
     if args.swf:
         jobs = parse_swf(Path(args.swf).read_text(errors="replace"), cores=args.cores,
                          malleable_fraction=args.malleable_fraction, seed=args.seed)
         if args.jobs:
             jobs = jobs[: args.jobs]
     else:
+        model = WorkloadModel(offered_load=args.offered_load,
+                              runtime_max_s=args.max_runtime_h * 3600.0)
         jobs = generate(args.jobs or 1000, args.nodes, args.cores, args.malleable_fraction,
-                        args.seed)
+                        args.seed, model)
     policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
     results = []
     for policy in policies:
@@ -176,6 +178,9 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
                        backfill_depth=args.backfill_depth).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
                    args.malleable_fraction, "workload": args.swf or "generated"}
+        if not args.swf:
+            summary["offered_load"] = args.offered_load
+            summary["max_runtime_h"] = args.max_runtime_h
         results.append(summary)
         print(f"{policy.value:12s} makespan {r.makespan_s:12.0f} s  mean completion "
               f"{r.mean_completion_s:10.0f} s  utilisation {r.utilisation:.3f}  lower bound "
@@ -278,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status_cmd)
 
+    from .simulator.workload import WorkloadModel
+    WORKLOAD_DEFAULTS = WorkloadModel()
     sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
                                          "discrete-event simulation running the agent's decide)")
     sm.add_argument("--nodes", type=int, default=100)
@@ -286,6 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="generated jobs (default 1000), or the first N of the SWF log")
     sm.add_argument("--swf", help="a Standard Workload Format log instead of a generated load")
     sm.add_argument("--malleable-fraction", type=float, default=0.5)
+    sm.add_argument("--offered-load", type=float, default=WORKLOAD_DEFAULTS.offered_load,
+                    help="generated: work arriving per unit of capacity while jobs arrive")
+    sm.add_argument("--max-runtime-h", type=float,
+                    default=WORKLOAD_DEFAULTS.runtime_max_s / 3600.0,
+                    help="generated: the longest job's runtime at its allocation, hours")
     sm.add_argument("--policy", default="throughput",
                     choices=["static", "lend-idle", "throughput", "cgroup-only", "all"])
     sm.add_argument("--seed", type=int, default=1)

@@ -132,3 +132,23 @@ def test_swf_jobs_that_ran_with_processors_capped_to_a_node():
 def test_bad_swf_text_is_a_clear_error(text, message):
     with pytest.raises(SWFError, match=message):
         parse_swf(text, cores=8)
+
+
+def test_the_command_line_writes_the_summary(tmp_path, capsys):
+    from slurm_plugin.cli import main
+    out = tmp_path / "out.json"
+    assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
+                 "--seed", "4", "--json", str(out)]) == 0
+    import json
+    rows = json.loads(out.read_text())
+    assert [r["policy"] for r in rows] == ["static", "lend-idle", "throughput", "cgroup-only"]
+    for r in rows:
+        assert {"makespan_s", "mean_completion_s", "utilisation", "lower_bound_makespan_s",
+                "wall_s"} <= set(r)
+        assert r["makespan_s"] >= r["lower_bound_makespan_s"] > 0 and r["jobs"] == 100
+    swf = tmp_path / "log.swf"
+    swf.write_text(SWF)
+    assert main(["simulate", "--swf", str(swf), "--nodes", "1", "--cores", "64",
+                 "--policy", "lend-idle", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["jobs"] == 3
+    assert "lend-idle" in capsys.readouterr().out
