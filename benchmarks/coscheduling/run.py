@@ -1,10 +1,11 @@
 """Does malleability finish more work sooner? A reference workload of TensorFlow jobs arriving
 over time on the real local cluster, run once per regime:
 
-    static        the agent keeps every job on its Slurm allocation (Slurm alone)
-    cgroup-only   the agent lends idle cores (lend-idle) but the jobs are plain TensorFlow whose
-                  threads stay as many as Slurm allocated (what `docker update` or a cpuset-only
-                  agent gives)
+    static        Slurm alone: plain TensorFlow jobs with as many threads as cores allocated, on
+                  their allocation (the agent runs with the static policy)
+    cgroup-only   the same plain jobs; the agent lends idle cores to their cgroups (lend-idle),
+                  their threads stay as many as Slurm allocated (what `docker update` or a
+                  cpuset-only agent gives)
     lend-idle     idle cores shared among malleable jobs; malleable_tf follows
     throughput    idle cores where the jobs' measured steps/s say they add the most
 
@@ -55,14 +56,17 @@ class RefJob:
     malleable: bool
 
 
-# About 30-40 s each on one core here: A starts alone, the rigid C arrives while A and B run.
+# About 30 s each on one core here, arriving so that the node is often half idle (one job
+# running): the cores Slurm leaves idle are what malleability can use.
 JOBS = (RefJob("A", 0, "keras_cnn", 6000, True),
-        RefJob("B", 12, "tf_data", 8000, True),
-        RefJob("C", 24, "keras_cnn", 6000, False),
-        RefJob("D", 36, "tf_data", 8000, True),
-        RefJob("E", 48, "keras_cnn", 6000, True))
+        RefJob("B", 20, "tf_data", 8000, True),
+        RefJob("C", 40, "keras_cnn", 6000, False),
+        RefJob("D", 70, "keras_cnn", 6000, True),
+        RefJob("E", 90, "tf_data", 8000, True))
 
-REGIMES = {"static": (Policy.STATIC, "malleable"), "cgroup-only": (Policy.LEND_IDLE, "plain"),
+# Slurm alone runs plain TensorFlow jobs with as many threads as cores allocated; cgroup-only
+# runs the same jobs with the agent lending idle cores to their cgroups.
+REGIMES = {"static": (Policy.STATIC, "plain"), "cgroup-only": (Policy.LEND_IDLE, "plain"),
            "lend-idle": (Policy.LEND_IDLE, "malleable"),
            "throughput": (Policy.THROUGHPUT, "malleable")}
 

@@ -3,7 +3,10 @@
 Each job of the reference workload becomes a SimJob: submitted when it was in the static run,
 1 core, the runtime it had there (its whole life on its allocation, start-up included), and the
 speedup curve its own telemetry measured in the malleable runs (steps/s at 1 and 2 threads;
-where a job never ran at 2, no speedup is assumed). The simulator (`malleable simulate`'s engine,
+where a job never ran at 2, no speedup is assumed). The simulator knows nothing of the
+malleable runtime's own cost (a malleable job at 1 core runs a little slower than the plain one
+of the static run: the fidelity table), nor of start-up time that more cores do not shorten:
+both show up as the error. The simulator (`malleable simulate`'s engine,
 the agent's own decide) then runs each regime on one node of 2 cores; the error per metric is
 simulated / real - 1.
 
