@@ -54,11 +54,12 @@ class Regime:
         return f"{self.scenario}/{self.regime}"
 
     def args(self, folder: CpusetFolder) -> list[str]:
-        base = ["tf_worker.py", "--cgroup", str(folder.path), "--workloads", ",".join(WORKLOADS)]
         if self.pool is None:
-            return [*base[:1], "plain", "--threads", str(self.plain_threads), *base[1:]]
-        return [*base[:1], "malleable", "--pool", str(self.pool), "--expect", str(self.expect),
-                *base[1:]]
+            mode = ["plain", "--threads", str(self.plain_threads)]
+        else:
+            mode = ["malleable", "--pool", str(self.pool), "--expect", str(self.expect)]
+        return ["tf_worker.py", *mode, "--cgroup", str(folder.path),
+                "--workloads", ",".join(WORKLOADS)]
 
 
 def regimes(cores: int) -> list[Regime]:

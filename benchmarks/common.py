@@ -87,8 +87,7 @@ class BurstWorker:
     def burst(self, workload: str, seconds: float) -> dict:
         os.kill(self.proc.pid, signal.SIGCONT)
         try:
-            self.proc.stdin.write(f"{workload} {seconds}\n")
-            self.proc.stdin.flush()
+            self.send(f"{workload} {seconds}")
             return json.loads(self._expect("RESULT ", seconds * 10 + 60))
         finally:
             os.kill(self.proc.pid, signal.SIGSTOP)

@@ -40,7 +40,7 @@ from typing import Callable
 from common import (BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
                     take_turns)
 
-from malleable_protocol import Target
+from malleable_protocol import Target, format_cpu_list
 
 WORKLOADS = ("keras_cnn", "matmul", "tf_data")
 GOALS = {"fidelity": 0.95, "overhead": 0.98}
@@ -49,7 +49,8 @@ SIGNAL_SPEC = "USR1=reload,USR2=intra-down,URG=inter-down"
 
 
 def cpu_list(n: int) -> str:
-    return "0" if n == 1 else f"0-{n - 1}"
+    """The first n cores, as taskset and cpuset.cpus write them."""
+    return format_cpu_list(frozenset(range(n)))
 
 
 def taskset(pid: int, cpus: str) -> None:

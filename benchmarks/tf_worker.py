@@ -34,8 +34,8 @@ if args.cgroup:
     with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
         f.write(str(os.getpid()))
 if args.cpus:
-    lo, _, hi = args.cpus.partition("-")
-    os.sched_setaffinity(0, range(int(lo), int(hi or lo) + 1))  # every thread inherits it
+    from malleable_protocol.cpulist import parse_cpu_list
+    os.sched_setaffinity(0, parse_cpu_list(args.cpus))  # every thread inherits it
 
 data_map = None
 state = None

@@ -59,17 +59,19 @@ else
 fi
 done_step
 
+# A virtualenv on $PY at $1. One made on another interpreter (an earlier setup's, e.g. one in
+# root's home that no other user can reach) is made again.
+make_venv() {
+  if [ -x "$1/bin/python" ] && ! grep -qx "home = $(dirname "$(readlink -f "$PY")")" \
+       "$1/pyvenv.cfg" 2>/dev/null; then
+    echo "[setup] $1 was made on another Python: making it again"
+    rm -rf "$1"
+  fi
+  [ -x "$1/bin/python" ] || "$PY" -m venv "$1"
+}
+
 step "virtualenv at $VENV (on $PY)"
-# A virtualenv made on another interpreter (an earlier setup's, e.g. one in root's home that no
-# other user can reach) is made again.
-if [ -x "$VENV/bin/python" ] && ! grep -qx "home = $(dirname "$(readlink -f "$PY")")" \
-     "$VENV/pyvenv.cfg" 2>/dev/null; then
-  echo "[setup] $VENV was made on another Python: making it again"
-  rm -rf "$VENV"
-fi
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
+make_venv "$VENV"
 done_step
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
@@ -163,11 +165,7 @@ done_step
 
 if [ "$WITH_KERAS3" = 1 ]; then
   step "Keras 3 environment at $KERAS3_VENV ($KERAS3_TF_PIN, for malleable_tf's own tests)"
-  if [ -x "$KERAS3_VENV/bin/python" ] && ! grep -qx "home = $(dirname "$(readlink -f "$PY")")" \
-       "$KERAS3_VENV/pyvenv.cfg" 2>/dev/null; then
-    rm -rf "$KERAS3_VENV"
-  fi
-  [ -x "$KERAS3_VENV/bin/python" ] || "$PY" -m venv "$KERAS3_VENV"
+  make_venv "$KERAS3_VENV"
   KERAS3_DEPS=("$KERAS3_TF_PIN" pytest pytest-timeout psutil prometheus-client)
   if VENV="$KERAS3_VENV" have_versions "${KERAS3_DEPS[@]}"; then
     echo "[setup] already installed"

@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=_status_cmd)
 
     from .simulator.workload import WorkloadModel
-    WORKLOAD_DEFAULTS = WorkloadModel()
+    workload_defaults = WorkloadModel()
     sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
                                          "discrete-event simulation running the agent's decide)")
     sm.add_argument("--nodes", type=int, default=100)
@@ -293,10 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="generated jobs (default 1000), or the first N of the SWF log")
     sm.add_argument("--swf", help="a Standard Workload Format log instead of a generated load")
     sm.add_argument("--malleable-fraction", type=float, default=0.5)
-    sm.add_argument("--offered-load", type=float, default=WORKLOAD_DEFAULTS.offered_load,
+    sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
                     help="generated: work arriving per unit of capacity while jobs arrive")
     sm.add_argument("--max-runtime-h", type=float,
-                    default=WORKLOAD_DEFAULTS.runtime_max_s / 3600.0,
+                    default=workload_defaults.runtime_max_s / 3600.0,
                     help="generated: the longest job's runtime at its allocation, hours")
     sm.add_argument("--policy", default="throughput",
                     choices=["static", "lend-idle", "throughput", "cgroup-only", "all"])

@@ -38,8 +38,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, median, percentile, save  # noqa: E402
 
-from malleable_protocol.cpulist import parse_cpu_list  # noqa: E402
 from slurm_plugin.cluster import LocalCluster, default_spec  # noqa: E402
+from slurm_plugin.coscheduler.cgroup_actuator import SlurmCgroupLayout, read_cpus  # noqa: E402
 from slurm_plugin.coscheduler.model import Policy  # noqa: E402
 from slurm_plugin.coscheduler.ranks import read_job_statuses  # noqa: E402
 from slurm_plugin.slurm import JobState  # noqa: E402
@@ -72,11 +72,8 @@ REGIMES = {"static": (Policy.STATIC, "plain"), "cgroup-only": (Policy.LEND_IDLE,
 
 
 def job_cpus(job_id: int) -> frozenset[int] | None:
-    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{job_id}/cpuset.cpus")
-    try:
-        return parse_cpu_list(p.read_text())
-    except OSError:
-        return None
+    """The job's cpuset (the jobs are root's: uid 0), as the agent reads it."""
+    return read_cpus(SlurmCgroupLayout(NODE).job_dir(0, job_id))
 
 
 def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:

@@ -218,10 +218,7 @@ class Simulation:
         running = [self._running[j] for j in sorted(self._on_node[node])]
         policy = self.policy.agent_policy
         if policy is None or not running:
-            for r in running:
-                if r.rate == 0.0:
-                    self._set_cores(r, r.allocation, now)
-            return
+            return   # static: every job got its allocation when it started
         snapshot = NodeSnapshot(node=f"n{node}", cpus=self._cpus, jobs=tuple(
             JobView(job_id=r.job.job_id, uid=1000, user="sim", allocation=r.allocation,
                     current=r.current, spec=r.job.spec,

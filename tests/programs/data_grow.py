@@ -15,13 +15,7 @@ from malleable_tf.runtime import pin_all_threads  # noqa: E402
 
 malleable_tf.init(max_threads=2)
 import tensorflow as tf  # noqa: E402
-
-
-def heavy(i):
-    x = tf.random.stateless_normal((160, 160), seed=tf.stack([i, 0]))
-    for _ in range(6):
-        x = tf.tanh(tf.matmul(x, x) / 160.0)
-    return tf.reduce_sum(x)
+from tf_data_work import heavy  # noqa: E402
 
 
 source = tf.data.Dataset.range(10**9)
