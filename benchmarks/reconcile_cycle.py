@@ -28,7 +28,7 @@ from slurm_plugin.coscheduler.model import Policy
 from slurm_plugin.feed import FeedStore
 from slurm_plugin.feed.watcher import build_feeds
 from slurm_plugin.slurm.client import CliSlurmClient
-from slurm_plugin.slurm.parsers import parse_sinfo_json, parse_squeue_json
+from slurm_plugin.slurm.parsers import parse_nodes_json, parse_squeue_json
 
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "slurm-22.05"
 
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=200)
     args = ap.parse_args()
     squeue, sinfo = synthetic_outputs(args.jobs, args.cores)
-    nodes = parse_sinfo_json(sinfo)
+    nodes = parse_nodes_json(sinfo)
     jobs = CliSlurmClient()._with_cpu_ids(parse_squeue_json(squeue), nodes)
     feed = build_feeds(jobs, nodes, time.time())["n1"]
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:

@@ -89,6 +89,51 @@ def check_port_free(address: str, port: int) -> None:
             raise
 
 
+def write_cluster_files(spec: ClusterSpec) -> None:
+    """The cluster folder: daemons' folders, the munge key (made once), slurm.conf, cgroup.conf,
+    job_submit.lua and cluster.json. Shared by the local cluster and docker-slurm."""
+    p = spec.paths
+    for d in (p.root, p.etc, p.state, p.spool, p.log, p.run, p.munge):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o755)  # munged refuses a socket folder others cannot traverse
+    p.tmp.mkdir(exist_ok=True)
+    os.chmod(p.tmp, 0o755)
+    for node in spec.node_names:
+        (p.spool / node).mkdir(exist_ok=True)
+        (p.tmp / node).mkdir(exist_ok=True)
+        os.chmod(p.tmp / node, 0o1777)  # like /tmp: every job user writes there
+    if not p.munge_key.exists():
+        fd = os.open(p.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(1024))
+    p.slurm_conf.write_text(render_slurm_conf(spec))
+    p.cgroup_conf.write_text(render_cgroup_conf(spec))
+    if spec.job_submit_lua is not None:
+        shutil.copyfile(spec.job_submit_lua, p.etc / "job_submit.lua")
+    tmp = p.spec_file.with_suffix(".tmp")
+    tmp.write_text(spec.to_json())
+    os.replace(tmp, p.spec_file)
+
+
+def hooks_dir(spec: ClusterSpec) -> Path:
+    return spec.paths.root / "hooks"
+
+
+def install_cluster_hooks(spec: ClusterSpec, policy: Policy) -> ClusterSpec:
+    """What `malleable install-slurm-hooks` does on a real cluster, below the cluster folder:
+    returns the spec with its hook slots filled."""
+    from ..coscheduler.config import AgentConfig
+    from ..coscheduler.hooks import install, prepare_node_folders
+    from ..feed.store import FeedStore
+    config = AgentConfig.under(spec.paths.root, policy=policy)
+    paths = install(hooks_dir(spec), config)
+    prepare_node_folders(config)
+    FeedStore(config.feed_dir).prepare()
+    return spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],
+                           job_submit_lua=paths["job_submit.lua"],
+                           ctld_event=paths["ctld_event.sh"], plugstack=paths["plugstack.conf"])
+
+
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, *, runner: CommandRunner = run_command,
                  which: Callable[[str], str | None] = shutil.which,
@@ -185,51 +230,14 @@ class LocalCluster:
                     "uses that node name; choose another --node-prefix or bring it down")
         return found
 
-    def _write_files(self) -> None:
-        p = self.paths
-        for d in (p.root, p.etc, p.state, p.spool, p.log, p.run, p.munge):
-            d.mkdir(parents=True, exist_ok=True)
-            os.chmod(d, 0o755)  # munged refuses a socket folder others cannot traverse
-        p.tmp.mkdir(exist_ok=True)
-        os.chmod(p.tmp, 0o755)
-        for node in self.spec.node_names:
-            (p.spool / node).mkdir(exist_ok=True)
-            (p.tmp / node).mkdir(exist_ok=True)
-            os.chmod(p.tmp / node, 0o1777)  # like /tmp: every job user writes there
-        if not p.munge_key.exists():
-            fd = os.open(p.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(1024))
-        p.slurm_conf.write_text(render_slurm_conf(self.spec))
-        p.cgroup_conf.write_text(render_cgroup_conf(self.spec))
-        if self.spec.job_submit_lua is not None:
-            shutil.copyfile(self.spec.job_submit_lua, p.etc / "job_submit.lua")
-        tmp = p.spec_file.with_suffix(".tmp")
-        tmp.write_text(self.spec.to_json())
-        os.replace(tmp, p.spec_file)
-
     @property
     def hooks_dir(self) -> Path:
-        return self.paths.root / "hooks"
+        return hooks_dir(self.spec)
 
     def agent_config(self):
         """The agent settings the hooks were installed with (hooks/agent.json)."""
         from ..coscheduler.config import AgentConfig
         return AgentConfig.from_json((self.hooks_dir / "agent.json").read_text())
-
-    def _install_hooks(self, policy: Policy) -> None:
-        """What `malleable install-slurm-hooks` does on a real cluster, below this folder."""
-        from ..coscheduler.config import AgentConfig
-        from ..coscheduler.hooks import install, prepare_node_folders
-        from ..feed.store import FeedStore
-        config = AgentConfig.under(self.paths.root, policy=policy)
-        paths = install(self.hooks_dir, config)
-        prepare_node_folders(config)
-        FeedStore(config.feed_dir).prepare()
-        self.spec = self.spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],
-                                         job_submit_lua=paths["job_submit.lua"],
-                                         ctld_event=paths["ctld_event.sh"],
-                                         plugstack=paths["plugstack.conf"])
 
     def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
            agents: Policy | None = None) -> None:
@@ -238,8 +246,8 @@ class LocalCluster:
         agents = None if agents is None else Policy(agents)
         bins = self.preflight()
         if agents is not None:
-            self._install_hooks(agents)
-        self._write_files()
+            self.spec = install_cluster_hooks(self.spec, agents)
+        write_cluster_files(self.spec)
         p = self.paths
         records: list[daemons.DaemonRecord] = []
 

@@ -84,7 +84,8 @@ class ClusterPaths:
     def daemons_file(self) -> Path: return self.run / "daemons.json"
 
 
-_PATH_FIELDS = ("root", "prolog", "epilog", "job_submit_lua", "ctld_event", "plugstack")
+_PATH_FIELDS = ("root", "prolog", "epilog", "job_submit_lua", "ctld_event", "plugstack",
+                "munge_socket")
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,12 @@ class ClusterSpec:
     # Nodes only declared (State=DOWN, no slurmd): a cluster of that size to slurmctld, for
     # measuring what costs grow with the node count.
     phantom_nodes: int = 0
+    # False: every node is a slurmd on one host (``hostname``/``address``), told apart by port.
+    # True: each node is a host of its own, named after the node (docker-slurm's containers).
+    own_hosts: bool = False
+    # munged's socket when it is not the cluster folder's (each docker-slurm container runs
+    # its own munged at Debian's default socket, while the cluster folder is shared).
+    munge_socket: Path | None = None
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -204,7 +211,8 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
     if spec.plugstack is not None:
         optional.append(f"PlugStackConfig={spec.plugstack}")
     node_lines = [
-        f"NodeName={n} NodeHostname={spec.hostname} NodeAddr={spec.address} "
+        f"NodeName={n} NodeHostname={n if spec.own_hosts else spec.hostname} "
+        f"NodeAddr={n if spec.own_hosts else spec.address} "
         f"Port={spec.node_port(n)} {layout} State=UNKNOWN"
         for n in spec.node_names
     ]
@@ -220,7 +228,7 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         controller_addr=spec.address,
         slurmctld_port=spec.slurmctld_port,
         slurm_user=spec.slurm_user,
-        munge_socket=p.munge_socket,
+        munge_socket=spec.munge_socket or p.munge_socket,
         state_dir=p.state,
         spool_dir=p.spool,
         tmp_dir=p.tmp,

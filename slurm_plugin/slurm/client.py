@@ -15,7 +15,7 @@ from typing import Iterable, Protocol, Sequence
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from .model import Job, JobState, Node
-from .parsers import (cpu_ids_of, parse_sbatch_parsable, parse_scontrol_ping, parse_sinfo_json,
+from .parsers import (cpu_ids_of, parse_sbatch_parsable, parse_scontrol_ping, parse_nodes_json,
                       parse_squeue_json)
 
 # Printable, single-line; Slurm stores comments as plain strings.
@@ -66,15 +66,24 @@ class SlurmClient(Protocol):
     def cancel(self, job_id: int) -> None: ...
 
 
+# From 23.02, sinfo --json groups nodes by state; scontrol (which has --json from then on) still
+# prints one record per node.
+NODES_FROM_SCONTROL = (23, 2)
+
+
 class CliSlurmClient:
     """``SlurmClient`` over squeue, sinfo, scontrol, scancel and sbatch."""
 
     backend = "cli"
 
     def __init__(self, runner: CommandRunner = run_command, *, slurm_conf: Path | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 20.0):
-        """``env`` is added to every command's environment (sbatch passes it on to the job)."""
+                 env: dict[str, str] | None = None, timeout_s: float = 20.0,
+                 slurm_version: tuple[int, int] | None = None):
+        """``env`` is added to every command's environment (sbatch passes it on to the job).
+        ``slurm_version`` picks the commands whose JSON differs between versions; None reads it
+        from ``sinfo --version`` at the first such call."""
         self._run = runner
+        self._version = slurm_version
         merged = dict(env or {})
         if slurm_conf:
             merged["SLURM_CONF"] = str(slurm_conf)
@@ -91,7 +100,12 @@ class CliSlurmClient:
             return False
 
     def nodes(self) -> list[Node]:
-        return parse_sinfo_json(self._cmd(["sinfo", "--json"]))
+        if self._version is None:
+            self._version = installed_slurm_version(self._run)
+        if self._version >= NODES_FROM_SCONTROL:
+            return parse_nodes_json(self._cmd(["scontrol", "show", "nodes", "--json"]),
+                                    "scontrol show nodes --json")
+        return parse_nodes_json(self._cmd(["sinfo", "--json"]))
 
     def jobs(self, *, node: str | None = None, states: Iterable[JobState] | None = None,
              layout: Sequence[Node] | None = None) -> list[Job]:

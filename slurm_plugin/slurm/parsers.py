@@ -1,4 +1,5 @@
-"""Pure parsers of Slurm 22.05 command output. Tested on captured output in tests/fixtures."""
+"""Pure parsers of Slurm command output, 22.05 (openapi v0.0.38) and 24.11 (data_parser
+v0.0.42). Tested on output captured from each (tests/fixtures/slurm-22.05, slurm-24.11)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ class SlurmParseError(ValueError):
     pass
 
 
-def _load_json(text: str, what: str) -> dict:
+def _load_json(text: str, what: str, key: str) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -22,31 +23,59 @@ def _load_json(text: str, what: str) -> dict:
     errors = data.get("errors") or []
     if errors:
         raise SlurmParseError(f"{what} reported errors: {errors}")
+    if not isinstance(data.get(key), list):
+        # An empty list would read as "no jobs" or "no nodes": a format this code does not know
+        # must fail loudly instead (Slurm 23.02's sinfo --json groups nodes, for one).
+        raise SlurmParseError(f"{what} printed no '{key}' list (keys: {', '.join(sorted(data))})")
     return data
 
 
+def _number(value: object) -> int:
+    """A count: 22.05 prints an int, 24.11 an object {"set": bool, "infinite": bool,
+    "number": int}; unset or infinite reads as 0."""
+    if isinstance(value, dict):
+        return int(value.get("number", 0)) if value.get("set") and not value.get("infinite") else 0
+    return int(value or 0)
+
+
+def _states(value: object) -> tuple[str, ...]:
+    """A state and its flags: "RUNNING" (22.05) or ["RUNNING", "REQUEUED"] (24.11)."""
+    if isinstance(value, list):
+        return tuple(str(v) for v in value) or ("",)
+    return (str(value or ""),)
+
+
 def _allocated_cores(job: dict) -> dict[str, frozenset[tuple[int, int]]]:
-    """Per node, the (socket, core) pairs of ``job_resources.allocated_nodes``.
+    """Per node, the (socket, core) pairs Slurm allocated to the job: 22.05's
+    ``job_resources.allocated_nodes`` or 24.11's ``job_resources.nodes.allocation``.
 
     The JSON is the source of truth for a job's cores: ``scontrol show job -d`` prints the same
     ids, but as free text in which a user's job name or comment can imitate them.
     """
     res = job.get("job_resources") or {}
     out: dict[str, frozenset[tuple[int, int]]] = {}
-    for entry in res.get("allocated_nodes") or []:
+    for entry in res.get("allocated_nodes") or []:                       # 22.05
         pairs = set()
         for sock_id, sock in (entry.get("sockets") or {}).items():
             for core_id, status in (sock.get("cores") or {}).items():
                 if status == "allocated":
                     pairs.add((int(sock_id), int(core_id)))
         out[str(entry["nodename"])] = frozenset(pairs)
+    nodes = res.get("nodes")
+    for entry in (nodes.get("allocation") or []) if isinstance(nodes, dict) else []:  # 24.11
+        pairs = set()
+        for sock in entry.get("sockets") or []:
+            for core in sock.get("cores") or []:
+                if "ALLOCATED" in _states(core.get("status")):
+                    pairs.add((int(sock["index"]), int(core["index"])))
+        out[str(entry["name"])] = frozenset(pairs)
     return out
 
 
 def parse_squeue_json(text: str) -> list[Job]:
-    """Jobs from ``squeue --json`` (openapi v0.0.38), with each node's allocated cores as
+    """Jobs from ``squeue --json`` (22.05 or 24.11), with each node's allocated cores as
     (socket, core) pairs; ``cpu_ids_of`` turns them into CPU ids."""
-    data = _load_json(text, "squeue --json")
+    data = _load_json(text, "squeue --json", "jobs")
     jobs = []
     for j in data.get("jobs", []):
         try:
@@ -55,10 +84,10 @@ def parse_squeue_json(text: str) -> list[Job]:
                 name=str(j.get("name", "")),
                 user=str(j.get("user_name", "")),
                 uid=int(j.get("user_id", -1)),
-                state=JobState.parse(str(j.get("job_state", ""))),
+                state=JobState.parse(_states(j.get("job_state"))[0]),
                 partition=str(j.get("partition", "")),
                 nodes=tuple(expand_hostlist(str(j.get("nodes", "")))),
-                num_cpus=int(j.get("cpus", 0)),
+                num_cpus=_number(j.get("cpus", 0)),
                 comment=str(j.get("comment", "") or ""),
                 admin_comment=str(j.get("admin_comment", "") or ""),
                 cores=_allocated_cores(j),
@@ -68,26 +97,31 @@ def parse_squeue_json(text: str) -> list[Job]:
     return jobs
 
 
-def parse_sinfo_json(text: str) -> list[Node]:
-    data = _load_json(text, "sinfo --json")
+def parse_nodes_json(text: str, what: str = "sinfo --json") -> list[Node]:
+    """One record per node: 22.05's ``sinfo --json``, or ``scontrol show nodes --json`` where
+    sinfo's JSON groups nodes by state (23.02 and later)."""
+    data = _load_json(text, what, "nodes")
     nodes = []
     for n in data.get("nodes", []):
         try:
+            # 22.05: "idle" and flags apart; 24.11: ["IDLE", "DRAIN"].
+            state, *flags = _states(n.get("state"))
+            flags += [str(f) for f in n.get("state_flags", []) or []]
             nodes.append(Node(
                 name=str(n["name"]),
-                state=str(n.get("state", "")).lower(),
-                state_flags=tuple(str(f) for f in n.get("state_flags", []) or []),
-                cpus=int(n.get("cpus", 0)),
-                alloc_cpus=int(n.get("alloc_cpus", 0)),
+                state=state.lower(),
+                state_flags=tuple(flags),
+                cpus=_number(n.get("cpus", 0)),
+                alloc_cpus=_number(n.get("alloc_cpus", 0)),
                 partitions=tuple(n.get("partitions", []) or []),
-                sockets=int(n.get("sockets", 1) or 1),
-                cores_per_socket=int(n.get("cores", 1) or 1),
-                threads_per_core=int(n.get("threads", 1) or 1),
+                sockets=_number(n.get("sockets", 1)) or 1,
+                cores_per_socket=_number(n.get("cores", 1)) or 1,
+                threads_per_core=_number(n.get("threads", 1)) or 1,
                 hostname=str(n.get("hostname", "")),
-                port=int(n.get("port", 0) or 0),
+                port=_number(n.get("port", 0)),
             ))
         except (KeyError, TypeError, ValueError) as exc:
-            raise SlurmParseError(f"unexpected node record in sinfo --json: {exc}") from exc
+            raise SlurmParseError(f"unexpected node record in {what}: {exc}") from exc
     return nodes
 
 

@@ -8,7 +8,7 @@ from slurm_plugin.coscheduler.observe import NodeObserver
 from slurm_plugin.coscheduler.request import MalleableSpec
 from slurm_plugin.feed import ClusterWatcher, FeedJob, FeedStore, NodeFeed, Offers, WatcherConfig
 from slurm_plugin.feed.watcher import build_feeds
-from slurm_plugin.slurm.parsers import parse_sinfo_json, parse_squeue_json
+from slurm_plugin.slurm.parsers import parse_nodes_json, parse_squeue_json
 
 FIX = Path(__file__).parent.parent / "fixtures" / "slurm-22.05"
 S = frozenset
@@ -104,7 +104,7 @@ def test_ledger_file_round_trip_and_garbage(tmp_path):
 
 
 def test_build_feeds_from_captured_squeue_and_sinfo():
-    nodes = parse_sinfo_json((FIX / "sinfo.json").read_text())
+    nodes = parse_nodes_json((FIX / "sinfo.json").read_text())
     from slurm_plugin.slurm.client import CliSlurmClient
     jobs = CliSlurmClient()._with_cpu_ids(parse_squeue_json((FIX / "squeue.json").read_text()),
                                           nodes)
@@ -120,7 +120,7 @@ def test_build_feeds_from_captured_squeue_and_sinfo():
 class CountingClient:
     def __init__(self):
         self.calls = []
-        self.nodes_ = parse_sinfo_json((FIX / "sinfo.json").read_text())
+        self.nodes_ = parse_nodes_json((FIX / "sinfo.json").read_text())
         self.jobs_ = parse_squeue_json((FIX / "squeue.json").read_text())
 
     def nodes(self):

@@ -1,4 +1,5 @@
-"""Parsers on output captured from Slurm 22.05.8 on this kind of machine (tests/fixtures)."""
+"""Parsers on output captured from Slurm 22.05.8 on this kind of machine and from Slurm 24.11.5
+in a docker-slurm trixie container (tests/fixtures)."""
 import re
 from pathlib import Path
 
@@ -8,7 +9,7 @@ from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm.hostlist import expand_hostlist
 from slurm_plugin.slurm.model import JobState, Node
 from slurm_plugin.slurm.parsers import (SlurmParseError, cpu_ids_of, parse_sbatch_parsable,
-                                        parse_scontrol_ping, parse_sinfo_json, parse_squeue_json)
+                                        parse_scontrol_ping, parse_nodes_json, parse_squeue_json)
 
 FIX = Path(__file__).parent.parent / "fixtures" / "slurm-22.05"
 
@@ -43,7 +44,7 @@ def _scontrol_cpu_ids(text: str) -> dict[int, dict[str, frozenset[int]]]:
 
 
 def test_cpu_ids_from_json_match_scontrol_captured_at_the_same_moment():
-    nodes = {n.name: n for n in parse_sinfo_json(read("sinfo_allocated.json"))}
+    nodes = {n.name: n for n in parse_nodes_json(read("sinfo_allocated.json"))}
     jobs = parse_squeue_json(read("squeue_mixed.json"))
     expected = _scontrol_cpu_ids(read("scontrol_show_job_d_o_mixed.txt"))
     for job in jobs:
@@ -73,11 +74,11 @@ def test_cpu_ids_with_sockets_and_threads():
 
 
 def test_sinfo_json_nodes():
-    nodes = {n.name: n for n in parse_sinfo_json(read("sinfo_allocated.json"))}
+    nodes = {n.name: n for n in parse_nodes_json(read("sinfo_allocated.json"))}
     assert sorted(nodes) == ["n1", "n2", "n3"]
     assert nodes["n1"].cpus == 2 and nodes["n1"].alloc_cpus == 2
     assert nodes["n1"].state == "allocated" and not nodes["n1"].is_idle
-    idle = parse_sinfo_json(read("sinfo.json"))
+    idle = parse_nodes_json(read("sinfo.json"))
     assert all(n.cpus == 2 for n in idle)
 
 
@@ -93,7 +94,7 @@ def test_bad_json_is_a_typed_error():
     with pytest.raises(SlurmParseError, match="errors"):
         parse_squeue_json('{"errors": [{"error": "boom"}], "jobs": []}')
     with pytest.raises(SlurmParseError):
-        parse_sinfo_json('{"nodes": [{"cpus": 2}]}')  # no name
+        parse_nodes_json('{"nodes": [{"cpus": 2}]}')  # no name
 
 
 def test_sbatch_parsable():
@@ -101,3 +102,65 @@ def test_sbatch_parsable():
     assert parse_sbatch_parsable("42;cluster\n") == 42
     with pytest.raises(SlurmParseError):
         parse_sbatch_parsable("sbatch: error: Batch job submission failed")
+
+
+# --- Slurm 24.11 (captured in docker-slurm's trixie cluster: job 1 one core of tx1, malleable;
+# job 2 both cores of tx2, named 'evil"name'; job 3 pending) ---------------------------------
+FIX_24 = Path(__file__).parent.parent / "fixtures" / "slurm-24.11"
+
+
+def test_squeue_json_of_24_11():
+    jobs = {j.job_id: j for j in parse_squeue_json((FIX_24 / "squeue.json").read_text())}
+    assert sorted(jobs) == [1, 2, 3]
+    j1 = jobs[1]
+    assert (j1.state, j1.nodes, j1.num_cpus) == (JobState.RUNNING, ("tx1",), 1)
+    assert j1.comment == "malleable:min=1,max=node"
+    assert j1.admin_comment == "malleable:min=1,max=node,weight=1"
+    assert j1.cores == {"tx1": {(0, 0)}}
+    assert jobs[2].name == 'evil"name' and jobs[2].cores == {"tx2": {(0, 0), (0, 1)}}
+    assert jobs[3].state is JobState.PENDING and jobs[3].nodes == () and jobs[3].cores == {}
+    one = parse_squeue_json((FIX_24 / "squeue_one.json").read_text())
+    assert [j.job_id for j in one] == [1]
+
+
+def test_nodes_of_24_11_from_scontrol_and_cpu_ids():
+    nodes = {n.name: n for n in parse_nodes_json(
+        (FIX_24 / "scontrol_show_nodes.json").read_text(), "scontrol show nodes --json")}
+    assert sorted(nodes) == ["tx1", "tx2"]
+    assert (nodes["tx1"].state, nodes["tx1"].alloc_cpus, nodes["tx1"].hostname) == ("mixed", 1, "tx1")
+    assert (nodes["tx2"].state, nodes["tx2"].cpus, nodes["tx2"].cores_per_socket) == ("allocated", 2, 2)
+    jobs = {j.job_id: j for j in parse_squeue_json((FIX_24 / "squeue.json").read_text())}
+    assert cpu_ids_of(jobs[2].cores["tx2"], nodes["tx2"]) == {0, 1}
+
+
+def test_24_11_state_flags_and_unset_numbers():
+    node = parse_nodes_json('{"nodes": [{"name": "a", "state": ["IDLE", "DRAIN"], '
+                            '"cpus": 4, "port": {"set": false, "infinite": false, "number": 7}}]}')
+    assert (node[0].state, node[0].state_flags, node[0].port) == ("idle", ("DRAIN",), 0)
+    assert not node[0].is_idle
+
+
+def test_grouped_sinfo_json_of_24_11_is_refused_not_read_as_no_nodes():
+    with pytest.raises(SlurmParseError, match="no 'nodes' list"):
+        parse_nodes_json((FIX_24 / "sinfo.json").read_text())
+    with pytest.raises(SlurmParseError, match="no 'jobs' list"):
+        parse_squeue_json('{"errors": [], "meta": {}}')
+
+
+def test_client_reads_nodes_with_the_command_of_its_slurm_version():
+    from malleable_protocol.runner import CommandResult
+    from slurm_plugin.slurm.client import CliSlurmClient
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        if argv == ["sinfo", "--version"]:
+            return CommandResult(argv, 0, "slurm 24.11.5\n", "")
+        return CommandResult(argv, 0, (FIX_24 / "scontrol_show_nodes.json").read_text(), "")
+
+    assert [n.name for n in CliSlurmClient(runner).nodes()] == ["tx1", "tx2"]
+    assert calls == [["sinfo", "--version"], ["scontrol", "show", "nodes", "--json"]]
+    calls.clear()
+    old = CliSlurmClient(lambda argv, **kw: (calls.append(argv), CommandResult(
+        argv, 0, read("sinfo.json"), ""))[1], slurm_version=(22, 5))
+    assert len(old.nodes()) == 3 and calls == [["sinfo", "--json"]]

@@ -67,3 +67,25 @@ def test_parse_slurmd_c_real_output():
                                 threads_per_core=1)
     with pytest.raises(SpecError):
         parse_slurmd_c("garbage")
+
+
+def test_docker_cluster_slurm_conf_and_compose_golden():
+    """docker-slurm: one host per node, each container's own munged, the controller first."""
+    from slurm_plugin.cluster.docker import DockerCluster, render_compose
+    dc = DockerCluster(project="malleable-bookworm", image="malleable-slurm:bookworm",
+                       host_dir=Path("/var/tmp/docker-slurm/cluster-bookworm"), nodes=2,
+                       node_prefix="bw")
+    s = dc.spec(HostTopology(cpus=2, cores_per_socket=2))
+    conf = render_slurm_conf(s)
+    assert "NodeName=bw1 NodeHostname=bw1 NodeAddr=bw1 " in conf
+    assert "SlurmctldHost=bwctl(bwctl)" in conf
+    assert "AuthInfo=socket=/run/munge/munge.socket.2" in conf
+    golden("docker-compose.json", render_compose(dc, s.node_names))
+
+
+def test_docker_cluster_refuses_bad_names():
+    from slurm_plugin.cluster.docker import DockerCluster
+    with pytest.raises(SpecError):
+        DockerCluster(project="x;rm -rf", image="i", host_dir=Path("/d"))
+    with pytest.raises(SpecError):
+        DockerCluster(project="ok", image="i", host_dir=Path("relative"))

@@ -1,0 +1,44 @@
+#!/bin/bash
+# A container of docker-slurm: `controller` (munged, slurmctld, the co-scheduler's watcher) or
+# `node NAME` (munged, slurmd, the node's agent); `prepare ARGS` writes the cluster folder.
+# The container stops when any of its daemons does, so compose and the healthcheck see it.
+set -euo pipefail
+ROOT=/cluster
+HOOKS=$ROOT/hooks
+
+if [ "${1:-}" = prepare ]; then
+  shift
+  exec python -m slurm_plugin.cluster.docker prepare "$@"
+fi
+
+install -d -m 0755 /run/munge
+munged --foreground --key-file="$ROOT/munge/munge.key" --socket=/run/munge/munge.socket.2 \
+  --pid-file=/run/munge/munged.pid --seed-file=/run/munge/munged.seed \
+  --log-file="$ROOT/log/munged-$(hostname).log" &
+for _ in $(seq 100); do [ -S /run/munge/munge.socket.2 ] && break; sleep 0.1; done
+
+case "${1:-}" in
+  controller)
+    slurmctld -D -f "$SLURM_CONF" &
+    if [ -f "$HOOKS/agent.json" ]; then
+      python -m slurm_plugin.cli watcher --feed-dir "$MALLEABLE_FEED_DIR" --slurm-conf "$SLURM_CONF" \
+        >> "$ROOT/log/watcher.out" 2>&1 &
+    fi
+    ;;
+  node)
+    node="${2:?node name}"
+    slurmd -D -f "$SLURM_CONF" -N "$node" &
+    if [ -f "$HOOKS/agent.json" ]; then
+      python -m slurm_plugin.cli agent --config "$HOOKS/agent.json" --node "$node" \
+        >> "$ROOT/log/agent-$node.out" 2>&1 &
+    fi
+    ;;
+  *)
+    echo "usage: entrypoint.sh controller | node NAME | prepare ARGS" >&2
+    exit 2
+    ;;
+esac
+wait -n
+status=$?
+echo "entrypoint: a daemon exited (status $status); stopping the container" >&2
+exit "$status"

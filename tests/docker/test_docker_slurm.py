@@ -1,0 +1,145 @@
+"""End to end on docker-slurm: separate node containers on Debian's Slurm (22.05 or 24.11),
+cores confined by task/cgroup inside them, and the co-scheduler (agents, watcher, Prolog,
+job_submit.lua, scontrol update) resizing a malleable TensorFlow job whose threads follow."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from malleable_protocol import RunLayout, parse_cpu_list
+from sbatch_templates import render
+
+from ..integration.helpers import rank_statuses, wait_for
+
+PROGRAM = Path(__file__).parent.parent / "programs" / "train_until.py"
+SLURM_OF_SUITE = {"bookworm": "22.05", "trixie": "24.11"}
+VENV = "/opt/malleable/venv/bin"
+
+
+def job_cpus(c, node: str, job_id: int, step: str = "") -> frozenset[int] | None:
+    """A job's cpuset on ``node``, read inside that node's container."""
+    path = f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{job_id}/{step}/cpuset.cpus"
+    out = c.exec(node, ["cat", path], check=False)
+    return parse_cpu_list(out.stdout) if out.returncode == 0 else None
+
+
+def node_cpus(c, node: str) -> frozenset[int]:
+    return parse_cpu_list(c.exec(node, ["cat", "/sys/fs/cgroup/cpuset/cpuset.cpus"]).stdout)
+
+
+def job_state(c, job_id: int) -> str:
+    out = c.ctl("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False)
+    return out.stdout.strip() or "GONE"
+
+
+def submit(c, script: Path, *args: str) -> int:
+    out = c.ctl("sbatch", "--parsable", *args, c.to_container(script))
+    return int(out.stdout.strip().split(";")[0])
+
+
+def test_nodes_are_separate_hosts_on_the_suites_slurm(docker_slurm):
+    c = docker_slurm
+    version = c.ctl("sinfo", "--version").stdout.split()[1]
+    assert version.startswith(SLURM_OF_SUITE[c.suite]), version
+    states = dict(line.split() for line in
+                  c.ctl("sinfo", "-h", "-N", "-o", "%N %T").stdout.splitlines())
+    assert states == {n: "idle" for n in c.node_names}
+    for node in c.node_names:
+        assert c.exec(node, ["hostname"]).stdout.strip() == node
+        shown = c.ctl("scontrol", "show", "node", node).stdout
+        assert f"NodeHostName={node}" in shown and f"NodeAddr={node}" in shown
+        assert f"Version={version}" in shown
+
+
+def test_a_jobs_tasks_are_confined_to_its_cores_in_each_node(docker_slurm):
+    """task/cgroup inside the node containers: a one-core job's task is held to one CPU by a
+    cpuset folder of its own node's Slurm (slurm_<node>), whatever the node has."""
+    c = docker_slurm
+    for node in c.node_names:
+        out = c.ctl("srun", "-w", node, "-n1", "-c1", "bash", "-c",
+                    "grep Cpus_allowed_list /proc/self/status; grep cpuset /proc/self/cgroup")
+        allowed = out.stdout.split("Cpus_allowed_list:")[1].split()[0]
+        assert len(parse_cpu_list(allowed)) == 1, out.stdout
+        assert f":/slurm_{node}/uid_0/job_" in out.stdout, out.stdout
+        assert len(node_cpus(c, node)) >= 2
+
+
+def test_coscheduler_grows_reclaims_resizes_and_threads_follow(docker_slurm, jobs_dir):
+    c = docker_slurm
+    node = c.node_names[0]
+    all_cpus = node_cpus(c, node)
+    shutil.copy(PROGRAM, jobs_dir / PROGRAM.name)
+    stop = jobs_dir / "stop"
+    script = jobs_dir / "a.sbatch"
+    script.write_text(render("single-node", {
+        "program": c.to_container(jobs_dir / PROGRAM.name),
+        "args": c.to_container(stop), "ntasks": "1", "time": "10",
+        "output": c.to_container(jobs_dir / "a.out"), "python": f"{VENV}/python",
+        "launcher": f"{VENV}/malleable-srun"}))
+    a = submit(c, script, f"-w{node}")
+    layout = RunLayout(c.host_dir / "malleable")
+
+    def rank():
+        return next(iter(rank_statuses(layout.job_dir(a)).values()), None)
+
+    def a_out():
+        p = jobs_dir / "a.out"
+        return p.read_text()[-1500:] if p.exists() else ""
+
+    try:
+        wait_for(lambda: job_state(c, a) == "RUNNING", timeout=60, what="A running")
+        shown = c.ctl("scontrol", "show", "job", str(a)).stdout.split()
+        assert "AdminComment=malleable:min=1,max=node,weight=1" in shown   # job_submit.lua's
+        # A alone on the node: the agent lends it every idle core, and its TF threads follow.
+        wait_for(lambda: job_cpus(c, node, a) == all_cpus
+                 and job_cpus(c, node, a, "step_0") == all_cpus,
+                 timeout=90, what="A grown", show=lambda: (job_cpus(c, node, a), a_out()))
+        wait_for(lambda: (st := rank()) and st["intra_active"] == len(all_cpus),
+                 timeout=180, what="A's rank at every core", show=lambda: (rank(), a_out()))
+        # B arrives: the Prolog takes A's borrowed cores back before B's script starts.
+        b_script = jobs_dir / "b.sh"
+        b_script.write_text(
+            "#!/bin/bash\n"
+            f"echo B=$(cat /sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_$SLURM_JOB_ID/cpuset.cpus)"
+            f" A=$(cat /sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{a}/cpuset.cpus)"
+            f" A_step=$(cat /sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{a}/step_0/cpuset.cpus)\n"
+            "sleep 4\n")
+        b_out = jobs_dir / "b.out"
+        b = submit(c, b_script, "-N1", f"-w{node}", "-n1", f"--output={c.to_container(b_out)}")
+        wait_for(lambda: b_out.exists() and "B=" in b_out.read_text(), timeout=60,
+                 what="B started")
+        fields = dict(kv.split("=") for kv in b_out.read_text().split())
+        b_cpus, a_cpus = parse_cpu_list(fields["B"]), parse_cpu_list(fields["A"])
+        assert b_cpus and a_cpus and not (b_cpus & a_cpus), fields
+        assert not (b_cpus & parse_cpu_list(fields["A_step"])), fields
+        wait_for(lambda: (st := rank()) and st["intra_active"] == len(a_cpus),
+                 timeout=20, what="A's threads down", show=rank)
+        # B ends: A grows back, and so do its threads.
+        wait_for(lambda: job_state(c, b) == "GONE" or job_state(c, b) == "COMPLETED",
+                 timeout=60, what="B done")
+        wait_for(lambda: job_cpus(c, node, a) == all_cpus, timeout=20, what="A grown back")
+        wait_for(lambda: (st := rank()) and st["intra_active"] == len(all_cpus),
+                 timeout=20, what="A's threads back up", show=rank)
+        # A resize asked with scontrol update by the job's owner; a malformed one changes nothing.
+        c.ctl("scontrol", "update", f"JobId={a}", "Comment=malleable:cpus=1")
+        wait_for(lambda: (cpus := job_cpus(c, node, a)) is not None and len(cpus) == 1,
+                 timeout=20, what="A at 1 core")
+        wait_for(lambda: (st := rank()) and st["intra_active"] == 1, timeout=20,
+                 what="A's rank at 1 thread", show=rank)
+        bad = c.ctl("scontrol", "update", f"JobId={a}", "Comment=malleable:cpus=-3", check=False)
+        assert bad.returncode != 0
+        time.sleep(1.5)
+        assert len(job_cpus(c, node, a)) == 1
+        # Every resize is in the node's event log.
+        events = [json.loads(line) for line in
+                  (c.host_dir / "agent" / f"events-{node}.jsonl").read_text().splitlines()]
+        mine = [e for e in events if e["job"] == a]
+        assert len(mine) >= 4, mine
+    finally:
+        stop.touch()
+        time.sleep(1)
+        c.ctl("scancel", str(a), check=False)
+    wait_for(lambda: job_state(c, a) in ("GONE", "COMPLETED", "CANCELLED"), timeout=60,
+             what="A ended")
