@@ -53,6 +53,37 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
     return out
 
 
+def parse_cgroup_mount_roots(mountinfo: str, mount: Path) -> dict[str, str]:
+    """Which cgroup folder each cgroup filesystem below ``mount`` shows at its mount point, from
+    /proc/<pid>/mountinfo, keyed as /proc/<pid>/cgroup keys controllers' folders ("cpuset",
+    "cpu,cpuacct"; "" for v2's unified one at ``mount`` itself). On a host every root is "/";
+    in a Docker container on cgroup v1 (no cgroup namespace) it is the container's own folder,
+    "/docker/<id>", mounted at /sys/fs/cgroup/<controller>, while /proc/self/cgroup still
+    names the full path."""
+    out: dict[str, str] = {}
+    base = str(mount).rstrip("/")
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        fstype = line.split(" - ", 1)[1].split()[0]
+        if fstype not in ("cgroup", "cgroup2"):
+            continue
+        root, point = fields[3], fields[4]
+        if point == base and fstype == "cgroup2":
+            out[""] = root
+        elif point.startswith(base + "/"):
+            out[point[len(base) + 1:]] = root
+    return out
+
+
+def _below_root(path: str, root: str) -> str:
+    """``path`` (from /proc/<pid>/cgroup) as seen below a mount of the folder ``root``."""
+    if root in ("", "/") or not (path == root or path.startswith(root + "/")):
+        return path
+    return path[len(root):] or "/"
+
+
 def parse_quota(v1_quota: str | None, v1_period: str | None, v2_max: str | None) -> float | None:
     """CPUs granted by a CFS quota, or None when unlimited. v2's cpu.max is "max 100000" or
     "150000 100000"; v1 has cpu.cfs_quota_us (-1 = unlimited) and cpu.cfs_period_us."""
@@ -94,18 +125,22 @@ class CgroupFiles:
     quota_v2: Path | None = None
 
     @classmethod
-    def locate(cls, proc_cgroup: str, mount: Path) -> "CgroupFiles":
+    def locate(cls, proc_cgroup: str, mount: Path,
+               mount_roots: dict[str, str] | None = None) -> "CgroupFiles":
         groups = parse_proc_cgroup(proc_cgroup)
+        roots = mount_roots or {}
         cpuset: list[Path] = []
-        if "cpuset" in groups and (base := _safe_join(mount / "cpuset", groups["cpuset"])):
+        if "cpuset" in groups and (base := _safe_join(
+                mount / "cpuset", _below_root(groups["cpuset"], roots.get("cpuset", "/")))):
             cpuset.append(base / "cpuset.effective_cpus")
-        unified = _safe_join(mount, groups[""]) if "" in groups else None
+        unified = (_safe_join(mount, _below_root(groups[""], roots.get("", "/")))
+                   if "" in groups else None)
         if unified is not None:
             cpuset.append(unified / "cpuset.cpus.effective")
         quota_v1 = None
         if "cpu" in groups:
             for sub in ("cpu,cpuacct", "cpu"):
-                base = _safe_join(mount / sub, groups["cpu"])
+                base = _safe_join(mount / sub, _below_root(groups["cpu"], roots.get(sub, "/")))
                 if base is not None and (base / "cpu.cfs_quota_us").exists():
                     quota_v1 = (base / "cpu.cfs_quota_us", base / "cpu.cfs_period_us")
                     break
@@ -122,6 +157,7 @@ class CgroupReader:
                  relocate_every_s: float = 1.0, clock=time.monotonic):
         self.mount = mount
         self.proc_cgroup = Path(f"/proc/{pid}/cgroup")
+        self.proc_mountinfo = Path(f"/proc/{pid}/mountinfo")
         self.relocate_every_s = relocate_every_s
         self._clock = clock
         self._checked_at: float | None = None
@@ -139,7 +175,8 @@ class CgroupReader:
             text = _read(self.proc_cgroup) or ""
             if text != self._seen:
                 self._seen = text
-                self._files = CgroupFiles.locate(text, self.mount)
+                roots = parse_cgroup_mount_roots(_read(self.proc_mountinfo) or "", self.mount)
+                self._files = CgroupFiles.locate(text, self.mount, roots)
         return self._files
 
     def watched_paths(self) -> tuple[Path, ...]:

@@ -119,6 +119,37 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _containers_cmd(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import socket
+    import threading
+
+    from malleable_protocol import format_cpu_list, parse_cpu_list
+    from .coscheduler.containers import ContainerCoScheduler, DockerCli
+    from .coscheduler.model import Policy
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s containers %(message)s")
+    cpus = parse_cpu_list(args.cpus) if args.cpus else frozenset(os.sched_getaffinity(0))
+    cosched = ContainerCoScheduler(socket.gethostname(), cpus, Policy(args.policy),
+                                   Path(args.state_dir), DockerCli())
+    if args.once:
+        result = cosched.cycle()
+        for o in result.outcomes:
+            print(f"{o.action.job_id}: {format_cpu_list(o.action.before) or '-'} -> "
+                  f"{format_cpu_list(o.action.after)} {o.status.value} {o.error}".rstrip())
+        for name in result.waiting:
+            print(f"{name}: waits for free cores")
+        for name in result.refused:
+            print(f"{name}: label refused")
+        return 1 if any(o.status.value != "applied" for o in result.outcomes) else 0
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    cosched.run(stop.is_set, interval_s=args.interval)
+    return 0
+
+
 def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.config import AgentConfig
     from .coscheduler.hooks import install
@@ -241,6 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--once", action="store_true", help="one reconcile cycle, then exit")
     ag.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     ag.set_defaults(func=_agent_cmd)
+
+    co = sub.add_parser("containers", help="the co-scheduler for Docker containers labelled "
+                        "malleable=min=N,max=N|node,weight=N on this host (foreground)")
+    co.add_argument("--policy", default="lend-idle", choices=POLICIES)
+    co.add_argument("--cpus", help="the host's CPUs it hands out (default: its own affinity)")
+    co.add_argument("--state-dir", default="/run/malleable/containers",
+                    help="root-only folder of its admissions (default %(default)s)")
+    co.add_argument("--interval", type=float, default=0.5, help="seconds between cycles")
+    co.add_argument("--once", action="store_true", help="one cycle, then exit")
+    co.set_defaults(func=_containers_cmd)
 
     wa = sub.add_parser("watcher", help="the cluster's one reader of slurmctld (foreground)")
     wa.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",

@@ -21,6 +21,10 @@ class DockerSlurm:
     nodes: int
 
     @property
+    def image(self) -> str:
+        return f"malleable-slurm:{self.suite}"
+
+    @property
     def controller(self) -> str:
         return f"{self.prefix}ctl"
 

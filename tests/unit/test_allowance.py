@@ -1,4 +1,5 @@
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,24 @@ def test_step_rate_is_bounded_and_weighted():
     for k in range(MAX_THREAD_COUNTS + 10):
         r.record(k + 10, 1, 1.0)
     assert len(r.rates) == MAX_THREAD_COUNTS
+
+
+def test_cgroup_files_inside_a_docker_container_on_cgroup_v1(tmp_path):
+    """Captured in a container of this host's Docker (tests/fixtures/docker_container_cgroup.txt):
+    /proc/self/cgroup names /docker/<id>, which the container sees mounted at
+    /sys/fs/cgroup/cpuset itself. The cpuset file is found there, so a process in a container
+    follows its cpuset when `docker update` grows it (its affinity mask alone does not widen
+    again once it pinned itself)."""
+    from malleable_tf.allowance import CgroupFiles, parse_cgroup_mount_roots
+    text = (Path(__file__).parent.parent / "fixtures" / "docker_container_cgroup.txt").read_text()
+    mountinfo = "\n".join(line for line in text.splitlines() if " - " in line)
+    proc_cgroup = "\n".join(line for line in text.splitlines() if " - " not in line)
+    cid = proc_cgroup.split("cpuset:")[1].split()[0]
+    roots = parse_cgroup_mount_roots(mountinfo, Path("/sys/fs/cgroup"))
+    assert roots["cpuset"] == cid and cid.startswith("/docker/")
+    files = CgroupFiles.locate(proc_cgroup, Path("/sys/fs/cgroup"), roots)
+    assert files.cpuset[0] == Path("/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
+    # Without the mount roots (a host's view), the full path is kept.
+    host = CgroupFiles.locate(proc_cgroup, Path("/sys/fs/cgroup"))
+    assert host.cpuset[0] == Path(f"/sys/fs/cgroup/cpuset{cid}/cpuset.effective_cpus")
+    assert parse_cgroup_mount_roots("garbage\n1 2 3", Path("/sys/fs/cgroup")) == {}
