@@ -31,7 +31,7 @@ from malleable_protocol.safe_io import ensure_private_dir, write_atomic
 
 from .cgroup_actuator import ActuatorError
 from .executor import Outcome, OutcomeStatus, PlanExecutor
-from .model import JobView, NodeSnapshot, Plan, Policy
+from .model import JobView, NodeSnapshot, Plan, PlanInvariantError, Policy
 from .policy import decide
 from .request import PREFIX, MalleableSpec, RequestError, parse_submit
 
@@ -290,6 +290,7 @@ class ContainerCoScheduler:
         while not stop():
             try:
                 self.cycle()
-            except (CommandError, ContainerParseError, RuntimeError) as exc:
+            except (CommandError, ContainerParseError, RuntimeError, PlanInvariantError) as exc:
+                # Nothing of a failed cycle was applied (a plan that breaks a rule never is).
                 log.error("container cycle failed: %s", exc)
             self._sleep(interval_s)
