@@ -15,8 +15,8 @@ from typing import Iterable, Protocol, Sequence
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from .model import Job, JobState, Node
-from .parsers import (cpu_ids_of, parse_sbatch_parsable, parse_scontrol_ping, parse_nodes_json,
-                      parse_squeue_json)
+from .parsers import (cpu_ids_of, parse_nodes_json, parse_sbatch_parsable, parse_scontrol_ping,
+                      parse_slurm_version, parse_squeue_json)
 
 # Printable, single-line; Slurm stores comments as plain strings.
 _COMMENT_RE = re.compile(r"^[\x20-\x7e]{0,1024}$")
@@ -101,7 +101,8 @@ class CliSlurmClient:
 
     def nodes(self) -> list[Node]:
         if self._version is None:
-            self._version = installed_slurm_version(self._run)
+            # Through _cmd: without a slurm.conf where Slurm looks, even --version needs SLURM_CONF.
+            self._version = parse_slurm_version(self._cmd(["sinfo", "--version"]))
         if self._version >= NODES_FROM_SCONTROL:
             return parse_nodes_json(self._cmd(["scontrol", "show", "nodes", "--json"]),
                                     "scontrol show nodes --json")
@@ -175,11 +176,7 @@ class CliSlurmClient:
 
 def installed_slurm_version(runner: CommandRunner = run_command) -> tuple[int, int]:
     """(major, minor) of the installed Slurm, from ``sinfo --version`` ("slurm-wlm 22.05.8")."""
-    out = runner(["sinfo", "--version"], timeout=10).stdout
-    m = re.search(r"(\d+)\.(\d+)", out)
-    if not m:
-        raise SlurmClientError(f"cannot read the Slurm version from {out.strip()!r}")
-    return int(m[1]), int(m[2])
+    return parse_slurm_version(runner(["sinfo", "--version"], timeout=10).stdout)
 
 
 def pyslurm_unusable_reason(slurm_version: tuple[int, int]) -> str | None:

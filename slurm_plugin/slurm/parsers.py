@@ -150,3 +150,11 @@ def parse_sbatch_parsable(text: str) -> int:
     if not first.isdigit():
         raise SlurmParseError(f"sbatch --parsable printed {text.strip()!r}, not a job id")
     return int(first)
+
+
+def parse_slurm_version(text: str) -> tuple[int, int]:
+    """(major, minor) from ``sinfo --version`` ("slurm-wlm 22.05.8", "slurm 24.11.5")."""
+    m = re.search(r"(\d+)\.(\d+)", text)
+    if not m:
+        raise SlurmParseError(f"cannot read the Slurm version from {text.strip()!r}")
+    return int(m[1]), int(m[2])

@@ -164,3 +164,11 @@ def test_client_reads_nodes_with_the_command_of_its_slurm_version():
     old = CliSlurmClient(lambda argv, **kw: (calls.append(argv), CommandResult(
         argv, 0, read("sinfo.json"), ""))[1], slurm_version=(22, 5))
     assert len(old.nodes()) == 3 and calls == [["sinfo", "--json"]]
+
+
+def test_slurm_version():
+    from slurm_plugin.slurm.parsers import parse_slurm_version
+    assert parse_slurm_version("slurm-wlm 22.05.8\n") == (22, 5)
+    assert parse_slurm_version("slurm 24.11.5\n") == (24, 11)
+    with pytest.raises(SlurmParseError):
+        parse_slurm_version("sinfo: fatal: Could not establish a configuration source")
