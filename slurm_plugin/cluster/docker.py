@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,10 +101,12 @@ def render_compose(cluster: DockerCluster, node_names: list[str]) -> str:
 
 def prepare(cluster: DockerCluster, policy: Policy | None) -> ClusterSpec:
     """Inside the image, as root: the cluster folder below /cluster and its compose file."""
-    from .local import host_topology, install_cluster_hooks, write_cluster_files
+    from .local import hooks_dir, host_topology, install_cluster_hooks, write_cluster_files
     spec = cluster.spec(host_topology())
     if policy is not None:
         spec = install_cluster_hooks(spec, policy)
+    else:   # an earlier `up` with a policy left hooks here: the containers would start agents
+        shutil.rmtree(hooks_dir(spec), ignore_errors=True)
     write_cluster_files(spec)
     (CLUSTER_ROOT / "compose.json").write_text(render_compose(cluster, spec.node_names))
     return spec
