@@ -229,14 +229,12 @@ class ContainerCoScheduler:
 
     def cycle(self) -> ContainerCycle:
         found = self.docker.containers()
-        refused = [c.name for c in found if c.spec is None]
+        refused, usable, seen = [], [], {}
         for c in found:
             if c.spec is None:
+                refused.append(c.name)
                 log.warning("container %s: label %s refused: %s", c.name, LABEL, c.label_error)
-        seen: dict[int, str] = {}
-        usable = []
-        for c in found:         # two containers on one 32-bit id: the later one is refused
-            if c.spec is not None and seen.setdefault(c.job_id, c.id) == c.id:
+            elif seen.setdefault(c.job_id, c.id) == c.id:   # one 32-bit id twice: the later loses
                 usable.append(c)
         allocations = admit(self._load(), usable, self.cpus)
         self._save(allocations)

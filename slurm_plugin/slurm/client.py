@@ -99,11 +99,15 @@ class CliSlurmClient:
         except CommandError:
             return False
 
-    def nodes(self) -> list[Node]:
+    def slurm_version(self) -> tuple[int, int]:
+        """(major, minor) of the Slurm its commands belong to, read once."""
         if self._version is None:
             # Through _cmd: without a slurm.conf where Slurm looks, even --version needs SLURM_CONF.
             self._version = parse_slurm_version(self._cmd(["sinfo", "--version"]))
-        if self._version >= NODES_FROM_SCONTROL:
+        return self._version
+
+    def nodes(self) -> list[Node]:
+        if self.slurm_version() >= NODES_FROM_SCONTROL:
             return parse_nodes_json(self._cmd(["scontrol", "show", "nodes", "--json"]),
                                     "scontrol show nodes --json")
         return parse_nodes_json(self._cmd(["sinfo", "--json"]))
@@ -174,11 +178,6 @@ class CliSlurmClient:
         self._cmd(["scancel", str(validate_job_id(job_id))])
 
 
-def installed_slurm_version(runner: CommandRunner = run_command) -> tuple[int, int]:
-    """(major, minor) of the installed Slurm, from ``sinfo --version`` ("slurm-wlm 22.05.8")."""
-    return parse_slurm_version(runner(["sinfo", "--version"], timeout=10).stdout)
-
-
 def pyslurm_unusable_reason(slurm_version: tuple[int, int]) -> str | None:
     """Why pyslurm cannot serve this Slurm, or None when it can.
 
@@ -200,5 +199,6 @@ def pyslurm_unusable_reason(slurm_version: tuple[int, int]) -> str | None:
 def make_client(runner: CommandRunner = run_command, *, slurm_conf: Path | None = None
                 ) -> tuple[SlurmClient, str]:
     """The client to use, and a one-line reason for the choice."""
-    reason = pyslurm_unusable_reason(installed_slurm_version(runner))
-    return CliSlurmClient(runner, slurm_conf=slurm_conf), f"Slurm CLI backend: {reason}"
+    client = CliSlurmClient(runner, slurm_conf=slurm_conf)
+    reason = pyslurm_unusable_reason(client.slurm_version())
+    return client, f"Slurm CLI backend: {reason}"

@@ -11,32 +11,35 @@ from pathlib import Path
 
 import pytest
 
+from slurm_plugin.cluster.docker import CLUSTER_ROOT, DockerCluster
+
 
 @dataclass(frozen=True)
 class DockerSlurm:
-    project: str
-    host_dir: Path         # the host side of /cluster
+    cluster: DockerCluster     # its names, as slurm_plugin.cluster.docker gave them
     suite: str
-    prefix: str
-    nodes: int
+
+    @property
+    def host_dir(self) -> Path:     # the host side of /cluster
+        return Path(self.cluster.host_dir)
 
     @property
     def image(self) -> str:
-        return f"malleable-slurm:{self.suite}"
+        return self.cluster.image
 
     @property
     def controller(self) -> str:
-        return f"{self.prefix}ctl"
+        return self.cluster.controller
 
     @property
     def node_names(self) -> list[str]:
-        return [f"{self.prefix}{i}" for i in range(1, self.nodes + 1)]
+        return [f"{self.cluster.node_prefix}{i}" for i in range(1, self.cluster.nodes + 1)]
 
-    def exec(self, host: str, argv: list[str], *, check: bool = True, timeout: float = 60,
-             user: str | None = None) -> subprocess.CompletedProcess:
-        """``argv`` in ``host``'s container (as ``user``), with the cluster's environment."""
-        cmd = ["docker", "exec"] + (["-u", user] if user else []) + [f"{self.project}-{host}"]
-        out = subprocess.run(cmd + argv, capture_output=True, text=True, timeout=timeout)
+    def exec(self, host: str, argv: list[str], *, check: bool = True,
+             timeout: float = 60) -> subprocess.CompletedProcess:
+        """``argv`` in ``host``'s container, with the cluster's environment."""
+        out = subprocess.run(["docker", "exec", self.cluster.container(host), *argv],
+                             capture_output=True, text=True, timeout=timeout)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} on {host} exited {out.returncode}: "
                                  f"{out.stderr.strip()[-2000:]}")
@@ -47,7 +50,7 @@ class DockerSlurm:
 
     def to_container(self, path: Path) -> str:
         """A path below the host's cluster folder, as the containers see it."""
-        return "/cluster/" + str(Path(path).relative_to(self.host_dir))
+        return str(CLUSTER_ROOT / Path(path).relative_to(self.host_dir))
 
 
 @pytest.fixture(scope="session")
@@ -55,11 +58,13 @@ def docker_slurm() -> DockerSlurm:
     missing = [k for k in ("DOCKER_SLURM_PROJECT", "DOCKER_SLURM_DIR") if k not in os.environ]
     if missing:
         pytest.fail(f"run these tests with `make -C docker-slurm test` ({', '.join(missing)} unset)")
-    return DockerSlurm(project=os.environ["DOCKER_SLURM_PROJECT"],
-                       host_dir=Path(os.environ["DOCKER_SLURM_DIR"]),
-                       suite=os.environ.get("DOCKER_SLURM_SUITE", "bookworm"),
-                       prefix=os.environ.get("DOCKER_SLURM_PREFIX", "bw"),
-                       nodes=int(os.environ.get("DOCKER_SLURM_NODES", "2")))
+    suite = os.environ.get("DOCKER_SLURM_SUITE", "bookworm")
+    return DockerSlurm(DockerCluster(project=os.environ["DOCKER_SLURM_PROJECT"],
+                                     image=f"malleable-slurm:{suite}",
+                                     host_dir=Path(os.environ["DOCKER_SLURM_DIR"]),
+                                     nodes=int(os.environ.get("DOCKER_SLURM_NODES", "2")),
+                                     node_prefix=os.environ.get("DOCKER_SLURM_PREFIX", "bw")),
+                       suite=suite)
 
 
 @pytest.fixture
