@@ -191,7 +191,7 @@ def _status_cmd(args: argparse.Namespace) -> int:
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
-    from .simulator import SimPolicy, Simulation, WorkloadModel, generate, parse_swf
+    from .simulator import SimPolicy, Simulation, WorkloadModel, ask_share, generate, parse_swf
     if args.swf:
         jobs = parse_swf(Path(args.swf).read_text(errors="replace"), cores=args.cores,
                          malleable_fraction=args.malleable_fraction, seed=args.seed)
@@ -205,10 +205,15 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
     policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
     results = []
     for policy in policies:
-        r = Simulation(jobs, nodes=args.nodes, cores=args.cores, policy=policy,
-                       backfill_depth=args.backfill_depth).run()
+        # Only where threads follow the cores may a job ask for less and grow: under static
+        # and cgroup-only every job asks for its size, as plain TensorFlow users do.
+        asked = ask_share(jobs, args.malleable_ask) if policy.threads_follow else jobs
+        r = Simulation(asked, nodes=args.nodes, cores=args.cores, policy=policy,
+                       backfill_depth=args.backfill_depth,
+                       backfill_interval_s=args.backfill_interval).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
-                   args.malleable_fraction, "workload": args.swf or "generated"}
+                   args.malleable_fraction, "malleable_ask": args.malleable_ask,
+                   "workload": args.swf or "generated"}
         if not args.swf:
             summary["offered_load"] = args.offered_load
             summary["max_runtime_h"] = args.max_runtime_h
@@ -334,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="generated jobs (default 1000), or the first N of the SWF log")
     sm.add_argument("--swf", help="a Standard Workload Format log instead of a generated load")
     sm.add_argument("--malleable-fraction", type=float, default=0.5)
+    sm.add_argument("--malleable-ask", type=float, default=1.0,
+                    help="a malleable job asks Slurm for this share of its cores (at least 1) "
+                         "and grows from there; static runs every job at its size")
     sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
                     help="generated: work arriving per unit of capacity while jobs arrive")
     sm.add_argument("--max-runtime-h", type=float,
@@ -343,7 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=["static", "lend-idle", "throughput", "cgroup-only", "all"])
     sm.add_argument("--seed", type=int, default=1)
     sm.add_argument("--backfill-depth", type=int, default=100,
-                    help="queued jobs the scheduler looks at per event")
+                    help="queued jobs a backfill pass looks at")
+    sm.add_argument("--backfill-interval", type=float, default=30.0,
+                    help="seconds between backfill passes (Slurm's bf_interval)")
     sm.add_argument("--json", help="write the summary (a list with --policy all) here")
     sm.set_defaults(func=_simulate_cmd)
     return parser

@@ -2,7 +2,8 @@
 simulation that calls the agent's own ``decide`` (engine.py) on generated or SWF workloads
 (workload.py)."""
 from .engine import SimPolicy, SimResult, Simulation, simulate
-from .workload import Amdahl, Measured, SimJob, WorkloadModel, fluid_lower_bound, generate, parse_swf
+from .workload import (Amdahl, Measured, SimJob, WorkloadModel, ask_share, fluid_lower_bound,
+                       generate, parse_swf)
 
 __all__ = ["SimPolicy", "SimResult", "Simulation", "simulate", "Amdahl", "Measured", "SimJob",
-           "WorkloadModel", "fluid_lower_bound", "generate", "parse_swf"]
+           "WorkloadModel", "ask_share", "fluid_lower_bound", "generate", "parse_swf"]

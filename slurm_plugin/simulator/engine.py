@@ -1,15 +1,21 @@
 """A discrete-event simulation of a cluster whose nodes run the co-scheduler's own policy.
 
-Slurm's part is a stand-in: jobs are queued first come, first served; at every arrival and end
-the first ``backfill_depth`` queued jobs start wherever their allocation fits Slurm's view of a
-node (best fit: the node with the fewest free cores that holds it), in queue order, the head not
-blocking the rest. Slurm never sees lent cores: an allocation is taken from cores no running job
-was allocated. The node's part is the agent's: on every node where a job started or ended,
+Slurm's part is a stand-in for its two schedulers. The main one runs at every arrival and end:
+queued jobs start first come, first served, each wherever its allocation fits Slurm's view of a
+node (best fit: the node with the fewest free cores that holds it), until the first that does
+not fit. The backfill pass runs every ``backfill_interval_s`` (Slurm's bf_interval) while jobs
+wait: the first job that does not fit gets a reservation, the node and time at which it will
+fit by the running jobs' expected ends (start + start-up + runtime at the allocation: what a
+time limit tells Slurm; a job that grew ends sooner), and the next ``backfill_depth`` jobs start
+where they cannot delay it (EASY backfill). Without the reservation wide jobs starve behind a
+stream of narrow ones, in every regime alike. Slurm never sees lent cores: an allocation is
+taken from cores no running job was allocated. The node's part is the agent's: on every node where a job started or ended,
 ``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
 NodeSnapshot with each job's allocation, its current cores and the steps/s it has shown (each
 core count a job has run at is known exactly once it ran there: the telemetry), and each job
-then holds the cores of the plan. Between events every job progresses at its speedup curve's
-rate for the cores its threads use:
+then holds the cores of the plan. A job first spends its ``startup_s`` (launch, imports, building
+the model: measured, and no shorter on more cores), then progresses at its speedup curve's rate
+for the cores its threads use:
 
     static        Slurm's allocation (the agent does nothing; decide is not called)
     lend-idle     decide(LEND_IDLE): the cores of the plan
@@ -20,6 +26,7 @@ rate for the cores its threads use:
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import time
@@ -39,6 +46,11 @@ class SimPolicy(enum.Enum):
     CGROUP_ONLY = "cgroup-only"
 
     @property
+    def threads_follow(self) -> bool:
+        """Whether a job's threads grow with its cores (so it may ask Slurm for less)."""
+        return self in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
+
+    @property
     def agent_policy(self) -> Policy | None:
         return {SimPolicy.STATIC: None, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
                 SimPolicy.THROUGHPUT: Policy.THROUGHPUT,
@@ -53,10 +65,31 @@ class _Running:
     current: frozenset[int]
     remaining: float          # work units left
     since: float              # when remaining was last brought up to date
+    ready_at: float           # start-up over: work begins
+    expected_end: float       # Slurm's view: start + start-up + runtime at the allocation
     rate: float = 0.0
     cores_used: int = 0       # cores the job's threads use now
     version: int = 0          # bumps on each rate change: older completion events are stale
     known: dict[int, float] = field(default_factory=dict)   # steps/s by cores, as measured
+
+
+@dataclass
+class _Reservation:
+    """EASY backfill's one reservation, for the first job that does not fit: on ``node`` from
+    ``start``, with ``spare`` cores beyond it there then. A job may start on that node now only
+    if it is expected to end by ``start`` or fits in the spare cores (which it then uses up)."""
+
+    node: int
+    start: float
+    spare: int
+
+    def allows(self, node: int, cores: int, expected_end: float) -> bool:
+        if node != self.node or expected_end <= self.start:
+            return True
+        if cores <= self.spare:
+            self.spare -= cores
+            return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -94,13 +127,16 @@ class Simulation:
     """One run. ``clock`` only measures wall_s (injected for tests)."""
 
     def __init__(self, jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
-                 backfill_depth: int = 100, clock: Callable[[], float] = time.perf_counter):
+                 backfill_depth: int = 100, backfill_interval_s: float = 30.0,
+                 clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= cores:
                 raise ValueError(f"job {j.job_id} asks for {j.cores} cores; nodes have {cores}")
         self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
         self.nodes, self.cores, self.policy = nodes, cores, policy
         self.backfill_depth = backfill_depth
+        self.backfill_interval_s = backfill_interval_s
+        self._backfill_due = False     # a backfill pass is queued
         self._clock = clock
         self._cpus = frozenset(range(cores))
         self._running: dict[int, _Running] = {}
@@ -109,6 +145,8 @@ class Simulation:
         # Nodes by free cores (Slurm's view): best fit is the first non-empty bucket >= need.
         self._by_free: list[set[int]] = [set() for _ in range(cores + 1)]
         self._by_free[cores] = set(range(nodes))
+        # Per node, (expected end, job, cores) of its running jobs, sorted: the reservation.
+        self._ends_on: list[list[tuple[float, int, int]]] = [[] for _ in range(nodes)]
         self._events: list[tuple] = []
         self._seq = 0
         self._queue: deque[SimJob] = deque()
@@ -131,38 +169,51 @@ class Simulation:
         now = 0.0
         while self._events:
             now, kind, _, payload = heapq.heappop(self._events)
+            backfill = False
             if kind == 0:                          # an end (ends first at equal times)
                 job_id, version = payload
                 r = self._running.get(job_id)
                 if r is None or r.version != version:
                     continue                       # stale: its rate changed since
                 self._finish(r, now)
-            else:
+            elif kind == 1:
                 self._queue.append(payload)
-            if self._events and self._events[0][0] == now:
+            else:                                  # the periodic backfill pass
+                self._backfill_due = False
+                backfill = True
+            if self._events and self._events[0][0] == now and not backfill:
                 continue                           # settle every event of this instant first
-            self._schedule(now)
+            self._schedule(now, backfill=backfill)
+            if self._queue and not self._backfill_due:
+                self._backfill_due = True
+                self._push(now + self.backfill_interval_s, 2, None)
         if self._queue or self._running:
             raise RuntimeError(f"{len(self._queue)} jobs never started, "
                                f"{len(self._running)} never ended")
         return self._result(self._clock() - t0)
 
-    def _schedule(self, now: float) -> None:
-        top = self._max_free()
-        if top == 0 or not self._queue:
-            return
+    def _schedule(self, now: float, *, backfill: bool = False) -> None:
         dirty: set[int] = set()
-        head = [self._queue.popleft() for _ in range(min(self.backfill_depth, len(self._queue)))]
-        waiting = []
-        for job in head:
-            if job.cores > top:
-                waiting.append(job)
-                continue
+        while self._queue and self._queue[0].cores <= self._max_free():   # the main scheduler
+            job = self._queue.popleft()
             node = self._best_fit(job.cores)
             self._start(job, node, now)
             dirty.add(node)
-            top = self._max_free()
-        self._queue.extendleft(reversed(waiting))
+        if backfill and self._queue:
+            head = self._queue.popleft()
+            reservation = self._reserve(head.cores, now)
+            window = [self._queue.popleft()
+                      for _ in range(min(self.backfill_depth, len(self._queue)))]
+            waiting = []
+            for job in window:
+                node = self._best_fit(job.cores, job, reservation, now)
+                if node is None:
+                    waiting.append(job)
+                    continue
+                self._start(job, node, now)
+                dirty.add(node)
+            self._queue.extendleft(reversed(waiting))
+            self._queue.appendleft(head)
         for node in sorted(dirty):
             self._replan(node, now)
 
@@ -177,13 +228,34 @@ class Simulation:
                 return free
         return 0
 
-    def _best_fit(self, need: int) -> int:
-        """The node with the fewest free cores that still holds ``need`` (deterministic: the
-        buckets are sets of ints, iterated in the order CPython keeps them)."""
+    def _best_fit(self, need: int, job: SimJob | None = None,
+                  reservation: "_Reservation | None" = None, now: float = 0.0) -> int | None:
+        """The node with the fewest free cores that still holds ``need`` and where the job
+        cannot delay the reservation (deterministic: the buckets are sets of ints, iterated in
+        the order CPython keeps them); None if there is none."""
         for free in range(need, self.cores + 1):
-            if self._by_free[free]:
-                return next(iter(self._by_free[free]))
-        raise LookupError(f"no node has {need} free cores")
+            for node in self._by_free[free]:
+                if reservation is None or job is None or \
+                        reservation.allows(node, need, now + job.startup_s + job.runtime_s):
+                    return node
+        return None
+
+    def _reserve(self, need: int, now: float) -> "_Reservation":
+        """Where and when a job of ``need`` cores will fit by the running jobs' expected ends:
+        the earliest node, and how many cores that node has spare then beyond ``need``."""
+        best: tuple[float, int, int] | None = None   # (time, node, spare cores then)
+        for node in range(self.nodes):
+            free = self._free(node)
+            at = now
+            for end, _, cores in self._ends_on[node]:
+                if free >= need or (best is not None and end >= best[0]):
+                    break
+                free += cores
+                at = max(now, end)
+            if free >= need and (best is None or at < best[0]):
+                best = (at, node, free - need)
+        assert best is not None, "every job fits an empty node"
+        return _Reservation(node=best[1], start=best[0], spare=best[2])
 
     def _take(self, node: int, cpus: frozenset[int], give: bool = False) -> None:
         self._by_free[self._free(node)].discard(node)
@@ -196,9 +268,11 @@ class Simulation:
     def _start(self, job: SimJob, node: int, now: float) -> None:
         alloc = frozenset(sorted(self._cpus - self._allocated[node])[: job.cores])
         self._take(node, alloc)
-        r = _Running(job, node, alloc, alloc, job.work, now)
+        ready = now + job.startup_s
+        r = _Running(job, node, alloc, alloc, job.work, now, ready, ready + job.runtime_s)
         self._running[job.job_id] = r
         self._on_node[node].add(job.job_id)
+        bisect.insort(self._ends_on[node], (r.expected_end, job.job_id, job.cores))
         self._starts[job.job_id] = now
         if self.policy.agent_policy is None:
             self._set_cores(r, alloc, now)   # static: nothing else will ever move it
@@ -207,6 +281,7 @@ class Simulation:
         self._settle(r, now)
         del self._running[r.job.job_id]
         self._on_node[r.node].discard(r.job.job_id)
+        self._ends_on[r.node].remove((r.expected_end, r.job.job_id, r.job.cores))
         self._take(r.node, r.allocation, give=True)
         self._results.append(JobResult(r.job.job_id, r.job.submit_s, self._starts[r.job.job_id],
                                        now, r.job.cores, r.job.spec is not None))
@@ -244,10 +319,10 @@ class Simulation:
         r.rate = r.job.speedup.rate(used)
         r.known[len(cpus)] = r.rate
         r.version += 1
-        self._push(now + r.remaining / r.rate, 0, (r.job.job_id, r.version))
+        self._push(max(now, r.ready_at) + r.remaining / r.rate, 0, (r.job.job_id, r.version))
 
     def _settle(self, r: _Running, now: float) -> None:
-        dt = now - r.since
+        dt = now - max(r.since, r.ready_at)    # no work is done while the job starts up
         if dt > 0 and r.rate > 0:
             r.remaining = max(0.0, r.remaining - r.rate * dt)
             self._busy_core_s += r.cores_used * dt
@@ -271,6 +346,7 @@ class Simulation:
 
 
 def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
-             backfill_depth: int = 100) -> SimResult:
+             backfill_depth: int = 100, backfill_interval_s: float = 30.0) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy,
-                      backfill_depth=backfill_depth).run()
+                      backfill_depth=backfill_depth,
+                      backfill_interval_s=backfill_interval_s).run()

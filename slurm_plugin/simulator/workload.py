@@ -83,9 +83,10 @@ class SimJob:
     job_id: int
     submit_s: float
     cores: int                        # Slurm's allocation on its node (single-node jobs)
-    runtime_s: float                  # at its allocation
+    runtime_s: float                  # at its allocation, after start-up
     speedup: Speedup
     spec: MalleableSpec | None = None  # None: rigid
+    startup_s: float = 0.0            # before any work: launch, imports (no faster on more cores)
 
     @property
     def work(self) -> float:
@@ -189,6 +190,27 @@ def parse_swf(text: str, *, cores: int, malleable_fraction: float = 0.0, seed: i
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
 
+def ask_share(jobs: Iterable[SimJob], share: float) -> list[SimJob]:
+    """The same jobs, each malleable one asking Slurm for ``share`` of its cores (rounded down, at
+    least its min and 1) and growing from there: a smaller guarantee that Slurm can place sooner
+    and pack tighter, with the same work and the same maximum. Rigid jobs are unchanged."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError("the share a malleable job asks for is in (0, 1]")
+    out = []
+    for j in jobs:
+        if j.spec is None or share == 1.0:
+            out.append(j)
+            continue
+        ask = max(1, j.spec.min_cpus, math.floor(j.cores * share))
+        ask = min(ask, j.cores)
+        # The maximum stays what it was (at least the size the job would have asked for).
+        spec = j.spec if j.spec.max_cpus is None else \
+            MalleableSpec(j.spec.min_cpus, j.max_cores(j.spec.max_cpus), j.spec.weight)
+        out.append(SimJob(j.job_id, j.submit_s, ask, j.work / j.speedup.rate(ask), j.speedup,
+                          spec, j.startup_s))
+    return out
+
+
 def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int) -> float:
     """A makespan no schedule can beat: every job as efficient as it can be (its least
     core-seconds) spread over the whole cluster from its arrival, and no job faster than at its
@@ -203,7 +225,7 @@ def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int) -> float:
     for j in jobs:
         lo, hi = j.min_cores(cores), j.max_cores(cores)
         least_core_s.append(j.work * j.speedup.least_cost(lo, hi))
-        fastest = max(fastest, j.submit_s + j.work / j.speedup.best_rate(hi))
+        fastest = max(fastest, j.submit_s + j.startup_s + j.work / j.speedup.best_rate(hi))
     suffix, best = 0.0, 0.0
     for j, cs in zip(reversed(jobs), reversed(least_core_s)):
         suffix += cs

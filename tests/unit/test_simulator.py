@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import (Amdahl, Measured, SimJob, SimPolicy, Simulation,
+from slurm_plugin.simulator import (Amdahl, Measured, SimJob, SimPolicy, Simulation, ask_share,
                                     fluid_lower_bound, generate, parse_swf, simulate)
 from slurm_plugin.simulator.workload import SWFError
 
@@ -35,7 +35,8 @@ def test_measured_curve_is_normalised_and_flat_beyond_its_points():
 
 
 def one_node(jobs, policy, cores=4):
-    return simulate(jobs, nodes=1, cores=cores, policy=policy)
+    # A backfill pass every second: the small examples' jobs arrive on whole seconds.
+    return simulate(jobs, nodes=1, cores=cores, policy=policy, backfill_interval_s=1.0)
 
 
 def test_a_malleable_job_alone_grows_into_the_idle_cores_only_when_its_threads_follow():
@@ -72,6 +73,54 @@ def test_jobs_wait_first_come_first_served_and_small_ones_fill_gaps():
     r = {j.job_id: j for j in one_node([big, waits, fills], SimPolicy.STATIC).per_job}
     assert r[3].start_s == pytest.approx(2.0)
     assert r[2].start_s == pytest.approx(50.0)
+    # Between backfill passes the main scheduler keeps to queue order: with Slurm's 30 s
+    # bf_interval the small job waits behind the blocked one until the pass at 31 s.
+    late = {j.job_id: j for j in simulate([big, waits, fills], nodes=1, cores=4,
+                                          policy=SimPolicy.STATIC).per_job}
+    assert late[3].start_s == pytest.approx(31.0) and late[2].start_s == pytest.approx(50.0)
+
+
+def test_a_wide_job_is_not_starved_by_narrow_ones_behind_it():
+    """EASY backfill: the first job that does not fit gets a reservation; a later job starts
+    before it only if it is expected to end by then or uses cores the reservation leaves."""
+    first = SimJob(1, 0.0, 2, 100.0, LINEAR)
+    wide = SimJob(2, 1.0, 4, 10.0, LINEAR)        # needs the whole node: reserved at 100
+    long_ = SimJob(3, 2.0, 2, 200.0, LINEAR)      # fits now but would end at 202: waits
+    short = SimJob(4, 3.0, 2, 50.0, LINEAR)       # ends at 53, before the reservation
+    r = {j.job_id: j for j in one_node([first, wide, long_, short], SimPolicy.STATIC).per_job}
+    assert r[4].start_s == pytest.approx(3.0)
+    assert r[2].start_s == pytest.approx(100.0) and r[2].end_s == pytest.approx(110.0)
+    assert r[3].start_s == pytest.approx(110.0)
+    # On a node with room beside the reservation, the long job may use the spare cores.
+    # 6 cores: the wide job is reserved at 100 with 2 cores to spare, which the long one takes.
+    r6 = {j.job_id: j for j in one_node([SimJob(1, 0.0, 4, 100.0, LINEAR), wide, long_],
+                                        SimPolicy.STATIC, cores=6).per_job}
+    assert r6[3].start_s == pytest.approx(2.0) and r6[2].start_s == pytest.approx(100.0)
+
+
+def test_start_up_time_does_not_shrink_with_cores():
+    job = SimJob(1, 0.0, 1, 100.0, LINEAR, MalleableSpec(min_cpus=1, max_cpus=4), startup_s=10.0)
+    assert one_node([job], SimPolicy.STATIC).per_job[0].end_s == pytest.approx(110.0)
+    assert one_node([job], SimPolicy.LEND_IDLE).per_job[0].end_s == pytest.approx(35.0)
+    assert fluid_lower_bound([job], 1, 4) == pytest.approx(35.0)
+
+
+def test_a_malleable_job_may_ask_for_less_and_keeps_its_work_and_maximum():
+    curve = Amdahl(serial=0.1)
+    mall = SimJob(1, 0.0, 8, 100.0, curve, MalleableSpec(min_cpus=1, max_cpus=32))
+    rigid = SimJob(2, 0.0, 8, 100.0, curve)
+    small_max = SimJob(3, 0.0, 8, 100.0, curve, MalleableSpec(min_cpus=3, max_cpus=8))
+    a, b, c = ask_share([mall, rigid, small_max], 0.25)
+    assert (a.cores, a.max_cores(64), a.min_cores(64)) == (2, 32, 1)
+    assert a.work == pytest.approx(mall.work) and a.runtime_s > mall.runtime_s
+    assert b == rigid
+    assert (c.cores, c.max_cores(64), c.min_cores(64)) == (3, 8, 3)   # never below its min
+    assert ask_share([mall], 1.0) == [mall]
+    with pytest.raises(ValueError):
+        ask_share([mall], 0.0)
+    # Asking for a quarter, alone on a node, it still grows to its maximum.
+    alone = one_node([a], SimPolicy.LEND_IDLE, cores=32).per_job[0]
+    assert alone.end_s == pytest.approx(mall.work / curve.rate(32))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -151,4 +200,12 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
     assert main(["simulate", "--swf", str(swf), "--nodes", "1", "--cores", "64",
                  "--policy", "lend-idle", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["jobs"] == 3
+    assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
+                 "--seed", "4", "--malleable-ask", "0.5", "--json", str(out)]) == 0
+    asked = {r["policy"]: r for r in json.loads(out.read_text())}
+    base = {r["policy"]: r for r in rows}
+    # Static and cgroup-only run every job at its size whatever the ask; the others do not.
+    for p in ("static", "cgroup-only"):
+        assert asked[p]["makespan_s"] == pytest.approx(base[p]["makespan_s"])
+    assert asked["lend-idle"]["malleable_ask"] == 0.5
     assert "lend-idle" in capsys.readouterr().out
