@@ -170,6 +170,9 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         except ValueError:
             raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not "
                              f"{os.environ['MALLEABLE_TF_SPLIT']!r}") from None
+        onednn = os.environ.get("MALLEABLE_TF_ONEDNN", "")
+        if onednn not in ("", "inline"):
+            raise ValueError(f"MALLEABLE_TF_ONEDNN must be inline or unset, not {onednn!r}")
         try:
             tf.config.threading.set_intra_op_parallelism_threads(max_threads)
             tf.config.threading.set_inter_op_parallelism_threads(inter_max)
@@ -198,7 +201,8 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
                      recheck_interval_s=recheck_interval_s,
                      status_path=status, target_path=target_path,
-                     mask_restricts=source != "cgroup", split=split, pin_share=pin_to == "share")
+                     mask_restricts=source != "cgroup", split=split, pin_share=pin_to == "share",
+                     onednn_inline=onednn == "inline")
         rt.install_signals(signals)
         rt.load_target()
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")

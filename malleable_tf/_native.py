@@ -202,7 +202,7 @@ def load(tf) -> NativeLib:
         "mtf_poll_set_paths": [ctypes.c_char_p, ctypes.c_int],
         "mtf_poll_start": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
         "mtf_gate_set_capacity": [ctypes.c_int], "mtf_set_split_width": [ctypes.c_int, ctypes.c_int],
-        "mtf_split_width": [],
+        "mtf_split_width": [], "mtf_set_onednn_inline": [ctypes.c_int],
     }.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes

@@ -93,7 +93,7 @@ class Runtime:
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
-                 split: Split = Split.ACTIVE,
+                 split: Split = Split.ACTIVE, onednn_inline: bool = False,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
                  pin_share: bool = True,
                  clock: Callable[[], float] = time.monotonic, sample_interval_s: float = 0.5):
@@ -110,6 +110,8 @@ class Runtime:
         self.target_path = target_path
         self._cgroup = cgroup or allow.CgroupReader()
         self.split = split
+        # At one active intra-op thread, oneDNN's work runs in the calling thread (split_width.cc)
+        self.onednn_inline = onednn_inline
         self._pin = pin
         # Pin the threads to this rank's share of the allowance (locality), or to the whole
         # allowance (ranks float over their node's cores; the thread counts are the same).
@@ -260,6 +262,8 @@ class Runtime:
     def _set_split_width(self, n: int) -> None:
         """New Eigen kernels split their work n ways, as in a process started with n threads."""
         rc = self._native.lib.mtf_set_split_width(n, int(self.split is Split.ACTIVE))
+        if rc == 0 and self.onednn_inline:
+            rc = self._native.lib.mtf_set_onednn_inline(int(n == 1))
         if rc == -2 and not self._warned_split:
             self._warned_split = True
             log.warning("malleable_tf: this TensorFlow's table of Eigen devices was not found; "

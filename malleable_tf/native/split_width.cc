@@ -27,13 +27,46 @@ void RestoreSplitWidth() {}
 extern "C" {
 int mtf_set_split_width(int, int) { return -2; }
 int mtf_split_width() { return 0; }
+int mtf_set_onednn_inline(int) { return -2; }
 }  // extern "C"
 
 #else  // the split width follows the active threads
 
 #include "tensorflow/core/framework/device_base.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace {
+
+// oneDNN inline (MALLEABLE_TF_ONEDNN=inline). TensorFlow's oneDNN adapter
+// (tsl/util/onednn_threadpool.h) hands each primitive's work to the intra-op pool with
+// ScheduleWithHint(fn, k, k + 1) from the calling (inter-op) thread, which then blocks until it
+// is done. With one active intra-op thread that is a hand-off to another thread, often on the
+// other core, and back, for every primitive, where TensorFlow started with one thread runs the
+// primitive in the caller. This forwarder stands in for the pool as kernels reach it through
+// CpuWorkerThreads::workers: it reports the pool's own size and thread ids (per-thread buffers
+// sized by NumThreads() and indexed by CurrentThreadId() stay right), and only while `one_wide`
+// is set does it run such a single-queue schedule from outside the pool in the caller.
+class OneWideInline : public tsl::thread::ThreadPoolInterface {
+ public:
+  OneWideInline(Eigen::ThreadPoolInterface* real, const bool* one_wide)
+      : real_(real), one_wide_(one_wide) {}
+  void Schedule(std::function<void()> fn) override { real_->Schedule(std::move(fn)); }
+  void ScheduleWithHint(std::function<void()> fn, int start, int limit) override {
+    if (limit == start + 1 && __atomic_load_n(one_wide_, __ATOMIC_ACQUIRE) &&
+        real_->CurrentThreadId() == -1) {
+      fn();
+      return;
+    }
+    real_->ScheduleWithHint(std::move(fn), start, limit);
+  }
+  void Cancel() override { real_->Cancel(); }
+  int NumThreads() const override { return real_->NumThreads(); }
+  int CurrentThreadId() const override { return real_->CurrentThreadId(); }
+
+ private:
+  Eigen::ThreadPoolInterface* real_;
+  const bool* one_wide_;
+};
 
 // Reading a private member through an explicit instantiation (which skips access checks): the
 // layout is the one of the headers this file is compiled against, the installed wheel's.
@@ -54,6 +87,9 @@ struct SplitWidth {
   tensorflow::DeviceBase::CpuWorkerThreads* workers = nullptr;  // Shard()'s thread count
   bool shard_too = false;  // also set the count Shard() splits by
   int width = 0;
+  tensorflow::thread::ThreadPool* original_pool = nullptr;  // workers as TensorFlow built it
+  tensorflow::thread::ThreadPool* inline_pool = nullptr;    // over OneWideInline; never freed
+  bool one_wide = false;
 };
 
 SplitWidth g_split;
@@ -86,6 +122,7 @@ void CaptureSplitWidth(tensorflow::DeviceBase* device, int intra_threads) {
     g_split.width = intra_threads;
     g_split.workers = const_cast<tensorflow::DeviceBase::CpuWorkerThreads*>(
         device->tensorflow_cpu_worker_threads());
+    g_split.original_pool = g_split.workers->workers;
   }
 }
 
@@ -94,6 +131,10 @@ void RestoreSplitWidth() {
   if (g_split.levels != nullptr) {
     g_split.shard_too = false;
     ApplyWidthLocked(static_cast<int>(g_split.original.size()));
+    if (g_split.inline_pool != nullptr) {
+      __atomic_store_n(&g_split.one_wide, false, __ATOMIC_RELEASE);
+      __atomic_store_n(&g_split.workers->workers, g_split.original_pool, __ATOMIC_RELEASE);
+    }
   }
 }
 
@@ -117,6 +158,21 @@ int mtf_set_split_width(int n, int shard_too) {
 int mtf_split_width() {
   std::lock_guard<std::mutex> l(g_split.mu);
   return g_split.width;
+}
+
+// oneDNN inline: from the first call on, kernels reach the intra-op pool through OneWideInline
+// (a pointer store; both pools live as long as the process), which runs oneDNN's work in the
+// calling thread while `one_wide` is set. Returns 0, or -2 where the device was not captured.
+int mtf_set_onednn_inline(int one_wide) {
+  std::lock_guard<std::mutex> l(g_split.mu);
+  if (g_split.workers == nullptr || g_split.original_pool == nullptr) return -2;
+  if (g_split.inline_pool == nullptr) {
+    g_split.inline_pool = new tensorflow::thread::ThreadPool(
+        new OneWideInline(g_split.original_pool->AsEigenThreadPool(), &g_split.one_wide));
+  }
+  __atomic_store_n(&g_split.one_wide, one_wide != 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_split.workers->workers, g_split.inline_pool, __ATOMIC_RELEASE);
+  return 0;
 }
 
 }  // extern "C"

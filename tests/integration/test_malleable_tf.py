@@ -106,6 +106,47 @@ print("RESULT " + __import__("json").dumps(errors))
                                "after-shutdown"]
 
 
+def test_onednn_inline_gives_the_same_results_at_every_width():
+    """MALLEABLE_TF_ONEDNN=inline: at one active intra-op thread oneDNN's work runs in the
+    calling thread (its speed is benchmarks/onednn_parked_thread.py's); the results of a
+    convolution's forward and backward pass are the same at 2 threads, 1 and 2 again, and a
+    bad value is refused before TensorFlow starts."""
+    code = r"""
+import json, os
+import malleable_tf
+os.environ["MALLEABLE_TF_ONEDNN"] = "sideways"
+errors = []
+try:
+    malleable_tf.init(max_threads=2, follow=False)
+except ValueError as e:
+    errors.append("bad-onednn" if "MALLEABLE_TF_ONEDNN" in str(e) else str(e))
+os.environ["MALLEABLE_TF_ONEDNN"] = "inline"
+malleable_tf.init(max_threads=2, follow=False)
+import tensorflow as tf
+x = tf.random.stateless_normal([16, 32, 32, 3], seed=[1, 2])
+w = tf.Variable(tf.random.stateless_normal([3, 3, 3, 16], seed=[3, 4]))
+
+@tf.function
+def step():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME")) ** 2)
+    return loss, tape.gradient(loss, w)
+
+out = []
+for intra in (2, 1, 2):
+    malleable_tf.set_threads(intra=intra, inter=intra)
+    loss, grad = step()
+    out.append((float(loss), grad.numpy()))
+same = [abs(l - out[0][0]) <= 1e-5 * abs(out[0][0]) and
+        float(abs(g - out[0][1]).max()) <= 1e-4 * float(abs(out[0][1]).max()) for l, g in out]
+print("RESULT " + json.dumps({"errors": errors, "same": same,
+                              "split": malleable_tf.runtime().native_lib.mtf_split_width()}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **QUIET})
+    assert result_of(proc) == {"errors": ["bad-onednn"], "same": [True, True, True], "split": 2}
+
+
 def test_init_after_first_op_is_a_clear_error():
     code = ("import tensorflow as tf; tf.constant(1) + 1\n"
             "import malleable_tf\n"
