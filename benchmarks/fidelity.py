@@ -139,7 +139,10 @@ def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
         scratch = Path(tempfile.mkdtemp(prefix="malleable-fid-"))
         ctx = Ctx(n, m, scratch)
         resources: dict[str, dict] = {k: {} for k in names}
-        plain_args = ["plain", "--threads", str(m if overhead else n)]
+        # TF started with N threads: intra, inter and tf.data's pool (plain TF otherwise runs
+        # map calls on every core, whatever its thread settings).
+        plain_args = ["plain", "--threads", str(m if overhead else n),
+                      "--data-pool", str(m if overhead else n)]
         if pinned:
             plain_args += ["--cpus", cpu_list(n)]
         workers = {"plain": BurstWorker(["tf_worker.py", *plain_args], env=env)}

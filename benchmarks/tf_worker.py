@@ -28,6 +28,9 @@ ap.add_argument("--no-follow", action="store_true", help="malleable: init(follow
 ap.add_argument("--cgroup", help="cpuset folder to join before TensorFlow starts")
 ap.add_argument("--cpus", help="pin by affinity before TensorFlow starts, e.g. 0 or 0-1")
 ap.add_argument("--workloads", default="keras_cnn,matmul,tf_data")
+ap.add_argument("--data-pool", type=int,
+                help="plain: tf.data runs on a private pool of this many threads (without it, "
+                     "plain TF runs map calls on every core whatever its thread settings)")
 args = ap.parse_args()
 
 if args.cgroup:
@@ -43,6 +46,12 @@ if args.mode == "plain":
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    if args.data_pool:
+        data_options = tf.data.Options()
+        data_options.threading.private_threadpool_size = args.data_pool
+
+        def data_map(ds, fn, **kwargs):
+            return ds.map(fn, **kwargs).with_options(data_options)
 else:
     import malleable_tf
     malleable_tf.init(max_threads=args.pool, follow=not args.no_follow)

@@ -170,9 +170,9 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         except ValueError:
             raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not "
                              f"{os.environ['MALLEABLE_TF_SPLIT']!r}") from None
-        onednn = os.environ.get("MALLEABLE_TF_ONEDNN", "")
-        if onednn not in ("", "inline"):
-            raise ValueError(f"MALLEABLE_TF_ONEDNN must be inline or unset, not {onednn!r}")
+        onednn = os.environ.get("MALLEABLE_TF_ONEDNN", "inline")
+        if onednn not in ("inline", "off"):
+            raise ValueError(f"MALLEABLE_TF_ONEDNN must be inline or off, not {onednn!r}")
         try:
             tf.config.threading.set_intra_op_parallelism_threads(max_threads)
             tf.config.threading.set_inter_op_parallelism_threads(inter_max)

@@ -106,11 +106,12 @@ print("RESULT " + __import__("json").dumps(errors))
                                "after-shutdown"]
 
 
-def test_onednn_inline_gives_the_same_results_at_every_width():
-    """MALLEABLE_TF_ONEDNN=inline: at one active intra-op thread oneDNN's work runs in the
-    calling thread (its speed is benchmarks/onednn_parked_thread.py's); the results of a
-    convolution's forward and backward pass are the same at 2 threads, 1 and 2 again, and a
-    bad value is refused before TensorFlow starts."""
+@pytest.mark.parametrize("onednn", ["inline", "off"])
+def test_onednn_inline_gives_the_same_results_at_every_width(onednn):
+    """MALLEABLE_TF_ONEDNN=inline (the default): at one active intra-op thread oneDNN's work
+    runs in the calling thread (its speed: benchmarks/fidelity.py, onednn_parked_thread.py);
+    the results of a convolution's forward and backward pass are the same at 2 threads, 1 and 2
+    again, with it and without it, and a bad value is refused before TensorFlow starts."""
     code = r"""
 import json, os
 import malleable_tf
@@ -120,7 +121,7 @@ try:
     malleable_tf.init(max_threads=2, follow=False)
 except ValueError as e:
     errors.append("bad-onednn" if "MALLEABLE_TF_ONEDNN" in str(e) else str(e))
-os.environ["MALLEABLE_TF_ONEDNN"] = "inline"
+os.environ["MALLEABLE_TF_ONEDNN"] = os.environ["ONEDNN_UNDER_TEST"]
 malleable_tf.init(max_threads=2, follow=False)
 import tensorflow as tf
 x = tf.random.stateless_normal([16, 32, 32, 3], seed=[1, 2])
@@ -143,7 +144,7 @@ print("RESULT " + json.dumps({"errors": errors, "same": same,
                               "split": malleable_tf.runtime().native_lib.mtf_split_width()}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, **QUIET})
+                          timeout=180, env={**os.environ, **QUIET, "ONEDNN_UNDER_TEST": onednn})
     assert result_of(proc) == {"errors": ["bad-onednn"], "same": [True, True, True], "split": 2}
 
 
