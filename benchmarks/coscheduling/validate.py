@@ -6,9 +6,9 @@ building the model; more cores do not shorten it), the runtime it trained there,
 curve its own telemetry measured in the malleable runs (steps/s at 1 and 2 threads; where a job
 never ran at 2, no speedup is assumed). The simulator knows nothing of the malleable runtime's
 own cost (a malleable job at 1 core runs a little slower than the plain one of the static run:
-the fidelity table), nor of the agent's reaction time: both show up as the error. The simulator (`malleable simulate`'s engine,
-the agent's own decide) then runs each regime on one node of 2 cores; the error per metric is
-simulated / real - 1.
+the fidelity table), nor of the agent's reaction time: both show up as the error. The
+simulator (`malleable simulate`'s engine, the agent's own decide) then runs each regime on one
+node of 2 cores; the error per metric is simulated / real - 1.
 
     python benchmarks/coscheduling/validate.py
 

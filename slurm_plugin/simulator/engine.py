@@ -9,8 +9,8 @@ fit by the running jobs' expected ends (start + start-up + runtime at the alloca
 time limit tells Slurm; a job that grew ends sooner), and the next ``backfill_depth`` jobs start
 where they cannot delay it (EASY backfill). Without the reservation wide jobs starve behind a
 stream of narrow ones, in every regime alike. Slurm never sees lent cores: an allocation is
-taken from cores no running job was allocated. The node's part is the agent's: on every node where a job started or ended,
-``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
+taken from cores no running job was allocated. The node's part is the agent's: on every node
+where a job started or ended, ``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
 NodeSnapshot with each job's allocation, its current cores and the steps/s it has shown (each
 core count a job has run at is known exactly once it ran there: the telemetry), and each job
 then holds the cores of the plan. A job first spends its ``startup_s`` (launch, imports, building
@@ -84,12 +84,12 @@ class _Reservation:
     spare: int
 
     def allows(self, node: int, cores: int, expected_end: float) -> bool:
-        if node != self.node or expected_end <= self.start:
-            return True
-        if cores <= self.spare:
+        return node != self.node or expected_end <= self.start or cores <= self.spare
+
+    def book(self, node: int, cores: int, expected_end: float) -> None:
+        """A job started on ``node``: if it still runs at ``start``, it takes spare cores."""
+        if node == self.node and expected_end > self.start:
             self.spare -= cores
-            return True
-        return False
 
 
 @dataclass(frozen=True)
@@ -206,10 +206,12 @@ class Simulation:
                       for _ in range(min(self.backfill_depth, len(self._queue)))]
             waiting = []
             for job in window:
-                node = self._best_fit(job.cores, job, reservation, now)
+                end = now + job.expected_s
+                node = self._best_fit(job.cores, reservation, end)
                 if node is None:
                     waiting.append(job)
                     continue
+                reservation.book(node, job.cores, end)
                 self._start(job, node, now)
                 dirty.add(node)
             self._queue.extendleft(reversed(waiting))
@@ -228,19 +230,18 @@ class Simulation:
                 return free
         return 0
 
-    def _best_fit(self, need: int, job: SimJob | None = None,
-                  reservation: "_Reservation | None" = None, now: float = 0.0) -> int | None:
-        """The node with the fewest free cores that still holds ``need`` and where the job
-        cannot delay the reservation (deterministic: the buckets are sets of ints, iterated in
-        the order CPython keeps them); None if there is none."""
+    def _best_fit(self, need: int, reservation: _Reservation | None = None,
+                  expected_end: float = 0.0) -> int | None:
+        """The node with the fewest free cores that still holds ``need`` and where a job
+        expected to end at ``expected_end`` cannot delay the reservation (deterministic: the
+        buckets are sets of ints, iterated in the order CPython keeps them); None if none."""
         for free in range(need, self.cores + 1):
             for node in self._by_free[free]:
-                if reservation is None or job is None or \
-                        reservation.allows(node, need, now + job.startup_s + job.runtime_s):
+                if reservation is None or reservation.allows(node, need, expected_end):
                     return node
         return None
 
-    def _reserve(self, need: int, now: float) -> "_Reservation":
+    def _reserve(self, need: int, now: float) -> _Reservation:
         """Where and when a job of ``need`` cores will fit by the running jobs' expected ends:
         the earliest node, and how many cores that node has spare then beyond ``need``."""
         best: tuple[float, int, int] | None = None   # (time, node, spare cores then)
@@ -268,8 +269,8 @@ class Simulation:
     def _start(self, job: SimJob, node: int, now: float) -> None:
         alloc = frozenset(sorted(self._cpus - self._allocated[node])[: job.cores])
         self._take(node, alloc)
-        ready = now + job.startup_s
-        r = _Running(job, node, alloc, alloc, job.work, now, ready, ready + job.runtime_s)
+        r = _Running(job, node, alloc, alloc, job.work, now, now + job.startup_s,
+                     now + job.expected_s)
         self._running[job.job_id] = r
         self._on_node[node].add(job.job_id)
         bisect.insort(self._ends_on[node], (r.expected_end, job.job_id, job.cores))

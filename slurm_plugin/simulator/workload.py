@@ -2,6 +2,7 @@
 Format file. Pure: no clock, no I/O beyond reading the SWF text handed in."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -87,6 +88,11 @@ class SimJob:
     speedup: Speedup
     spec: MalleableSpec | None = None  # None: rigid
     startup_s: float = 0.0            # before any work: launch, imports (no faster on more cores)
+
+    @property
+    def expected_s(self) -> float:
+        """Start-up and runtime at its allocation: what its time limit tells Slurm."""
+        return self.startup_s + self.runtime_s
 
     @property
     def work(self) -> float:
@@ -201,13 +207,12 @@ def ask_share(jobs: Iterable[SimJob], share: float) -> list[SimJob]:
         if j.spec is None or share == 1.0:
             out.append(j)
             continue
-        ask = max(1, j.spec.min_cpus, math.floor(j.cores * share))
-        ask = min(ask, j.cores)
-        # The maximum stays what it was (at least the size the job would have asked for).
+        ask = min(j.cores, max(1, j.spec.min_cpus, math.floor(j.cores * share)))
+        # The maximum stays what it was: at least the size the job would have asked for.
         spec = j.spec if j.spec.max_cpus is None else \
-            MalleableSpec(j.spec.min_cpus, j.max_cores(j.spec.max_cpus), j.spec.weight)
-        out.append(SimJob(j.job_id, j.submit_s, ask, j.work / j.speedup.rate(ask), j.speedup,
-                          spec, j.startup_s))
+            dataclasses.replace(j.spec, max_cpus=max(j.cores, j.spec.max_cpus))
+        out.append(dataclasses.replace(j, cores=ask, runtime_s=j.work / j.speedup.rate(ask),
+                                       spec=spec))
     return out
 
 
