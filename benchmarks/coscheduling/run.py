@@ -16,9 +16,9 @@ input-bound) and reports its start, end and CPU seconds. Measured per regime: ma
 completion (submit to end), core utilisation (the jobs' CPU seconds / (2 cores x makespan)),
 resizes and their latency (the agent's event log); every 0.5 s each job's cpuset and threads.
 
-    python benchmarks/coscheduling/run.py [--regimes static,cgroup-only,lend-idle,throughput]
+    python benchmarks/coscheduling/run.py [--regimes static,cgroup-only,lend-idle,throughput] [--name NAME]
 
-Writes benchmarks/results/coscheduling.json and coscheduling.png.
+Writes benchmarks/results/coscheduling.json and coscheduling.png (``--name`` for a repetition).
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def run_regime(name: str, root: Path, port: int) -> dict:
             "samples": samples}
 
 
-def plot(data: dict) -> Path:
+def plot(data: dict, name: str) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -185,7 +185,7 @@ def plot(data: dict) -> Path:
     ax.set_ylabel("seconds")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = RESULTS / "coscheduling.png"
+    path = RESULTS / f"{name}.png"
     fig.savefig(path, dpi=110)
     return path
 
@@ -194,6 +194,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--port-base", type=int, default=41817)
+    ap.add_argument("--name", default="coscheduling",
+                    help="results as benchmarks/results/NAME.json and .png (a repetition: "
+                         "another name)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="malleable-cosched-", dir="/tmp"))
     base.chmod(0o755)
@@ -217,8 +220,8 @@ def main() -> None:
             "mean_completion": round(r["mean_completion_s"] / static["mean_completion_s"], 3)}
             for r in runs}
         print(json.dumps(data["vs_static"], indent=1))
-    save("coscheduling", data)
-    print("wrote", plot(data))
+    save(args.name, data)
+    print("wrote", plot(data, args.name))
 
 
 if __name__ == "__main__":

@@ -2,20 +2,27 @@
 
 Each job of the reference workload becomes a SimJob: submitted when it was in the static run,
 1 core, its start-up there (from submission to its first training step: dispatch, imports,
-building the model; more cores do not shorten it), the runtime it trained there, and the speedup
-curve its own telemetry measured in the malleable runs (steps/s at 1 and 2 threads; where a job
-never ran at 2, no speedup is assumed). The simulator knows nothing of the malleable runtime's
-own cost (a malleable job at 1 core runs a little slower than the plain one of the static run:
-the fidelity table), nor of the agent's reaction time: both show up as the error. The
-simulator (`malleable simulate`'s engine, the agent's own decide) then runs each regime on one
-node of 2 cores; the error per metric is simulated / real - 1.
+building the model; more cores do not shorten it) and its training steps. How fast it trains is
+what was measured of the program each regime runs: under static and cgroup-only the plain job's
+steps/s in the static run (its threads never grow); under lend-idle and throughput the
+malleable job's steps/s at 1 and 2 threads by its own telemetry (the median over the malleable
+runs), so the malleable runtime's own cost is an input, not an error. Where a job never ran at
+2 threads, no speedup is assumed. The simulator knows nothing of the agent's reaction time: that
+shows up as the error. It (`malleable simulate`'s engine, the agent's own decide) then runs each
+regime on one node of 2 cores; the error per metric is simulated / real - 1. ``--relative``
+gives the earlier model for comparison: the malleable curve scaled so that 1 thread runs as
+fast as the plain job.
 
-    python benchmarks/coscheduling/validate.py
+    python benchmarks/coscheduling/validate.py [--real NAME,NAME,...] [--relative]
 
-Reads benchmarks/results/coscheduling.json; writes coscheduling_validation.json.
+Reads benchmarks/results/NAME.json for each repetition of run.py (default: coscheduling.json and
+every coscheduling_repN.json), compares each with the simulator, and pools them: the mean real
+gain over static against the mean simulated gain. Writes coscheduling_validation.json
+(coscheduling_validation_relative.json with --relative).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,6 +34,9 @@ from common import RESULTS, save  # noqa: E402
 
 from slurm_plugin.coscheduler.request import MalleableSpec  # noqa: E402
 from slurm_plugin.simulator import Amdahl, Measured, SimJob, SimPolicy, simulate  # noqa: E402
+
+
+METRICS = ("makespan_s", "mean_completion_s")
 
 
 def curves(runs: list[dict]) -> dict[str, dict[int, float]]:
@@ -42,24 +52,30 @@ def curves(runs: list[dict]) -> dict[str, dict[int, float]]:
             for name, pts in seen.items()}
 
 
-def sim_jobs(real: dict) -> list[SimJob]:
+def sim_jobs(real: dict, regime: str, *, relative: bool = False) -> list[SimJob]:
     static = next(r for r in real["runs"] if r["regime"] == "static")
     measured = curves(real["runs"])
+    threads_follow = SimPolicy(regime).threads_follow
     out = []
     for i, (name, job) in enumerate(sorted(static["jobs"].items()), 1):
         pts = measured.get(name, {})
         curve = Measured.from_steps_per_s(pts) if pts else Amdahl(serial=1.0)  # no speedup
+        plain_s = job["end"] - job["ready"]                 # the plain job's training time
+        # Measured's rate at 1 thread is 1.0: the runtime at 1 thread is steps / steps-per-s.
+        runtime = job["steps"] / pts[1] if pts.get(1) and threads_follow and not relative \
+            else plain_s
         spec = MalleableSpec(min_cpus=1, max_cpus=2) if job["malleable"] else None
-        out.append(SimJob(i, job["submitted"], 1, job["end"] - job["ready"], curve, spec,
+        out.append(SimJob(i, job["submitted"], 1, runtime, curve, spec,
                           startup_s=job["ready"] - job["submitted"]))
     return out
 
 
-def main() -> None:
-    real = json.loads((RESULTS / "coscheduling.json").read_text())
-    jobs = sim_jobs(real)
-    rows = []
+def compare(real: dict, *, relative: bool) -> dict:
+    """One set of real runs against the simulator: per regime, real and simulated metrics and
+    each regime's gain over static."""
+    rows, jobs_by_regime = [], {}
     for run in real["runs"]:
+        jobs = jobs_by_regime[run["regime"]] = sim_jobs(real, run["regime"], relative=relative)
         sim = simulate(jobs, nodes=1, cores=2, policy=SimPolicy(run["regime"]))
         row = {"regime": run["regime"]}
         for metric in ("makespan_s", "mean_completion_s", "utilisation"):
@@ -67,7 +83,7 @@ def main() -> None:
             row[metric] = {"real": round(r, 3), "simulated": round(s, 3),
                            "error": round(s / r - 1, 3)}
         rows.append(row)
-        print(f"{run['regime']:12s} " + "  ".join(
+        print(f"  {run['regime']:12s} " + "  ".join(
             f"{m} real {row[m]['real']:.1f} sim {row[m]['simulated']:.1f} "
             f"({row[m]['error']:+.1%})" for m in ("makespan_s", "mean_completion_s")))
     gains = {}
@@ -75,19 +91,67 @@ def main() -> None:
     if static:
         for row in rows:
             g = {}
-            for metric in ("makespan_s", "mean_completion_s"):
+            for metric in METRICS:
                 real_gain = 1 - row[metric]["real"] / static[metric]["real"]
                 sim_gain = 1 - row[metric]["simulated"] / static[metric]["simulated"]
-                g[metric] = {"real": round(real_gain, 3), "simulated": round(sim_gain, 3),
+                g[metric] = {"real": round(real_gain, 4), "simulated": round(sim_gain, 4),
                              "real / simulated": round(real_gain / sim_gain, 3)
                              if abs(sim_gain) > 1e-9 else None}
             gains[row["regime"]] = g
-    save("coscheduling_validation", {
+    return {"jobs": {regime: [{"job": j.job_id, "submit_s": j.submit_s,
+                               "startup_s": round(j.startup_s, 2),
+                               "runtime_s": round(j.runtime_s, 2),
+                               "malleable": j.spec is not None, "curve": repr(j.speedup)}
+                              for j in jobs] for regime, jobs in jobs_by_regime.items()},
+            "rows": rows, "gain_vs_static": gains}
+
+
+def pooled(repetitions: list[dict]) -> dict:
+    """Per regime and metric: the mean real gain over the repetitions against the mean
+    simulated gain (a ratio of means: one repetition's small predicted gain would make a mean of
+    ratios swing), with each repetition's own ratio."""
+    out: dict = {}
+    for regime in ("lend-idle", "throughput"):
+        for metric in METRICS:
+            gs = [rep["gain_vs_static"][regime][metric] for rep in repetitions
+                  if regime in rep["gain_vs_static"]]
+            if not gs:
+                continue
+            real = sum(g["real"] for g in gs) / len(gs)
+            sim = sum(g["simulated"] for g in gs) / len(gs)
+            out.setdefault(regime, {})[metric] = {
+                "mean real gain": round(real, 4), "mean simulated gain": round(sim, 4),
+                "real / simulated": round(real / sim, 3) if abs(sim) > 1e-9 else None,
+                "per repetition": [g["real / simulated"] for g in gs]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--real", default=None,
+                    help="comma-separated names of real runs, benchmarks/results/NAME.json "
+                         "(run.py --name); default: coscheduling and every coscheduling_repN")
+    ap.add_argument("--relative", action="store_true",
+                    help="the earlier model: malleable at 1 thread as fast as plain")
+    args = ap.parse_args()
+    names = args.real.split(",") if args.real else ["coscheduling"] + sorted(
+        p.stem for p in RESULTS.glob("coscheduling_rep*.json") if "_validation" not in p.stem)
+    repetitions = []
+    for name in names:
+        print(name)
+        rep = compare(json.loads((RESULTS / f"{name}.json").read_text()),
+                      relative=args.relative)
+        repetitions.append({"real": f"{name}.json", **rep})
+    pool = pooled(repetitions)
+    for regime, ms in pool.items():
+        print(f"{regime:12s} " + "  ".join(
+            f"{m}: real gain {v['mean real gain']:.1%} / simulated {v['mean simulated gain']:.1%}"
+            f" = {v['real / simulated']}" for m, v in ms.items()))
+    save("coscheduling_validation" + ("_relative" if args.relative else ""), {
         "what": "the simulator on the reference workload with measured curves vs the real runs",
-        "jobs": [{"job": j.job_id, "submit_s": j.submit_s, "startup_s": round(j.startup_s, 2),
-                  "runtime_s": round(j.runtime_s, 2),
-                  "malleable": j.spec is not None, "curve": repr(j.speedup)} for j in jobs],
-        "rows": rows, "gain_vs_static": gains})
+        "model": "relative: malleable at 1 thread as fast as plain" if args.relative else
+                 "absolute: each regime's program at its measured steps/s",
+        "pooled": pool, "repetitions": repetitions})
 
 
 if __name__ == "__main__":
