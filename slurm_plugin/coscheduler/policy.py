@@ -72,8 +72,14 @@ def estimated_rate(job: JobView, n: int) -> float:
 def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
                        pool: int) -> dict[int, int]:
     """Each job starts at its allocation (or its floor, if higher); each further core goes where
-    it adds the most steps/s, relative to the job's own rate at its Slurm allocation (jobs are
-    not comparable in absolute steps/s).
+    it adds the most work in core-equivalents: the steps/s it adds over the job's own steps/s
+    per allocated core (jobs are not comparable in absolute steps/s). A cluster counts work in
+    core-hours, so a core that does a wide job's share of work is worth as much as one that does
+    a narrow job's; dividing by the job's whole rate instead made every core worth 1/allocation
+    to a linearly scaling job, so the narrowest jobs took all idle cores and the wide, long ones
+    that set the makespan stayed narrow (`malleable simulate`, 1000 nodes, saturated: makespan
+    +5.0% against static that way, -5.3% this way). Equal gains are shared in proportion to the
+    allocations.
 
     The trust boundary: the steps/s come from the jobs' own status records, which their users
     can write. They only decide how cores nobody was allocated are shared; a job's own
@@ -81,18 +87,24 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
     lies can win idle cores, not other jobs' cores."""
     counts = {j.job_id: max(bounds[j.job_id][0], min(len(j.allocation), bounds[j.job_id][1]))
               for j in jobs}
-    base = {j.job_id: max(estimated_rate(j, max(1, len(j.allocation))), 1e-9) for j in jobs}
+    alloc = {j.job_id: max(1, len(j.allocation)) for j in jobs}
+    per_core = {j.job_id: max(estimated_rate(j, alloc[j.job_id]) / alloc[j.job_id], 1e-9)
+                for j in jobs}
     by_id = {j.job_id: j for j in jobs}
     spare = pool - sum(counts.values())
     while spare > 0:
-        best, gain = None, 0.0
+        best, best_key = None, None
         for jid in sorted(counts):
             if counts[jid] >= bounds[jid][1]:
                 continue
             j = by_id[jid]
-            g = (estimated_rate(j, counts[jid] + 1) - estimated_rate(j, counts[jid])) / base[jid]
-            if best is None or g > gain:
-                best, gain = jid, g
+            gain = (estimated_rate(j, counts[jid] + 1) - estimated_rate(j, counts[jid])) \
+                / per_core[jid]
+            # Rounded, so that float noise does not break a tie; then the job furthest below
+            # its share in proportion to its allocation, then the lowest id.
+            key = (round(gain, 9), -counts[jid] / alloc[jid])
+            if best is None or key > best_key:
+                best, best_key = jid, key
         if best is None:
             break
         counts[best] += 1

@@ -82,6 +82,21 @@ def test_throughput_prefers_the_job_that_scales():
     assert len(t[1]) > len(t[2]) and len(t[2]) >= 1
 
 
+def test_throughput_counts_a_core_of_a_wide_job_as_much_as_one_of_a_narrow_job():
+    # Both scale linearly: each idle core does as much work (core-equivalents) in either, so
+    # the 3 idle cores are shared in proportion to the allocations (4:1 of 8 -> 6 and 2). Judged
+    # against each job's whole rate, the 1-core job's gain looked 4 times larger and it took all 3.
+    wide = job(1, {0, 1, 2, 3}, spec=M(1, None), rates={4: 40.0})
+    narrow = job(2, {4}, spec=M(1, None), rates={1: 10.0})
+    t = decide(NodeSnapshot("n", CPUS8, (wide, narrow)), Policy.THROUGHPUT).targets
+    assert (len(t[1]), len(t[2])) == (6, 2)
+    assert t[1] >= {0, 1, 2, 3} and t[2] >= {4}
+    # A job that scales worse still loses to one that scales well, whatever their widths.
+    flat_wide = job(1, {0, 1, 2, 3}, spec=M(1, None), rates={4: 40.0, 5: 41.0})
+    t = decide(NodeSnapshot("n", CPUS8, (flat_wide, narrow)), Policy.THROUGHPUT).targets
+    assert (len(t[1]), len(t[2])) == (4, 4)
+
+
 def test_estimated_rate():
     j = job(1, {0}, spec=M(), rates={1: 10.0, 2: 18.0})
     assert estimated_rate(j, 1) == 10.0 and estimated_rate(j, 2) == 18.0
