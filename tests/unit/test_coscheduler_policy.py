@@ -97,6 +97,18 @@ def test_throughput_counts_a_core_of_a_wide_job_as_much_as_one_of_a_narrow_job()
     assert (len(t[1]), len(t[2])) == (4, 4)
 
 
+def test_throughput_gives_no_core_that_slows_a_job_down():
+    # Past 2 cores this job trains slower (its own telemetry): throughput stops at 2 and leaves
+    # the other cores idle; lend-idle, which does not look at rates, gives it the node.
+    peaks = job(1, {0}, spec=M(1, None), rates={1: 10.0, 2: 15.0, 3: 14.0})
+    snap = NodeSnapshot("n", CPUS8, (peaks,))
+    assert len(decide(snap, Policy.THROUGHPUT).targets[1]) == 2
+    assert decide(snap, Policy.LEND_IDLE).targets[1] == CPUS8
+    # Its allocation stays its own even where the telemetry says fewer cores would do.
+    wide = job(1, {0, 1, 2, 3}, spec=M(1, None), rates={2: 15.0, 4: 14.0})
+    assert decide(NodeSnapshot("n", CPUS8, (wide,)), Policy.THROUGHPUT).targets[1] == {0, 1, 2, 3}
+
+
 def test_estimated_rate():
     j = job(1, {0}, spec=M(), rates={1: 10.0, 2: 18.0})
     assert estimated_rate(j, 1) == 10.0 and estimated_rate(j, 2) == 18.0
