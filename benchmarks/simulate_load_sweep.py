@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, save  # noqa: E402
 
-from slurm_plugin.simulator import SimPolicy, Simulation, WorkloadModel, ask_share, generate  # noqa: E402
+from slurm_plugin.simulator import SimPolicy, Simulation, WorkloadModel, generate  # noqa: E402
 
 POLICIES = (SimPolicy.STATIC, SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
 
@@ -82,8 +82,8 @@ def main() -> None:
             row: dict = {"seed": seed, "offered_load": load, "nodes": args.nodes,
                          "cores": args.cores, "jobs": args.jobs, "malleable_ask": args.ask}
             for policy in POLICIES:
-                asked = ask_share(jobs, args.ask) if policy.threads_follow else jobs
-                r = Simulation(asked, nodes=args.nodes, cores=args.cores, policy=policy).run()
+                r = Simulation(policy.submitted(jobs, args.ask), nodes=args.nodes,
+                               cores=args.cores, policy=policy).run()
                 row["lower_bound_makespan_s"] = r.lower_bound_makespan_s
                 row[policy.value] = {k: round(v, 3) if isinstance(v, float) else v
                                      for k, v in r.summary().items()

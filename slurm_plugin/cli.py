@@ -191,7 +191,7 @@ def _status_cmd(args: argparse.Namespace) -> int:
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
-    from .simulator import SimPolicy, Simulation, WorkloadModel, ask_share, generate, parse_swf
+    from .simulator import SimPolicy, Simulation, WorkloadModel, generate, parse_swf
     if args.swf:
         jobs = parse_swf(Path(args.swf).read_text(errors="replace"), cores=args.cores,
                          malleable_fraction=args.malleable_fraction, seed=args.seed)
@@ -205,11 +205,8 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
     policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
     results = []
     for policy in policies:
-        # Only where threads follow the cores may a job ask for less and grow: under static
-        # and cgroup-only every job asks for its size, as plain TensorFlow users do.
-        asked = ask_share(jobs, args.malleable_ask) if policy.threads_follow else jobs
-        r = Simulation(asked, nodes=args.nodes, cores=args.cores, policy=policy,
-                       backfill_depth=args.backfill_depth,
+        r = Simulation(policy.submitted(jobs, args.malleable_ask), nodes=args.nodes,
+                       cores=args.cores, policy=policy, backfill_depth=args.backfill_depth,
                        backfill_interval_s=args.backfill_interval).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
                    args.malleable_fraction, "malleable_ask": args.malleable_ask,

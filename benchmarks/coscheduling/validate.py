@@ -85,7 +85,7 @@ def compare(real: dict, *, relative: bool) -> dict:
         rows.append(row)
         print(f"  {run['regime']:12s} " + "  ".join(
             f"{m} real {row[m]['real']:.1f} sim {row[m]['simulated']:.1f} "
-            f"({row[m]['error']:+.1%})" for m in ("makespan_s", "mean_completion_s")))
+            f"({row[m]['error']:+.1%})" for m in METRICS))
     gains = {}
     static = {r["regime"]: r for r in rows}.get("static")
     if static:

@@ -13,7 +13,7 @@ from .request import MalleableSpec
 class Policy(enum.Enum):
     STATIC = "static"          # Slurm's allocation only: the baseline
     LEND_IDLE = "lend-idle"    # idle cores shared among malleable jobs, by weight
-    THROUGHPUT = "throughput"  # cores where they add the most work (core-equivalents), floor at min
+    THROUGHPUT = "throughput"  # cores where they add the most work (core-equivalents)
 
 
 class ActionKind(enum.Enum):

@@ -73,15 +73,12 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
                        pool: int) -> dict[int, int]:
     """Each job starts at its allocation (or its floor, if higher); each further core goes where
     it adds the most work in core-equivalents: the steps/s it adds over the job's own steps/s
-    per allocated core (jobs are not comparable in absolute steps/s). A cluster counts work in
-    core-hours, so a core that does a wide job's share of work is worth as much as one that does
-    a narrow job's; dividing by the job's whole rate instead made every core worth 1/allocation
-    to a linearly scaling job, so the narrowest jobs took all idle cores and the wide, long ones
-    that set the makespan stayed narrow (`malleable simulate`, 1000 nodes, saturated: makespan
-    +5.0% against static that way, -5.3% this way). Equal gains are shared in proportion to the
-    allocations. A core that adds nothing, or slows a job down (its telemetry says so past some
-    width), stays idle: handing it out anyway made jobs that peak early run slower on a grown
-    node (the same run: -5.3% -> -9.8%).
+    per allocated core (jobs are not comparable in absolute steps/s; a cluster counts work in
+    core-hours). Dividing by the job's whole rate instead made a linearly scaling job's core
+    worth 1/allocation, so the narrowest jobs took all idle cores and the wide, long ones that
+    set the makespan stayed narrow. Equal gains are shared in proportion to the allocations. A
+    core that adds nothing, or slows a job down (by its telemetry), stays idle. (`malleable
+    simulate`, 1000 nodes, saturated: makespan +5.0% against static before, -9.8% now.)
 
     The trust boundary: the steps/s come from the jobs' own status records, which their users
     can write. They only decide how cores nobody was allocated are shared; a job's own
@@ -90,26 +87,31 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
     counts = {j.job_id: max(bounds[j.job_id][0], min(len(j.allocation), bounds[j.job_id][1]))
               for j in jobs}
     alloc = {j.job_id: max(1, len(j.allocation)) for j in jobs}
-    per_core = {j.job_id: max(estimated_rate(j, alloc[j.job_id]) / alloc[j.job_id], 1e-9)
-                for j in jobs}
     by_id = {j.job_id: j for j in jobs}
+
+    def next_core(jid: int) -> tuple[float, float] | None:
+        """What one more core is worth to the job: its gain (rounded, so that float noise does
+        not break a tie), then how far it is below its share of the allocations; None at its
+        maximum or where the core adds nothing."""
+        if counts[jid] >= bounds[jid][1]:
+            return None
+        j, n = by_id[jid], counts[jid]
+        per_core = max(estimated_rate(j, alloc[jid]) / alloc[jid], 1e-9)
+        gain = round((estimated_rate(j, n + 1) - estimated_rate(j, n)) / per_core, 9)
+        return (gain, -n / alloc[jid]) if gain > 0 else None
+
+    # Only the job that got the last core changes its worth: the others are kept.
+    worth = {jid: next_core(jid) for jid in sorted(counts)}
     spare = pool - sum(counts.values())
     while spare > 0:
-        best, best_key = None, None
-        for jid in sorted(counts):
-            if counts[jid] >= bounds[jid][1]:
-                continue
-            j = by_id[jid]
-            gain = (estimated_rate(j, counts[jid] + 1) - estimated_rate(j, counts[jid])) \
-                / per_core[jid]
-            # Rounded, so that float noise does not break a tie; then the job furthest below
-            # its share in proportion to its allocation, then the lowest id.
-            key = (round(gain, 9), -counts[jid] / alloc[jid])
-            if key[0] > 0 and (best is None or key > best_key):
-                best, best_key = jid, key
+        best = None
+        for jid, key in worth.items():   # ties: the lowest id, as the dict is in id order
+            if key is not None and (best is None or key > worth[best]):
+                best = jid
         if best is None:
             break   # no core adds work anywhere: the rest stay idle
         counts[best] += 1
+        worth[best] = next_core(best)
         spare -= 1
     return counts
 

@@ -10,12 +10,12 @@ time limit tells Slurm; a job that grew ends sooner), and the next ``backfill_de
 where they cannot delay it (EASY backfill). Without the reservation wide jobs starve behind a
 stream of narrow ones, in every regime alike. Slurm never sees lent cores: an allocation is
 taken from cores no running job was allocated. The node's part is the agent's: on every node
-where a job started or ended, ``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
-NodeSnapshot with each job's allocation, its current cores and the steps/s it has shown (each
-core count a job has run at is known exactly once it ran there: the telemetry), and each job
-then holds the cores of the plan. A job first spends its ``startup_s`` (launch, imports, building
-the model: measured, and no shorter on more cores), then progresses at its speedup curve's rate
-for the cores its threads use:
+where a job started or ended, ``coscheduler.policy.decide`` (the same function the agent runs,
+invariants checked) is given a NodeSnapshot with each job's allocation, its current cores and
+the steps/s it has shown (each core count a job has run at is known exactly once it ran there:
+the telemetry), and each job then holds the cores of the plan. A job first spends its
+``startup_s`` (launch, imports, building the model: measured, and no shorter on more cores),
+then progresses at its speedup curve's rate for the cores its threads use:
 
     static        Slurm's allocation (the agent does nothing; decide is not called)
     lend-idle     decide(LEND_IDLE): the cores of the plan
@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 from ..coscheduler.model import JobView, NodeSnapshot, Policy, RankView
 from ..coscheduler.policy import decide
-from .workload import SimJob, fluid_lower_bound
+from .workload import SimJob, ask_share, fluid_lower_bound
 
 
 class SimPolicy(enum.Enum):
@@ -49,6 +49,12 @@ class SimPolicy(enum.Enum):
     def threads_follow(self) -> bool:
         """Whether a job's threads grow with its cores (so it may ask Slurm for less)."""
         return self in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
+
+    def submitted(self, jobs: Sequence[SimJob], malleable_ask: float) -> list[SimJob]:
+        """The jobs as this regime's users submit them: where threads follow the cores, each
+        malleable job asks Slurm for ``malleable_ask`` of its cores and grows from there; under
+        static and cgroup-only every job asks for its size, as plain TensorFlow users do."""
+        return ask_share(jobs, malleable_ask) if self.threads_follow else list(jobs)
 
     @property
     def agent_policy(self) -> Policy | None:
@@ -340,7 +346,8 @@ class Simulation:
             malleable_jobs=sum(r.malleable for r in res), makespan_s=makespan,
             mean_completion_s=sum(r.end_s - r.submit_s for r in res) / len(res),
             mean_wait_s=sum(r.start_s - r.submit_s for r in res) / len(res),
-            utilisation=self._busy_core_s / (self.nodes * self.cores * makespan) if makespan else 0.0,
+            utilisation=(self._busy_core_s / (self.nodes * self.cores * makespan)
+                         if makespan else 0.0),
             lower_bound_makespan_s=fluid_lower_bound(self.jobs, self.nodes, self.cores),
             resizes=self.resizes, decide_calls=self.decide_calls, wall_s=wall_s,
             per_job=tuple(res))
