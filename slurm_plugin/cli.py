@@ -191,7 +191,7 @@ def _status_cmd(args: argparse.Namespace) -> int:
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
-    from .simulator import SimPolicy, Simulation, WorkloadModel, generate, parse_swf
+    from .simulator import QueueOrder, SimPolicy, Simulation, WorkloadModel, generate, parse_swf
     if args.swf:
         jobs = parse_swf(Path(args.swf).read_text(errors="replace"), cores=args.cores,
                          malleable_fraction=args.malleable_fraction, seed=args.seed)
@@ -207,7 +207,8 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
     for policy in policies:
         r = Simulation(policy.submitted(jobs, args.malleable_ask), nodes=args.nodes,
                        cores=args.cores, policy=policy, backfill_depth=args.backfill_depth,
-                       backfill_interval_s=args.backfill_interval).run()
+                       backfill_interval_s=args.backfill_interval,
+                       queue_order=QueueOrder(args.queue_order)).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
                    args.malleable_fraction, "malleable_ask": args.malleable_ask,
                    "workload": args.swf or "generated"}
@@ -351,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="queued jobs a backfill pass looks at")
     sm.add_argument("--backfill-interval", type=float, default=30.0,
                     help="seconds between backfill passes (Slurm's bf_interval)")
+    sm.add_argument("--queue-order", default="fcfs",
+                    choices=["fcfs", "widest-first", "longest-first"],
+                    help="Slurm's queue order in every regime: submission order (default), the "
+                         "most cores first (multifactor job size), the longest time limit first")
     sm.add_argument("--json", help="write the summary (a list with --policy all) here")
     sm.set_defaults(func=_simulate_cmd)
     return parser

@@ -1,9 +1,9 @@
 """``malleable simulate``: the co-scheduler's policies at cluster scale, in a discrete-event
 simulation that calls the agent's own ``decide`` (engine.py) on generated or SWF workloads
 (workload.py)."""
-from .engine import SimPolicy, SimResult, Simulation, simulate
+from .engine import QueueOrder, SimPolicy, SimResult, Simulation, simulate
 from .workload import (Amdahl, Measured, SimJob, WorkloadModel, ask_share, fluid_lower_bound,
                        generate, parse_swf)
 
-__all__ = ["SimPolicy", "SimResult", "Simulation", "simulate", "Amdahl", "Measured", "SimJob",
+__all__ = ["QueueOrder", "SimPolicy", "SimResult", "Simulation", "simulate", "Amdahl", "Measured", "SimJob",
            "WorkloadModel", "ask_share", "fluid_lower_bound", "generate", "parse_swf"]

@@ -1,9 +1,9 @@
 """A discrete-event simulation of a cluster whose nodes run the co-scheduler's own policy.
 
 Slurm's part is a stand-in for its two schedulers. The main one runs at every arrival and end:
-queued jobs start first come, first served, each wherever its allocation fits Slurm's view of a
-node (best fit: the node with the fewest free cores that holds it), until the first that does
-not fit. The backfill pass runs every ``backfill_interval_s`` (Slurm's bf_interval) while jobs
+queued jobs start in queue order (``QueueOrder``: first come, first served unless a site sets a
+priority), each wherever its allocation fits Slurm's view of a node (best fit: the node with the
+fewest free cores that holds it), until the first that does not fit. The backfill pass runs every ``backfill_interval_s`` (Slurm's bf_interval) while jobs
 wait: the first job that does not fit gets a reservation, the node and time at which it will
 fit by the running jobs' expected ends (start + start-up + runtime at the allocation: what a
 time limit tells Slurm; a job that grew ends sooner), and the next ``backfill_depth`` jobs start
@@ -30,7 +30,6 @@ import bisect
 import enum
 import heapq
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -61,6 +60,51 @@ class SimPolicy(enum.Enum):
         return {SimPolicy.STATIC: None, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
                 SimPolicy.THROUGHPUT: Policy.THROUGHPUT,
                 SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE}[self]
+
+
+class QueueOrder(enum.Enum):
+    """The order of Slurm's queue (its priority), the same in every regime.
+
+    fcfs           submission order: Slurm's default (priority/basic, or multifactor's age)
+    widest-first   the most cores first: multifactor's job-size factor with large jobs favoured
+                   (PriorityFavorSmall=NO), a common site setting
+    longest-first  the longest time limit first (start + start-up + runtime at the allocation):
+                   what a site could set from the time limit; longest-processing-time-first
+                   is the classic order for a short makespan
+    """
+
+    FCFS = "fcfs"
+    WIDEST_FIRST = "widest-first"
+    LONGEST_FIRST = "longest-first"
+
+    def key(self, job: SimJob) -> tuple:
+        """Smaller is served first; submission order breaks ties."""
+        tie = (job.submit_s, job.job_id)
+        if self is QueueOrder.WIDEST_FIRST:
+            return (-job.cores, *tie)
+        if self is QueueOrder.LONGEST_FIRST:
+            return (-job.expected_s, *tie)
+        return tie
+
+
+class _Queue:
+    """Slurm's pending jobs in priority order (a heap: pop the first, push back)."""
+
+    def __init__(self, order: QueueOrder):
+        self.order = order
+        self._heap: list[tuple[tuple, SimJob]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def first(self) -> SimJob:
+        return self._heap[0][1]
+
+    def push(self, job: SimJob) -> None:
+        heapq.heappush(self._heap, (self.order.key(job), job))
+
+    def pop(self) -> SimJob:
+        return heapq.heappop(self._heap)[1]
 
 
 @dataclass
@@ -120,6 +164,7 @@ class SimResult:
     mean_wait_s: float
     utilisation: float         # core-seconds the jobs' threads used / (cores x makespan)
     lower_bound_makespan_s: float
+    queue_order: str
     resizes: int               # changes of a running job's cores
     decide_calls: int
     wall_s: float
@@ -134,6 +179,7 @@ class Simulation:
 
     def __init__(self, jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
                  backfill_depth: int = 100, backfill_interval_s: float = 30.0,
+                 queue_order: QueueOrder = QueueOrder.FCFS,
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= cores:
@@ -155,7 +201,7 @@ class Simulation:
         self._ends_on: list[list[tuple[float, int, int]]] = [[] for _ in range(nodes)]
         self._events: list[tuple] = []
         self._seq = 0
-        self._queue: deque[SimJob] = deque()
+        self._queue = _Queue(queue_order)
         self._starts: dict[int, float] = {}
         self._results: list[JobResult] = []
         self._busy_core_s = 0.0
@@ -183,7 +229,7 @@ class Simulation:
                     continue                       # stale: its rate changed since
                 self._finish(r, now)
             elif kind == 1:
-                self._queue.append(payload)
+                self._queue.push(payload)
             else:                                  # the periodic backfill pass
                 self._backfill_due = False
                 backfill = True
@@ -200,15 +246,15 @@ class Simulation:
 
     def _schedule(self, now: float, *, backfill: bool = False) -> None:
         dirty: set[int] = set()
-        while self._queue and self._queue[0].cores <= self._max_free():   # the main scheduler
-            job = self._queue.popleft()
+        while self._queue and self._queue.first().cores <= self._max_free():   # main scheduler
+            job = self._queue.pop()
             node = self._best_fit(job.cores)
             self._start(job, node, now)
             dirty.add(node)
         if backfill and self._queue:
-            head = self._queue.popleft()
+            head = self._queue.pop()
             reservation = self._reserve(head.cores, now)
-            window = [self._queue.popleft()
+            window = [self._queue.pop()
                       for _ in range(min(self.backfill_depth, len(self._queue)))]
             waiting = []
             for job in window:
@@ -220,8 +266,8 @@ class Simulation:
                 reservation.book(node, job.cores, end)
                 self._start(job, node, now)
                 dirty.add(node)
-            self._queue.extendleft(reversed(waiting))
-            self._queue.appendleft(head)
+            for job in (head, *waiting):
+                self._queue.push(job)
         for node in sorted(dirty):
             self._replan(node, now)
 
@@ -349,12 +395,14 @@ class Simulation:
             utilisation=(self._busy_core_s / (self.nodes * self.cores * makespan)
                          if makespan else 0.0),
             lower_bound_makespan_s=fluid_lower_bound(self.jobs, self.nodes, self.cores),
+            queue_order=self._queue.order.value,
             resizes=self.resizes, decide_calls=self.decide_calls, wall_s=wall_s,
             per_job=tuple(res))
 
 
 def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
-             backfill_depth: int = 100, backfill_interval_s: float = 30.0) -> SimResult:
+             backfill_depth: int = 100, backfill_interval_s: float = 30.0,
+             queue_order: QueueOrder = QueueOrder.FCFS) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy,
-                      backfill_depth=backfill_depth,
-                      backfill_interval_s=backfill_interval_s).run()
+                      backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
+                      queue_order=queue_order).run()

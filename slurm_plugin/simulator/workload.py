@@ -2,11 +2,12 @@
 Format file. Pure: no clock, no I/O beyond reading the SWF text handed in."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import random
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from ..coscheduler.request import MalleableSpec
 
@@ -216,23 +217,85 @@ def ask_share(jobs: Iterable[SimJob], share: float) -> list[SimJob]:
     return out
 
 
-def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int) -> float:
-    """A makespan no schedule can beat: every job as efficient as it can be (its least
-    core-seconds) spread over the whole cluster from its arrival, and no job faster than at its
-    best width. Both bounds hold for every policy; the result is the larger, from the first
-    arrival."""
+def time_cost_frontier(speedup: Speedup, lo: int, hi: int) -> tuple[tuple[float, float], ...]:
+    """Per unit of work, the (seconds, core-seconds) a job can trade between, run at widths
+    lo..hi: the lower convex hull of the points (1/rate(n), n/rate(n)), from the fastest point
+    to the cheapest. A job whose width changes while it runs does each part of its work at one
+    width, so its (time, cost) per unit is a mix of the points and lies on or above this hull;
+    waiting adds time and no cost. Seconds ascending, core-seconds descending."""
+    pts = sorted((1.0 / speedup.rate(n), n / speedup.rate(n)) for n in range(lo, hi + 1))
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        if hull and p[1] >= hull[-1][1]:
+            continue   # no faster and no cheaper than a point kept: never worth running at
+        # Drop the last point while it lies on or above the chord from the one before it to p.
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1]) -
+                                  (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) <= 0:
+            hull.pop()
+        hull.append(p)
+    return tuple(hull)
+
+
+def _least_cost_within(frontier: Sequence[tuple[float, float]], per_unit_s: float) -> float:
+    """The fewest core-seconds per unit of work when each unit may take ``per_unit_s``;
+    infinite below the fastest point."""
+    if per_unit_s < frontier[0][0] * (1 - 1e-12):
+        return math.inf
+    if per_unit_s <= frontier[0][0]:
+        return frontier[0][1]
+    if per_unit_s >= frontier[-1][0]:
+        return frontier[-1][1]
+    i = bisect.bisect_right(frontier, per_unit_s, key=lambda p: p[0])
+    (x0, y0), (x1, y1) = frontier[i - 1], frontier[i]
+    return y0 + (y1 - y0) * (per_unit_s - x0) / (x1 - x0)
+
+
+def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int,
+                      rel_tol: float = 1e-5) -> float:
+    """A makespan no schedule can beat, from the first arrival: the earliest end E of a fluid
+    schedule (any job may use any share of the whole cluster's cores, within its widths
+    min..max) in which every job, started at its arrival plus its start-up, ends by E. A job's
+    core-seconds depend on E: the less time it has, the wider (and costlier, by its speedup
+    curve) it must run (``time_cost_frontier``); the work that arrives from any instant on must
+    fit the cores from that instant to E. E is found by bisection; the value returned is never
+    above the true one (the last E found infeasible, or the simple bound below).
+
+    The simple bound (every job at its least core-seconds, and separately no job faster than at
+    its best width) is the starting point: it asked each long job to be both as cheap as at one
+    core and as fast as at its widest, which no schedule can be."""
     jobs = sorted(jobs, key=lambda j: j.submit_s)
     if not jobs:
         return 0.0
     capacity = nodes * cores
     first = jobs[0].submit_s
-    least_core_s, fastest = [], 0.0
-    for j in jobs:
-        lo, hi = j.min_cores(cores), j.max_cores(cores)
-        least_core_s.append(j.work * j.speedup.least_cost(lo, hi))
-        fastest = max(fastest, j.submit_s + j.startup_s + j.work / j.speedup.best_rate(hi))
-    suffix, best = 0.0, 0.0
-    for j, cs in zip(reversed(jobs), reversed(least_core_s)):
-        suffix += cs
-        best = max(best, j.submit_s + suffix / capacity)
-    return max(best, fastest) - first
+    fronts = [time_cost_frontier(j.speedup, j.min_cores(cores), j.max_cores(cores))
+              for j in jobs]
+    works = [j.work for j in jobs]
+    ready = [j.submit_s + j.startup_s for j in jobs]
+
+    def feasible(end: float) -> bool:
+        suffix = 0.0
+        for k in range(len(jobs) - 1, -1, -1):
+            suffix += works[k] * _least_cost_within(fronts[k], (end - ready[k]) / works[k])
+            if jobs[k].submit_s + suffix / capacity > end * (1 + 1e-12):
+                return False
+        return True
+
+    # The simple bound: least core-seconds from each arrival on, and each job at its fastest.
+    suffix, low = 0.0, first
+    for k in range(len(jobs) - 1, -1, -1):
+        suffix += works[k] * fronts[k][-1][1]
+        low = max(low, jobs[k].submit_s + suffix / capacity,
+                  ready[k] + works[k] * fronts[k][0][0])
+    if feasible(low):
+        return low - first
+    high = low + max(1.0, low - first)
+    while not feasible(high):
+        low, high = high, high + 2 * (high - first)
+    while high - low > rel_tol * max(1.0, high - first):
+        mid = (low + high) / 2
+        if feasible(mid):
+            high = mid
+        else:
+            low = mid
+    return low - first

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import (Amdahl, Measured, SimJob, SimPolicy, Simulation, ask_share,
-                                    fluid_lower_bound, generate, parse_swf, simulate)
-from slurm_plugin.simulator.workload import SWFError
+from slurm_plugin.simulator import (Amdahl, Measured, QueueOrder, SimJob, SimPolicy, Simulation,
+                                    ask_share, fluid_lower_bound, generate, parse_swf, simulate)
+from slurm_plugin.simulator.workload import SWFError, time_cost_frontier
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 
@@ -103,6 +103,55 @@ def test_start_up_time_does_not_shrink_with_cores():
     assert one_node([job], SimPolicy.STATIC).per_job[0].end_s == pytest.approx(110.0)
     assert one_node([job], SimPolicy.LEND_IDLE).per_job[0].end_s == pytest.approx(35.0)
     assert fluid_lower_bound([job], 1, 4) == pytest.approx(35.0)
+
+
+def test_the_time_cost_frontier_is_the_lower_hull_from_fastest_to_cheapest():
+    # Amdahl, half serial: 1..4 cores take 1, 0.75, 0.667, 0.625 s per unit and cost 1, 1.5,
+    # 2, 2.5 core-s per unit; each point is on the hull (the curve is convex).
+    frontier = time_cost_frontier(Amdahl(serial=0.5), 1, 4)
+    assert [x for point in frontier for x in point] == pytest.approx(
+        [0.625, 2.5, 2 / 3, 2.0, 0.75, 1.5, 1.0, 1.0])
+    # Past its peak (sqrt(0.9 / 0.1) = 3 cores) a width is slower and costlier: left out.
+    peaked = time_cost_frontier(Amdahl(serial=0.1, comm=0.1), 1, 8)
+    assert len(peaked) == 3 and peaked[0][1] == pytest.approx(3 / Amdahl(0.1, 0.1).rate(3))
+    # A point above the chord of its neighbours is never the cheapest way to take that time.
+    bumpy = Measured.from_steps_per_s({1: 1.0, 2: 1.1, 3: 2.7})
+    assert [round(t, 3) for t, _ in time_cost_frontier(bumpy, 1, 3)] == [0.37, 1.0]
+
+
+def test_the_fluid_bound_makes_a_job_that_must_end_sooner_run_wider_and_cost_more():
+    """Two half-serial jobs on 4 cores. Each alone could end in 62.5 s (4 cores), and each
+    could do its work in 100 core-s (1 core); no schedule does both. The bound asks each job to
+    end by E and to fit the cores: 2 cores each, 75 s, which lend-idle reaches."""
+    half = Amdahl(serial=0.5)
+    jobs = [SimJob(i, 0.0, 1, 100.0, half, MalleableSpec(min_cpus=1, max_cpus=4)) for i in (1, 2)]
+    assert fluid_lower_bound(jobs, 1, 4) == pytest.approx(75.0, rel=1e-4)
+    assert fluid_lower_bound(jobs, 1, 4) <= 75.0
+    assert one_node(jobs, SimPolicy.LEND_IDLE).makespan_s == pytest.approx(75.0)
+    # A rigid job runs at its own size only, even where fewer cores would be faster.
+    peaked = Amdahl(serial=0.1, comm=0.1)
+    rigid = SimJob(1, 0.0, 8, 100.0, peaked)
+    assert fluid_lower_bound([rigid], 1, 8) == pytest.approx(100.0, rel=1e-4)
+
+
+def test_the_queue_order_is_slurms_priority_in_every_regime():
+    """Node of 4 cores, full until 10 s; then a 2-core job (10 s), a 4-core job (30 s) and a
+    1-core job (60 s) wait, submitted in that order."""
+    jobs = [SimJob(1, 0.0, 4, 10.0, LINEAR), SimJob(2, 1.0, 2, 10.0, LINEAR),
+            SimJob(3, 2.0, 4, 30.0, LINEAR), SimJob(4, 3.0, 1, 60.0, LINEAR)]
+
+    def starts(order):
+        r = simulate(jobs, nodes=1, cores=4, policy=SimPolicy.STATIC, backfill_interval_s=1.0,
+                     queue_order=order)
+        assert r.queue_order == order.value
+        return {j.job_id: j.start_s for j in r.per_job}, r.makespan_s
+
+    # First come: 2, then 3 (whole node); the 1-core job would delay 3's reservation.
+    assert starts(QueueOrder.FCFS) == ({1: 0.0, 2: 10.0, 3: 20.0, 4: 50.0}, 110.0)
+    # Most cores first: 3 at once, then 2 and 4 side by side.
+    assert starts(QueueOrder.WIDEST_FIRST) == ({1: 0.0, 2: 40.0, 3: 10.0, 4: 40.0}, 100.0)
+    # Longest first: 4, the 2-core job backfills beside it (ends before 3's reservation).
+    assert starts(QueueOrder.LONGEST_FIRST) == ({1: 0.0, 2: 10.0, 3: 70.0, 4: 10.0}, 100.0)
 
 
 def test_a_malleable_job_may_ask_for_less_and_keeps_its_work_and_maximum():
@@ -209,3 +258,8 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
         assert asked[p]["makespan_s"] == pytest.approx(base[p]["makespan_s"])
     assert asked["lend-idle"]["malleable_ask"] == 0.5
     assert "lend-idle" in capsys.readouterr().out
+    assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy",
+                 "static", "--seed", "4", "--queue-order", "longest-first", "--json",
+                 str(out)]) == 0
+    assert json.loads(out.read_text())["queue_order"] == "longest-first"
+    assert base["static"]["queue_order"] == "fcfs"
