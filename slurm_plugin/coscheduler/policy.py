@@ -49,11 +49,15 @@ def _water_fill(counts: dict[int, int], caps: dict[int, int], weights: dict[int,
     return counts
 
 
-def estimated_rate(job: JobView, n: int) -> float:
-    """Steps/s at ``n`` cores from what the job has shown: measured points, linear in between,
-    and beyond the last point the last measured per-core gain (never negative). A job that has
-    shown nothing is assumed to scale linearly."""
-    pts = sorted((k, v) for k, v in job.steps_per_s.items() if k > 0 and v > 0)
+def measured_points(job: JobView) -> tuple[tuple[int, float], ...]:
+    """The job's steps/s by node cores that it has shown, sorted by cores."""
+    return tuple(sorted((k, v) for k, v in job.steps_per_s.items() if k > 0 and v > 0))
+
+
+def estimated_rate(pts: tuple[tuple[int, float], ...], n: int) -> float:
+    """Steps/s at ``n`` cores from what a job has shown (``measured_points``): measured points,
+    linear in between, and beyond the last point the last measured per-core gain (never
+    negative). A job that has shown nothing is assumed to scale linearly."""
     if not pts:
         return float(n)
     if n <= pts[0][0]:
@@ -87,7 +91,7 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
     counts = {j.job_id: max(bounds[j.job_id][0], min(len(j.allocation), bounds[j.job_id][1]))
               for j in jobs}
     alloc = {j.job_id: max(1, len(j.allocation)) for j in jobs}
-    by_id = {j.job_id: j for j in jobs}
+    points = {j.job_id: measured_points(j) for j in jobs}   # read once: the telemetry is fixed
 
     def next_core(jid: int) -> tuple[float, float] | None:
         """What one more core is worth to the job: its gain (rounded, so that float noise does
@@ -95,9 +99,9 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
         maximum or where the core adds nothing."""
         if counts[jid] >= bounds[jid][1]:
             return None
-        j, n = by_id[jid], counts[jid]
-        per_core = max(estimated_rate(j, alloc[jid]) / alloc[jid], 1e-9)
-        gain = round((estimated_rate(j, n + 1) - estimated_rate(j, n)) / per_core, 9)
+        pts, n = points[jid], counts[jid]
+        per_core = max(estimated_rate(pts, alloc[jid]) / alloc[jid], 1e-9)
+        gain = round((estimated_rate(pts, n + 1) - estimated_rate(pts, n)) / per_core, 9)
         return (gain, -n / alloc[jid]) if gain > 0 else None
 
     # Only the job that got the last core changes its worth: the others are kept.
@@ -197,7 +201,7 @@ def assign_cores(snapshot: NodeSnapshot, counts: dict[int, int]) -> dict[int, fr
     jobs = sorted(snapshot.jobs, key=lambda j: j.job_id)
     flexible = [j for j in jobs if j.resizable]
     for j in jobs:
-        if j not in flexible:
+        if not j.resizable:
             targets[j.job_id] = set(j.allocation)
             taken |= j.allocation
     for j in flexible:

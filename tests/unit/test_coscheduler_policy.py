@@ -4,7 +4,7 @@ import pytest
 
 from slurm_plugin.coscheduler.model import (ActionKind, JobView, NodeSnapshot, Plan, PlanInvariantError, Policy, Reason,
                                             RankView, check_plan)
-from slurm_plugin.coscheduler.policy import decide, estimated_rate
+from slurm_plugin.coscheduler.policy import decide, estimated_rate, measured_points
 from slurm_plugin.coscheduler.request import (MalleableSpec, RequestError, Update, apply_update,
                                               parse_submit, parse_update)
 
@@ -110,10 +110,11 @@ def test_throughput_gives_no_core_that_slows_a_job_down():
 
 
 def test_estimated_rate():
-    j = job(1, {0}, spec=M(), rates={1: 10.0, 2: 18.0})
-    assert estimated_rate(j, 1) == 10.0 and estimated_rate(j, 2) == 18.0
-    assert estimated_rate(j, 3) == 26.0           # the last per-core gain
-    assert estimated_rate(job(1, {0}, spec=M()), 5) == 5.0  # nothing known: linear
+    pts = measured_points(job(1, {0}, spec=M(), rates={2: 18.0, 1: 10.0}))
+    assert pts == ((1, 10.0), (2, 18.0))
+    assert estimated_rate(pts, 1) == 10.0 and estimated_rate(pts, 2) == 18.0
+    assert estimated_rate(pts, 3) == 26.0           # the last per-core gain
+    assert estimated_rate(measured_points(job(1, {0}, spec=M())), 5) == 5.0  # nothing: linear
 
 
 def random_allocations(rng, n):
