@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status_cmd)
 
-    from .simulator.workload import WorkloadModel
+    from .simulator import QueueOrder, WorkloadModel
     workload_defaults = WorkloadModel()
     sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
                                          "discrete-event simulation running the agent's decide)")
@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--backfill-interval", type=float, default=30.0,
                     help="seconds between backfill passes (Slurm's bf_interval)")
     sm.add_argument("--queue-order", default="fcfs",
-                    choices=["fcfs", "widest-first", "longest-first"],
+                    choices=[o.value for o in QueueOrder],
                     help="Slurm's queue order in every regime: submission order (default), the "
                          "most cores first (multifactor job size), the longest time limit first")
     sm.add_argument("--json", help="write the summary (a list with --policy all) here")

@@ -16,12 +16,6 @@ class Speedup(Protocol):
     def rate(self, cores: int) -> float:
         """Work done per second on ``cores`` cores (1.0 at one core)."""
 
-    def best_rate(self, max_cores: int) -> float:
-        """The highest rate on 1..max_cores cores."""
-
-    def least_cost(self, lo: int, hi: int) -> float:
-        """The fewest core-seconds per unit of work on lo..hi cores."""
-
 
 @dataclass(frozen=True)
 class Amdahl:
@@ -34,18 +28,6 @@ class Amdahl:
     def rate(self, cores: int) -> float:
         n = max(1, cores)
         return 1.0 / (self.serial + (1.0 - self.serial) / n + self.comm * (n - 1))
-
-    def best_rate(self, max_cores: int) -> float:
-        if self.comm <= 0:
-            return self.rate(max_cores)
-        peak = math.sqrt((1.0 - self.serial) / self.comm)
-        candidates = {1, max_cores, min(max_cores, max(1, math.floor(peak))),
-                      min(max_cores, max(1, math.ceil(peak)))}
-        return max(self.rate(n) for n in candidates)
-
-    def least_cost(self, lo: int, hi: int) -> float:
-        # n / rate(n) = n*s + (1-s) + c*n*(n-1) grows with n: the fewest cores cost least.
-        return lo / self.rate(lo)
 
 
 @dataclass(frozen=True)
@@ -72,12 +54,6 @@ class Measured:
             if cores <= k1:
                 return v0 + (v1 - v0) * (cores - k0) / (k1 - k0)
         return pts[-1][1]
-
-    def best_rate(self, max_cores: int) -> float:
-        return max(self.rate(n) for n in range(1, max_cores + 1))
-
-    def least_cost(self, lo: int, hi: int) -> float:
-        return min(n / self.rate(n) for n in range(lo, hi + 1))
 
 
 @dataclass(frozen=True)

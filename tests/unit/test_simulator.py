@@ -17,19 +17,20 @@ def test_amdahl_rates_and_best_rate():
     assert a.rate(1) == pytest.approx(1.0)
     rates = [a.rate(n) for n in range(1, 65)]
     peak = max(rates)
-    assert a.best_rate(64) == pytest.approx(peak)
+    # The frontier's fastest point is the best rate, its cheapest the least cost per unit.
+    assert 1 / time_cost_frontier(a, 1, 64)[0][0] == pytest.approx(peak)
     assert rates.index(peak) + 1 == 9       # n* = sqrt(0.9 / 0.01) = 9.49: 9 or 10
-    assert a.best_rate(4) == pytest.approx(a.rate(4))
+    assert 1 / time_cost_frontier(a, 1, 4)[0][0] == pytest.approx(a.rate(4))
     assert LINEAR.rate(8) == pytest.approx(8.0)
-    assert a.least_cost(1, 64) == pytest.approx(1.0)
+    assert time_cost_frontier(a, 1, 64)[-1][1] == pytest.approx(1.0)
 
 
 def test_measured_curve_is_normalised_and_flat_beyond_its_points():
     m = Measured.from_steps_per_s({1: 50.0, 2: 90.0, 4: 120.0})
     assert m.rate(1) == pytest.approx(1.0) and m.rate(2) == pytest.approx(1.8)
     assert m.rate(3) == pytest.approx(2.1) and m.rate(8) == pytest.approx(2.4)
-    assert m.best_rate(8) == pytest.approx(2.4)
-    assert m.least_cost(1, 4) == pytest.approx(1.0)
+    assert 1 / time_cost_frontier(m, 1, 8)[0][0] == pytest.approx(2.4)
+    assert time_cost_frontier(m, 1, 4)[-1][1] == pytest.approx(1.0)
     with pytest.raises(ValueError):
         Measured.from_steps_per_s({2: 0.0})
 
