@@ -105,7 +105,7 @@ def main() -> None:
         # The Prolog with slurmctld frozen.
         ctld = next(r for r in cluster.records() if r.name == "slurmctld")
         hooks = cluster.hooks_dir
-        job_dir = Path(f"/sys/fs/cgroup/cpuset/slurm_bn1/uid_0/job_{a}/cpuset.cpus")
+        job_dir = cluster.cgroup_layout("bn1").cpus_file(0, a)
         stopped = []
         os.kill(ctld.pid, signal.SIGSTOP)
         try:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from common import machine, median, percentile, save
 
-from slurm_plugin.cgroups import CgroupVersion
-from slurm_plugin.coscheduler.cgroup_actuator import SlurmCgroupLayout
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.config import AgentConfig
 from slurm_plugin.coscheduler.hooks import make_reconciler
 from slurm_plugin.coscheduler.model import Policy
@@ -71,7 +70,8 @@ def main() -> None:
         mount = Path(tmp) / "cg"
         (mount / "cpuset").mkdir(parents=True)
         (mount / "cpuset" / "cpuset.cpus").write_text(f"0-{args.cores - 1}")
-        layout = SlurmCgroupLayout("n1", CgroupVersion.V1, mount)
+        layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True,
+                                         mount=mount)
         per = args.cores // args.jobs
         for i in range(args.jobs):
             d = layout.job_dir(0, 1000 + i) / "step_0"
@@ -86,7 +86,7 @@ def main() -> None:
         store = FeedStore(config.feed_dir)
         store.prepare()
         store.write_node(feed)
-        rec = make_reconciler(config)
+        rec = make_reconciler(config, layout)
         first = rec.cycle()
         assert not first.failures, first.failures
         out = {}

@@ -31,7 +31,7 @@ NODE = "tl1"
 
 
 def sample(cluster: LocalCluster, job_id: int) -> dict:
-    folder = Path(f"/sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{job_id}")
+    folder = cluster.cgroup_layout(NODE).job_dir(0, job_id)
     out = {"job": [], "steps": {}, "threads": {}}
     try:
         out["job"] = sorted(parse_cpu_list((folder / "cpuset.cpus").read_text()))

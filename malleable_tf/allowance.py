@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from malleable_protocol import Target, parse_cpu_list, rank_share
+from malleable_protocol.cgroupfs import parse_cgroup_mount_roots, parse_proc_cgroup
 
 
 @dataclass(frozen=True)
@@ -39,43 +40,6 @@ def share_of(allowance: Allowance, local_rank: int, local_size: int) -> frozense
 
 
 # --- readers -------------------------------------------------------------------------------
-
-def parse_proc_cgroup(text: str) -> dict[str, str]:
-    """/proc/<pid>/cgroup to {controller: path}; cgroup v2's unified entry is keyed ""."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        for c in controllers.split(",") if controllers else [""]:
-            out[c] = path
-    return out
-
-
-def parse_cgroup_mount_roots(mountinfo: str, mount: Path) -> dict[str, str]:
-    """Which cgroup folder each cgroup filesystem below ``mount`` shows at its mount point, from
-    /proc/<pid>/mountinfo, keyed as /proc/<pid>/cgroup keys controllers' folders ("cpuset",
-    "cpu,cpuacct"; "" for v2's unified one at ``mount`` itself). On a host every root is "/";
-    in a Docker container on cgroup v1 (no cgroup namespace) it is the container's own folder,
-    "/docker/<id>", mounted at /sys/fs/cgroup/<controller>, while /proc/self/cgroup still
-    names the full path."""
-    out: dict[str, str] = {}
-    base = str(mount).rstrip("/")
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 5:
-            continue
-        fstype = line.split(" - ", 1)[1].split()[0]
-        if fstype not in ("cgroup", "cgroup2"):
-            continue
-        root, point = fields[3], fields[4]
-        if point == base and fstype == "cgroup2":
-            out[""] = root
-        elif point.startswith(base + "/"):
-            out[point[len(base) + 1:]] = root
-    return out
-
 
 def _below_root(path: str, root: str) -> str:
     """``path`` (from /proc/<pid>/cgroup) as seen below a mount of the folder ``root``."""

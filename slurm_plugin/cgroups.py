@@ -1,6 +1,20 @@
-"""Finding and removing the cgroup folders that Slurm's task/cgroup creates for a node.
+"""The one owner of Slurm's cgroup layout on a node: where slurmd and slurmstepd put a node's
+job, step and task folders, discovered from the node, never assumed.
 
-The co-scheduler's cpuset actuators build on the same paths (see FACTS: cgroup v1 here).
+What decides it (Slurm's src/common/cgroup.c and its cgroup/v1 and cgroup/v2 plugins):
+- the cgroup version: ``CgroupPlugin`` in cgroup.conf (cgroup/v1, cgroup/v2, autodetect, which
+  looks at the file system mounted at ``CgroupMountpoint``);
+- how slurmd was built: with ``--enable-multiple-slurmd`` (Debian's packages) the node's folder is
+  named after the node, ``slurm_<node>`` (v1) or ``<node>_slurmstepd.scope`` (v2); without it
+  (SchedMD's packages, OpenHPC, most sites) ``slurm`` or ``slurmstepd.scope``.
+
+v1: ``<cpuset mount>/<root>/uid_<U>/job_<J>/step_<S>[/task_<T>]``.
+v2: ``<mount>/system.slice/<scope>/job_<J>/step_<S>/{slurm,user/task_<T>}``.
+
+``discover_layout`` reads the mount table, cgroup.conf and which of the candidate node folders
+slurmd made (or, before any, where the node's slurmstepd processes live), and raises
+``LayoutUnknown``, saying what it looked for, when the evidence is missing or disagrees. Every
+other module, test and benchmark asks a ``SlurmCgroupLayout`` for a path.
 """
 from __future__ import annotations
 
@@ -10,9 +24,13 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
+
+from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo
+from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
 
 DEFAULT_MOUNT = Path("/sys/fs/cgroup")
+CPUS_FILE = "cpuset.cpus"
 
 
 class CgroupVersion(enum.Enum):
@@ -20,20 +38,347 @@ class CgroupVersion(enum.Enum):
     V2 = "v2"
 
 
-def detect_version(mount: Path = DEFAULT_MOUNT) -> CgroupVersion:
-    """v1 when a separate cpuset hierarchy is mounted (also on hybrid hosts), else v2."""
-    if (mount / "cpuset" / "cpuset.cpus").exists():
-        return CgroupVersion.V1
-    if (mount / "cgroup.controllers").exists():
-        return CgroupVersion.V2
-    raise RuntimeError(f"no cgroup v1 cpuset nor cgroup v2 hierarchy under {mount}")
+class LayoutUnknown(RuntimeError):
+    """The node's layout could not be told from the node: the message says what was looked for."""
 
+
+def _check_uid(uid: int) -> int:
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
+        raise ValueError(f"invalid uid {uid!r}")
+    return uid
+
+
+@dataclass(frozen=True)
+class SlurmCgroupLayout:
+    """Where a node's job folders are. ``hierarchy`` is the folder where the cgroup hierarchy
+    with the cpuset controller is mounted (v1: .../cpuset; v2: the unified mount), ``root`` the
+    node's folder in it as /proc/<pid>/cgroup names it ("/slurm_n1", "/slurm",
+    "/system.slice/n1_slurmstepd.scope", "/system.slice/slurmstepd.scope")."""
+
+    node: str
+    version: CgroupVersion
+    hierarchy: Path
+    root: str
+
+    @classmethod
+    def named(cls, node: str, version: CgroupVersion, *, multiple_slurmd: bool,
+              mount: Path = DEFAULT_MOUNT) -> "SlurmCgroupLayout":
+        """The layout Slurm's naming rule gives for a build and version (no look at the node)."""
+        check_node_name(node)
+        if version is CgroupVersion.V1:
+            return cls(node, version, Path(mount) / "cpuset",
+                       f"/slurm_{node}" if multiple_slurmd else "/slurm")
+        return cls(node, version, Path(mount),
+                   f"/system.slice/{node + '_' if multiple_slurmd else ''}slurmstepd.scope")
+
+    @property
+    def multiple_slurmd(self) -> bool:
+        return self.root != "/slurm" and self.root != "/system.slice/slurmstepd.scope"
+
+    def describe(self) -> str:
+        build = "multiple-slurmd build" if self.multiple_slurmd else "one slurmd per host"
+        below = "uid_<U>/job_<J>/step_<S>" if self.version is CgroupVersion.V1 else \
+            "job_<J>/step_<S>/user/task_<T>"
+        return f"cgroup {self.version.value}, {self.node_dir()}/{below} ({build})"
+
+    # --- paths ---------------------------------------------------------------------------
+
+    def node_dir(self) -> Path:
+        return self.hierarchy / self.root.lstrip("/")
+
+    def job_dir(self, uid: int, job_id: int) -> Path:
+        check_job_id(job_id)
+        if self.version is CgroupVersion.V1:
+            return self.node_dir() / f"uid_{_check_uid(uid)}" / f"job_{job_id}"
+        return self.node_dir() / f"job_{job_id}"
+
+    def step_dir(self, uid: int, job_id: int, step: str) -> Path:
+        return self.job_dir(uid, job_id) / check_step_name(step)
+
+    def cpus_file(self, uid: int, job_id: int, step: str | None = None) -> Path:
+        folder = self.job_dir(uid, job_id) if step is None else self.step_dir(uid, job_id, step)
+        return folder / CPUS_FILE
+
+    def job_parents(self) -> Iterator[tuple[int | None, str]]:
+        """The folders holding this node's job folders, with the uid each stands for (v1's
+        ``uid_<U>``; None on v2, where the owner is not in the path)."""
+        node_dir = str(self.node_dir())
+        if self.version is CgroupVersion.V2:
+            yield None, node_dir
+            return
+        try:
+            names = os.listdir(node_dir)
+        except OSError:
+            return
+        for d in names:
+            if d.startswith("uid_") and d[4:].isdigit():
+                yield int(d[4:]), os.path.join(node_dir, d)
+
+    # --- reading /proc/<pid>/cgroup paths --------------------------------------------------
+
+    def step_of(self, path: str, job_id: int) -> str | None:
+        """``step_0`` when ``path`` (as /proc/<pid>/cgroup names it) is in a step folder of
+        ``job_id`` on this node; None for any other folder (another node's slurmd on the same
+        host, another job, the job folder itself)."""
+        head = self.root + "/"
+        if not (path + "/").startswith(head):
+            return None
+        rest = path[len(head):].split("/")
+        if self.version is CgroupVersion.V1:
+            if len(rest) < 3 or not rest[0].startswith("uid_"):
+                return None
+            rest = rest[1:]
+        if len(rest) < 2 or rest[0] != f"job_{job_id}" or not rest[1]:
+            return None
+        return rest[1]
+
+    def job_of(self, path: str) -> int | None:
+        """The job whose folder (or a folder below it) ``path`` is, on this node."""
+        head = self.root + "/"
+        if not (path + "/").startswith(head):
+            return None
+        rest = path[len(head):].split("/")
+        if self.version is CgroupVersion.V1:
+            rest = rest[1:] if rest and rest[0].startswith("uid_") else []
+        if rest and rest[0].startswith("job_") and rest[0][4:].isdigit():
+            return int(rest[0][4:])
+        return None
+
+    def another_nodes(self, path: str) -> bool:
+        """Whether ``path`` is in another node's folder of a multiple-slurmd build on the same
+        host (never, with one slurmd per host)."""
+        if not self.multiple_slurmd or (path + "/").startswith(self.root + "/"):
+            return False
+        top = path.lstrip("/").split("/")
+        if self.version is CgroupVersion.V1:
+            return top[0].startswith("slurm_")
+        return len(top) >= 2 and top[0] == "system.slice" and \
+            top[1].endswith("_slurmstepd.scope")
+
+    def misplaced(self, path: str, job_id: int) -> bool:
+        """A folder named for ``job_id`` (a ``job_<id>`` component) that is not where this
+        layout puts that job on this node, nor another node's: the node's layout is not what
+        was discovered."""
+        return f"job_{job_id}" in path.split("/") and self.job_of(path) != job_id and \
+            not self.another_nodes(path)
+
+
+# --- discovery ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayoutEvidence:
+    """What a node shows about its layout; gathered by ``gather_evidence``, judged by the pure
+    ``decide_layout``."""
+
+    node: str
+    mount: Path                                # CgroupMountpoint
+    mounts: tuple[Mount, ...]                  # /proc/self/mountinfo
+    plugin: str | None                         # CgroupPlugin from cgroup.conf, if it says
+    v2_controllers: frozenset[str]             # cgroup.controllers of the v2 mount
+    existing: frozenset[str]                   # candidate node folders that exist
+    stepd_paths: tuple[str, ...] = ()          # cpuset folders of slurmstepd processes
+
+
+def candidates(node: str, version: CgroupVersion, mount: Path) -> list[SlurmCgroupLayout]:
+    return [SlurmCgroupLayout.named(node, version, multiple_slurmd=m, mount=mount)
+            for m in (True, False)]
+
+
+def cgroup_version_of(ev: LayoutEvidence) -> CgroupVersion:
+    """The version Slurm uses, as its autodetect would find it, checked against CgroupPlugin."""
+    base = str(ev.mount).rstrip("/")
+    v1_cpuset = any(m.fstype == "cgroup" and "cpuset" in m.super_options and
+                    m.point == f"{base}/cpuset" for m in ev.mounts)
+    v2_at_base = any(m.fstype == "cgroup2" and m.point == base for m in ev.mounts)
+    v2_cpuset = v2_at_base and "cpuset" in ev.v2_controllers
+    plugin = (ev.plugin or "autodetect").strip().lower()
+    if plugin in ("cgroup/v1", "v1"):
+        if not v1_cpuset:
+            raise LayoutUnknown(f"cgroup.conf says CgroupPlugin={ev.plugin}, but no cgroup v1 "
+                                f"cpuset hierarchy is mounted at {base}/cpuset")
+        return CgroupVersion.V1
+    if plugin in ("cgroup/v2", "v2"):
+        if not v2_cpuset:
+            raise LayoutUnknown(f"cgroup.conf says CgroupPlugin={ev.plugin}, but the unified "
+                                f"hierarchy at {base} has no cpuset controller "
+                                f"(controllers: {' '.join(sorted(ev.v2_controllers)) or 'none'})")
+        return CgroupVersion.V2
+    if plugin != "autodetect":
+        raise LayoutUnknown(f"unknown CgroupPlugin={ev.plugin} in cgroup.conf")
+    # Slurm's autodetect: cgroup2 mounted at the mount point means v2, else v1 (hybrid hosts).
+    if v2_at_base:
+        if not v2_cpuset:
+            raise LayoutUnknown(f"cgroup v2 at {base} has no cpuset controller")
+        return CgroupVersion.V2
+    if v1_cpuset:
+        return CgroupVersion.V1
+    raise LayoutUnknown(f"neither a cgroup v1 cpuset hierarchy ({base}/cpuset) nor cgroup v2 "
+                        f"({base}) is mounted")
+
+
+def decide_layout(ev: LayoutEvidence) -> SlurmCgroupLayout:
+    """The node's layout from the evidence, or ``LayoutUnknown`` with what was looked for.
+    A node-named folder is this node's (multiple-slurmd); else the plain one; before slurmd has
+    made either, the folders its slurmstepd processes run in."""
+    version = cgroup_version_of(ev)
+    cands = candidates(ev.node, version, ev.mount)
+    for layout in cands:
+        if str(layout.node_dir()) in ev.existing:
+            return layout
+    for layout in cands:
+        if any((p + "/").startswith(layout.root + "/") for p in ev.stepd_paths):
+            return layout
+    looked = ", ".join(str(c.node_dir()) if version is CgroupVersion.V2 else
+                       f"{ev.mount}/*{c.root}" for c in cands)
+    raise LayoutUnknown(f"no Slurm cgroup folder for node {ev.node} ({version.value}): looked for "
+                        f"{looked} and for slurmstepd processes in them; is slurmd running as "
+                        f"{ev.node} with task/cgroup?")
+
+
+def read_cgroup_conf(path: Path | None) -> dict[str, str]:
+    """``Key=Value`` lines of cgroup.conf (keys lower-cased; comments and blanks skipped)."""
+    out: dict[str, str] = {}
+    if path is None:
+        return out
+    try:
+        text = path.read_text(errors="replace")[:1 << 20]
+    except OSError:
+        return out
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip().lower()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class StepdProcess:
+    """A slurmstepd on this host: the job it serves (from the title slurmstepd gives itself,
+    "slurmstepd: [<job>.<step>]") and its cpuset folder as /proc/<pid>/cgroup names it."""
+
+    pid: int
+    job_id: int | None
+    cgroup: str
+
+
+def parse_stepd_title(cmdline: bytes) -> int | None:
+    """The job id in slurmstepd's title ("slurmstepd: [5.batch]"); None for any other."""
+    text = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+    head, sep, rest = text.partition("[")
+    if not sep or not head.startswith("slurmstepd"):
+        return None
+    job = rest.split(".", 1)[0].split("]", 1)[0]
+    return int(job) if job.isdigit() and 0 < int(job) < 2**32 else None
+
+
+def slurmstepd_processes(proc: Path = Path("/proc")) -> list[StepdProcess]:
+    """Every slurmstepd on this host (root's processes: slurmd starts them)."""
+    out = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(proc / name / "comm", "rb") as f:
+                if f.read(64).strip() != b"slurmstepd":
+                    continue
+            with open(proc / name / "cmdline", "rb") as f:
+                job = parse_stepd_title(f.read(256))
+        except OSError:
+            continue
+        path = process_cpuset(int(name))
+        if path is not None:
+            out.append(StepdProcess(int(name), job, path))
+    return out
+
+
+def misplaced_jobs(layout: SlurmCgroupLayout, job_ids: Iterable[int],
+                   stepds: Iterable[StepdProcess]) -> dict[int, str]:
+    """Of ``job_ids`` (jobs Slurm runs on this node), those whose slurmstepd runs in a folder
+    named for the job that is not where ``layout`` puts it: what is wrong, by job."""
+    wanted = set(job_ids)
+    out: dict[int, str] = {}
+    for p in stepds:
+        if p.job_id in wanted and p.job_id not in out and layout.misplaced(p.cgroup, p.job_id):
+            out[p.job_id] = (f"job {p.job_id}: its slurmstepd (pid {p.pid}) runs in "
+                             f"{p.cgroup}, not where the layout puts it ({layout.describe()})")
+    return out
+
+
+def process_cpuset(pid: int) -> str | None:
+    """The cpuset folder of ``pid`` as /proc/<pid>/cgroup names it; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            return cpuset_cgroup(f.read(65536).decode(errors="replace")) or ""
+    except OSError:
+        return None
+
+
+def _made(layout: SlurmCgroupLayout, mount: Path) -> bool:
+    """Whether slurmd made this node folder. On v1 it names its folder alike in every
+    hierarchy, and makes the freezer's (proctrack/cgroup) when it starts, the cpuset's only
+    with the first job: any controller's folder tells."""
+    if layout.version is CgroupVersion.V2:
+        return layout.node_dir().is_dir()
+    try:
+        hierarchies = os.listdir(mount)
+    except OSError:
+        return False
+    return any(os.path.isdir(os.path.join(mount, h, layout.root.lstrip("/"))) for h in hierarchies)
+
+
+def gather_evidence(node: str, *, cgroup_conf: Path | None = None,
+                    mount: Path | None = None) -> LayoutEvidence:
+    conf = read_cgroup_conf(cgroup_conf)
+    mount = Path(mount or conf.get("cgroupmountpoint") or DEFAULT_MOUNT)
+    try:
+        mounts = tuple(parse_mountinfo(Path("/proc/self/mountinfo").read_text()))
+    except OSError:
+        mounts = ()
+    try:
+        controllers = frozenset((mount / "cgroup.controllers").read_text().split())
+    except OSError:
+        controllers = frozenset()
+    existing = frozenset(str(c.node_dir()) for v in CgroupVersion
+                         for c in candidates(node, v, mount) if _made(c, mount))
+    stepds: tuple[str, ...] = ()
+    if not existing:
+        stepds = tuple(p.cgroup for p in slurmstepd_processes() if p.cgroup)
+    return LayoutEvidence(node=node, mount=mount, mounts=mounts, plugin=conf.get("cgroupplugin"),
+                          v2_controllers=controllers, existing=existing, stepd_paths=stepds)
+
+
+def cgroup_conf_of(slurm_conf: Path | str | None) -> Path | None:
+    """cgroup.conf beside slurm.conf (Slurm reads it there), or Slurm's default place."""
+    if slurm_conf:
+        return Path(slurm_conf).parent / "cgroup.conf"
+    default = Path("/etc/slurm/cgroup.conf")
+    return default if default.exists() else None
+
+
+def discover_layout(node: str, *, slurm_conf: Path | str | None = None,
+                    mount: Path | None = None) -> SlurmCgroupLayout:
+    """This node's layout, from the node (see the module's docstring)."""
+    conf = cgroup_conf_of(slurm_conf if slurm_conf is not None
+                          else os.environ.get("SLURM_CONF"))
+    return decide_layout(gather_evidence(node, cgroup_conf=conf, mount=mount))
+
+
+# --- the local cluster's clean-up -------------------------------------------------------------
 
 def node_cgroup_roots(node: str, mount: Path = DEFAULT_MOUNT) -> list[Path]:
-    """The existing top folders a (multiple-)slurmd named ``node`` made, one per hierarchy."""
+    """The existing node-named folders a multiple-slurmd build made for ``node`` in every
+    hierarchy (cpuset, memory, ...; v2's scope)."""
     found = sorted(p for p in mount.glob(f"*/slurm_{node}") if p.is_dir())
-    # cgroup v2 (not seen on these machines): slurmd makes a systemd scope per node.
     found += sorted(p for p in mount.glob(f"system.slice/{node}_slurmstepd.scope") if p.is_dir())
+    return found
+
+
+def plain_cgroup_roots(mount: Path = DEFAULT_MOUNT) -> list[Path]:
+    """The folders a slurmd built without multiple-slurmd makes, in every hierarchy: one
+    slurmd per host, so they are that slurmd's."""
+    found = sorted(p for p in mount.glob("*/slurm") if p.is_dir())
+    found += sorted(p for p in mount.glob("system.slice/slurmstepd.scope") if p.is_dir())
     return found
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
+from .cgroups import LayoutUnknown
 from .cluster.local import ClusterStatus
 from .coscheduler.model import Policy
 from malleable_protocol.runner import CommandError
@@ -171,6 +172,28 @@ def _resize_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cgroups_cmd(args: argparse.Namespace) -> int:
+    """The node's Slurm cgroup layout as discovered; with --job, that job's CPUs."""
+    from .cgroups import discover_layout
+    from .coscheduler.cgroup_actuator import read_cpus
+    from malleable_protocol import format_cpu_list
+    node = args.node or os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME")
+    if not node:
+        raise ValueError("which node? --node NAME (or run it inside a job)")
+    layout = discover_layout(node, slurm_conf=args.slurm_conf)
+    if args.job is None:
+        print(layout.describe())
+        return 0
+    folder = layout.job_dir(args.uid, args.job)
+    if args.step:
+        folder = layout.step_dir(args.uid, args.job, args.step)
+    cpus = read_cpus(folder)
+    if cpus is None:
+        raise ValueError(f"no cgroup folder {folder}")
+    print(format_cpu_list(cpus))
+    return 0
+
+
 def _client(args: argparse.Namespace):
     """A local cluster's client (its whole environment reaches the jobs), or Slurm's own."""
     from .slurm import CliSlurmClient
@@ -180,14 +203,18 @@ def _client(args: argparse.Namespace):
 
 
 def _status_cmd(args: argparse.Namespace) -> int:
-    from .coscheduler.status import collect_status, format_table
+    from .coscheduler.status import collect_problems, collect_status, format_table
     from .feed import FeedStore
-    rows = collect_status(FeedStore(Path(args.feed_dir)), only_malleable=not args.all)
+    store = FeedStore(Path(args.feed_dir))
+    rows = collect_status(store, only_malleable=not args.all)
+    problems = collect_problems(store)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
         print(format_table(rows))
-    return 0
+    for line in problems:     # also with --json: on stderr, and the exit code says so
+        print(f"PROBLEM {line}", file=sys.stderr if args.json else sys.stdout)
+    return 1 if problems else 0
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
@@ -329,6 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .simulator import QueueOrder, WorkloadModel
     workload_defaults = WorkloadModel()
+    cg = sub.add_parser("cgroups", help="this node's Slurm cgroup layout (discovered), or a "
+                        "job's CPUs")
+    cg.add_argument("--node", help="the Slurm node name (default: $SLURMD_NODENAME or "
+                    "$SLURM_NODENAME)")
+    cg.add_argument("--slurm-conf", help="slurm.conf (cgroup.conf beside it); default "
+                    "$SLURM_CONF")
+    cg.add_argument("--job", type=int, help="print this job's CPUs on the node")
+    cg.add_argument("--uid", type=int, default=os.getuid(), help="the job's owner (v1 paths)")
+    cg.add_argument("--step", help="a step folder (step_0, step_batch) instead of the job's")
+    cg.set_defaults(func=_cgroups_cmd)
+
     sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
                                          "discrete-event simulation running the agent's decide)")
     sm.add_argument("--nodes", type=int, default=100)
@@ -365,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ClusterError, SpecError, CommandError, SlurmClientError, ValueError, OSError) as exc:
+    except (ClusterError, SpecError, CommandError, SlurmClientError, LayoutUnknown, ValueError,
+            OSError) as exc:
         _log(f"error: {exc}")
         return 2
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 from common import RESULTS, machine, median, percentile, save  # noqa: E402
 
 from slurm_plugin.cluster import LocalCluster, default_spec  # noqa: E402
-from slurm_plugin.coscheduler.cgroup_actuator import SlurmCgroupLayout, read_cpus  # noqa: E402
+from slurm_plugin.coscheduler.cgroup_actuator import read_cpus  # noqa: E402
 from slurm_plugin.coscheduler.model import Policy  # noqa: E402
 from slurm_plugin.coscheduler.ranks import read_job_statuses  # noqa: E402
 from slurm_plugin.slurm import JobState  # noqa: E402
@@ -71,9 +71,9 @@ REGIMES = {"static": (Policy.STATIC, "plain"), "cgroup-only": (Policy.LEND_IDLE,
            "throughput": (Policy.THROUGHPUT, "malleable")}
 
 
-def job_cpus(job_id: int) -> frozenset[int] | None:
+def job_cpus(cluster: LocalCluster, job_id: int) -> frozenset[int] | None:
     """The job's cpuset (the jobs are root's: uid 0), as the agent reads it."""
-    return read_cpus(SlurmCgroupLayout(NODE).job_dir(0, job_id))
+    return read_cpus(cluster.cgroup_layout(NODE).job_dir(0, job_id))
 
 
 def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:
@@ -110,7 +110,7 @@ def run_regime(name: str, root: Path, port: int) -> dict:
                 job = pending.pop(0)
                 ids[job.name], submitted[job.name] = submit(env, root, job, mode)
             for jname, jid in ids.items():
-                cpus = job_cpus(jid)
+                cpus = job_cpus(cluster, jid)
                 st = read_job_statuses(cluster.run_layout, jid)
                 if st:
                     telemetry[jname] = {str(k): v for s in st for k, v in s.steps_per_s.items()}

@@ -125,7 +125,7 @@ def install_cluster_hooks(spec: ClusterSpec, policy: Policy) -> ClusterSpec:
     from ..coscheduler.config import AgentConfig
     from ..coscheduler.hooks import install, prepare_node_folders
     from ..feed.store import FeedStore
-    config = AgentConfig.under(spec.paths.root, policy=policy)
+    config = AgentConfig.under(spec.paths.root, policy=policy, slurm_conf=spec.paths.slurm_conf)
     paths = install(hooks_dir(spec), config)
     prepare_node_folders(config)
     FeedStore(config.feed_dir).prepare()
@@ -181,6 +181,10 @@ class LocalCluster:
         from malleable_protocol import RunLayout
         return RunLayout(self.paths.root / "malleable")
 
+    def cgroup_layout(self, node: str) -> "cgroups.SlurmCgroupLayout":
+        """Where this cluster's slurmd for ``node`` puts its jobs' cgroup folders (discovered)."""
+        return cgroups.discover_layout(node, slurm_conf=self.paths.slurm_conf)
+
     def env_lines(self) -> list[str]:
         return [f"export {k}={v}" for k, v in self.env().items()]
 
@@ -207,7 +211,9 @@ class LocalCluster:
         """Find every binary and check every port before anything starts."""
         found: dict[str, str] = {}
         for binary, package in REQUIRED_BINARIES.items():
-            path = self._which(binary)
+            sbin = self.spec.slurm_sbin
+            path = self._which(binary) if sbin is None or binary not in ("slurmctld", "slurmd") \
+                else (str(sbin / binary) if (sbin / binary).is_file() else None)
             if path is None:
                 raise ClusterError(
                     f"{package} is not installed: '{binary}' not found on PATH "
@@ -223,10 +229,10 @@ class LocalCluster:
                 raise ClusterError(f"port {port} for {owner} is not free on {self.spec.address}: "
                                    f"{exc.strerror}; choose other ports with --port-base") from exc
         for node in self.spec.node_names:
-            if cgroups.node_cgroup_roots(node):
+            if self._cgroup_roots(node):
                 raise ClusterError(
                     f"cgroup folders for a node named {node} already exist "
-                    f"({', '.join(map(str, cgroups.node_cgroup_roots(node)))}): another cluster "
+                    f"({', '.join(map(str, self._cgroup_roots(node)))}): another cluster "
                     "uses that node name; choose another --node-prefix or bring it down")
         return found
 
@@ -361,12 +367,19 @@ class LocalCluster:
         # Job tasks and slurmstepd processes (they daemonize away from slurmd) still alive are
         # found by their membership in the nodes' cgroups, never by name.
         for node in self.spec.node_names:
-            for root in cgroups.node_cgroup_roots(node):
+            for root in self._cgroup_roots(node):
                 report = cgroups.remove_cgroup_tree(root)
                 problems += [f"cgroup {path} not removed: {why}" for path, why in report.failed]
         if not problems and self.paths.daemons_file.exists():
             self.paths.daemons_file.unlink()
         return problems
+
+    def _cgroup_roots(self, node: str) -> list[Path]:
+        """The folders this cluster's slurmd for ``node`` makes: named after it (Debian's
+        multiple-slurmd build), or the host's one slurmd's (another build, ``slurm_sbin``)."""
+        if self.spec.slurm_sbin is None:
+            return cgroups.node_cgroup_roots(node)
+        return cgroups.plain_cgroup_roots()
 
     def _wait_jobs_gone(self, timeout_s: float) -> None:
         deadline = self._clock() + timeout_s

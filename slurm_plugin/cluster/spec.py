@@ -85,7 +85,7 @@ class ClusterPaths:
 
 
 _PATH_FIELDS = ("root", "prolog", "epilog", "job_submit_lua", "ctld_event", "plugstack",
-                "munge_socket")
+                "munge_socket", "slurm_sbin")
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,10 @@ class ClusterSpec:
     # munged's socket when it is not the cluster folder's (each docker-slurm container runs
     # its own munged at Debian's default socket, while the cluster folder is shared).
     munge_socket: Path | None = None
+    # Where slurmctld and slurmd come from, when not from PATH: another build of Slurm (one
+    # without multiple-slurmd, as sites run: one node, its folders named slurm/slurmstepd.scope).
+    # Its slurmd starts its own slurmstepd; the client commands of PATH speak the same protocol.
+    slurm_sbin: Path | None = None
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):

@@ -8,15 +8,41 @@ import os
 import signal
 import sys
 import threading
+import time
+from typing import Callable
 
+from ..cgroups import LayoutUnknown, SlurmCgroupLayout
 from .config import AgentConfig
-from .hooks import make_reconciler
+from .hooks import make_reconciler, node_layout
+
+log = logging.getLogger("malleable.agent")
 
 
-def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None) -> int:
+def await_layout(config: AgentConfig, *, wait_s: float,
+                 discover: Callable[[AgentConfig], SlurmCgroupLayout] = node_layout,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> SlurmCgroupLayout:
+    """The node's layout, waiting up to ``wait_s`` for slurmd to make its folders (an agent
+    started beside slurmd); then ``LayoutUnknown``, saying what was looked for."""
+    deadline = clock() + wait_s
+    while True:
+        try:
+            return discover(config)
+        except LayoutUnknown as exc:
+            if clock() >= deadline:
+                raise
+            log.info("waiting for slurmd's cgroup folders: %s", exc)
+            sleep(1.0)
+
+
+def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
+              layout_wait_s: float = 30.0) -> int:
+    """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s agent[" + config.node + "] %(message)s")
-    rec = make_reconciler(config)
+    layout = await_layout(config, wait_s=0.0 if once else layout_wait_s)
+    log.info("cgroup layout: %s", layout.describe())
+    rec = make_reconciler(config, layout)
     if once:
         result = rec.cycle()
         for o in result.outcomes:

@@ -1,8 +1,9 @@
 """Rewrites the cpusets of a Slurm job's cgroup folders, in an order the kernel accepts.
 
-cgroup v1 (verified here): a parent cannot drop CPUs a child still uses ("Device or resource
-busy"), so every folder is first widened top-down (job folder, then steps) and then narrowed
-bottom-up. cgroup v2 needs no order, and the same code path serves it (tested on a fake tree).
+cgroup v1: a parent cannot drop CPUs a child still uses ("Device or resource busy"), so every
+folder is first widened top-down (job folder, then steps) and then narrowed bottom-up. cgroup
+v2 bounds a child by its parent's effective CPUs instead and accepts either order; the same code
+path serves it. Where the folders are is the node's ``SlurmCgroupLayout`` (``slurm_plugin.cgroups``).
 """
 from __future__ import annotations
 
@@ -12,43 +13,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 from pathlib import Path
 
-from ..cgroups import CgroupVersion
+from ..cgroups import CPUS_FILE, SlurmCgroupLayout
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
-
-CPUS_FILE = "cpuset.cpus"
-
 
 class ActuatorError(RuntimeError):
     pass
-
-
-def _check_id(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
-        raise ValueError(f"invalid {name} {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class SlurmCgroupLayout:
-    """Where slurmd (22.05, task/cgroup) puts a node's job folders."""
-
-    node: str
-    version: CgroupVersion = CgroupVersion.V1
-    mount: Path = Path("/sys/fs/cgroup")
-
-    def node_dir(self) -> Path:
-        if "/" in self.node or self.node in ("", ".", ".."):
-            raise ValueError(f"invalid node name {self.node!r}")
-        if self.version is CgroupVersion.V1:
-            return self.mount / "cpuset" / f"slurm_{self.node}"
-        return self.mount / "system.slice" / f"{self.node}_slurmstepd.scope"
-
-    def job_dir(self, uid: int, job_id: int) -> Path:
-        _check_id("uid", uid)
-        _check_id("job id", job_id)
-        if self.version is CgroupVersion.V1:
-            return self.node_dir() / f"uid_{uid}" / f"job_{job_id}"
-        return self.node_dir() / f"job_{job_id}"
 
 
 def read_cpus(folder: Path | str) -> frozenset[int] | None:
@@ -92,12 +61,32 @@ def folder_cpus(rel: str, cpus: frozenset[int],
     return cpus
 
 
+# Below a job folder Slurm makes steps (v1: step_<S>/task_<T>; v2: step_<S>/slurm and
+# step_<S>/user/task_<T>): deeper or more folders are not Slurm's, and are not walked.
+MAX_DEPTH = 3
+MAX_FOLDERS = 1024
+
+
 def _descendants(folder: Path) -> list[str]:
-    """Sub-folders (steps, tasks), parents before children; links are never followed."""
-    out = []
-    for root, dirs, _ in os.walk(folder, followlinks=False):
-        dirs.sort()
-        out += [os.path.join(root, d) for d in dirs]
+    """Sub-folders (steps, tasks), parents before children, at most ``MAX_DEPTH`` levels and
+    ``MAX_FOLDERS`` of them; links are never followed."""
+    out: list[str] = []
+    level = [str(folder)]
+    for _ in range(MAX_DEPTH):
+        nxt = []
+        for parent in level:
+            try:
+                with os.scandir(parent) as it:
+                    names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+            except OSError:
+                continue
+            nxt += [os.path.join(parent, n) for n in names]
+        nxt = nxt[:MAX_FOLDERS - len(out)]
+        out += nxt
+        level = nxt
+        if not level or len(out) >= MAX_FOLDERS:
+            break
+    out.sort(key=lambda p: (p.count("/"), p))
     return out
 
 
@@ -120,17 +109,8 @@ class CpusetActuator:
 
     def scan(self) -> dict[int, CgroupJob]:
         """Every job folder of this node, with its step folders' CPUs (one read each)."""
-        node_dir = self.layout.node_dir()
         found: dict[int, CgroupJob] = {}
-        try:
-            if self.layout.version is CgroupVersion.V1:
-                parents = [(int(d[4:]), os.path.join(node_dir, d)) for d in os.listdir(node_dir)
-                           if d.startswith("uid_") and d[4:].isdigit()]
-            else:
-                parents = [(-1, str(node_dir))]
-        except OSError:
-            return found
-        for uid, parent in parents:
+        for uid, parent in self.layout.job_parents():
             try:
                 names = [d for d in os.listdir(parent) if d.startswith("job_") and d[4:].isdigit()]
             except OSError:
@@ -142,7 +122,7 @@ class CpusetActuator:
                     continue   # being made or removed
                 folders = {f[len(top) + 1:]: read_cpus(f) or frozenset()
                            for f in _descendants(Path(top))}
-                owner = uid if uid >= 0 else os.stat(top).st_uid
+                owner = uid if uid is not None else os.stat(top).st_uid
                 found[int(name[4:])] = CgroupJob(owner, int(name[4:]), cpus, folders)
         return found
 

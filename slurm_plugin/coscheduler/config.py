@@ -9,7 +9,7 @@ from malleable_protocol import RunLayout
 
 from .model import Policy
 
-_PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount")
+_PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount", "slurm_conf")
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,8 @@ class AgentConfig:
     run_dir: Path = Path("/run/malleable")            # the protocol's folders (RunLayout)
     state_dir: Path = Path("/run/malleable/agent")    # root only: lock, pid, ledger, events
     feed_dir: Path = Path("/run/malleable/feed")      # the watcher's feed (a shared folder)
-    cgroup_mount: Path = Path("/sys/fs/cgroup")
+    cgroup_mount: Path | None = None  # None: CgroupMountpoint of cgroup.conf, else /sys/fs/cgroup
+    slurm_conf: Path | None = None    # None: $SLURM_CONF, else Slurm's default (/etc/slurm)
     interval_s: float = 0.5       # a reconcile cycle at least this often
     feed_check_s: float = 0.05    # how often the feed file is looked at (a local stat)
     shrink_wait_s: float = 0.5    # how long a shrink waits for ranks to park before narrowing
@@ -28,11 +29,11 @@ class AgentConfig:
 
     @classmethod
     def under(cls, base: Path, *, node: str = "(set by SLURMD_NODENAME or --node)",
-              policy: Policy = Policy.LEND_IDLE) -> "AgentConfig":
+              policy: Policy = Policy.LEND_IDLE, slurm_conf: Path | None = None) -> "AgentConfig":
         """Every folder below ``base`` (a site's /run/malleable, a local cluster's folder)."""
         base = Path(base)
         return cls(node=node, policy=policy, run_dir=base / "malleable",
-                   state_dir=base / "agent", feed_dir=base / "feed")
+                   state_dir=base / "agent", feed_dir=base / "feed", slurm_conf=slurm_conf)
 
     @property
     def layout(self) -> RunLayout:
@@ -54,7 +55,7 @@ class AgentConfig:
         d = asdict(self)
         d["policy"] = self.policy.value
         for k in _PATHS:
-            d[k] = str(d[k])
+            d[k] = None if d[k] is None else str(d[k])
         return json.dumps(d, indent=2, sort_keys=True)
 
     @classmethod
@@ -67,6 +68,6 @@ class AgentConfig:
         d["policy"] = Policy(d["policy"]) if not isinstance(d.get("policy"), Policy) \
             else d["policy"]
         for k in _PATHS:
-            if k in d:
+            if d.get(k) is not None:
                 d[k] = Path(d[k])
         return cls(**d)

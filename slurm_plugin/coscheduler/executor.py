@@ -116,7 +116,7 @@ class PlanExecutor:
         return failed
 
     def _parked(self, a: Action) -> bool:
-        ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.node)
+        ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.actuator.layout)
         try:
             return all(r.intra_active <= len(rank_share(a.step_cpus.get(r.step, a.after),
                                                         r.local_rank, r.local_size))
@@ -146,7 +146,7 @@ class PlanExecutor:
     def _signal(self, a: Action, ranks: tuple[RankView, ...]) -> None:
         for r in ranks:
             # Checked again just before: the pid must still be the job user's, in the job.
-            if not self._check_pid(r.pid, a.job_id, self.node, a.uid):
+            if not self._check_pid(r.pid, a.job_id, self.actuator.layout, a.uid):
                 continue
             try:
                 self._send_signal(r.pid, signal.SIGUSR1)

@@ -24,9 +24,9 @@ from malleable_protocol import RunLayout, check_job_id
 from malleable_protocol.safe_io import ensure_private_dir, open_dir
 
 from .. import spank
-from ..cgroups import detect_version
+from ..cgroups import SlurmCgroupLayout, discover_layout
 from ..feed.store import FeedStore
-from .cgroup_actuator import CpusetActuator, SlurmCgroupLayout, fault_hook
+from .cgroup_actuator import CpusetActuator, fault_hook
 from .config import AgentConfig
 from .executor import PlanExecutor
 from malleable_protocol.layout import check_step_name
@@ -80,14 +80,19 @@ def load_config(path: Path) -> AgentConfig:
     return AgentConfig.from_json(path.read_text(), **overrides)
 
 
-def make_actuator(config: AgentConfig) -> CpusetActuator:
-    return CpusetActuator(SlurmCgroupLayout(config.node, detect_version(config.cgroup_mount),
-                                            config.cgroup_mount),
+def node_layout(config: AgentConfig) -> SlurmCgroupLayout:
+    """The node's Slurm cgroup layout, discovered (``LayoutUnknown`` when it cannot be)."""
+    return discover_layout(config.node, slurm_conf=config.slurm_conf, mount=config.cgroup_mount)
+
+
+def make_actuator(config: AgentConfig, layout: SlurmCgroupLayout | None = None) -> CpusetActuator:
+    return CpusetActuator(layout or node_layout(config),
                           before_write=fault_hook(os.environ.get("MALLEABLE_FAULT")))
 
 
-def make_reconciler(config: AgentConfig) -> Reconciler:
-    actuator = make_actuator(config)
+def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None) -> Reconciler:
+    """The node's reconciler; ``layout`` None: discovered from the node."""
+    actuator = make_actuator(config, layout)
     store = FeedStore(config.feed_dir)
     observer = NodeObserver(config.node, config.layout, store, actuator,
                             max_cpus=config.max_cpus)
@@ -207,7 +212,9 @@ def prolog(config: AgentConfig) -> int:
     job_id, uid, gid = _job_env()
     make_job_folder(config.layout, job_id, uid, gid)
     result = _hook_cycle(config, f"prolog job {job_id}", starting_job=job_id)
-    return _verdict(config, f"prolog job {job_id}", t0, result, lent_cores(config))
+    # A job whose folder is not where the layout says: its cores cannot be verified free.
+    unverified = list(result.snapshot.problems) if result.snapshot is not None else []
+    return _verdict(config, f"prolog job {job_id}", t0, result, lent_cores(config) + unverified)
 
 
 def outside_allocation(config: AgentConfig, job_id: int) -> list[str]:

@@ -18,6 +18,9 @@ class AgentMetrics:
         self.cycle = Histogram("malleable_cycle_seconds", "Duration of a reconcile cycle",
                                ["node"], registry=self.registry,
                                buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
+        self.unverified = Gauge("malleable_unverified_jobs", "Jobs running here whose cgroup "
+                                "folder is not where the node's layout says",
+                                ["node"], registry=self.registry)
         self._jobs: set[str] = set()
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
@@ -31,6 +34,7 @@ class AgentMetrics:
             self.errors.labels(self.node).inc()
         if result.snapshot is None or result.plan is None:
             return
+        self.unverified.labels(self.node).set(len(result.snapshot.problems))
         seen = set()
         for job in result.snapshot.jobs:
             jid = str(job.job_id)

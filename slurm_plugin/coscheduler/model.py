@@ -164,6 +164,9 @@ class NodeSnapshot:
     # no job may hold cores outside its own allocation.
     pending_starts: tuple[int, ...] = ()
     max_cpus: int | None = None                # the site's limit on a job's cores (per node)
+    # Jobs Slurm runs here whose cgroup folder is not where the node's layout says: their cores
+    # cannot be verified (cgroups.misplaced_jobs). The Prolog refuses to start a job then.
+    problems: tuple[str, ...] = ()
 
     def job(self, job_id: int) -> JobView:
         return next(j for j in self.jobs if j.job_id == job_id)

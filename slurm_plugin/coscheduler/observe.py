@@ -14,7 +14,8 @@ from ..feed.model import NodeFeed, Offers
 from .cgroup_actuator import CpusetActuator
 from .ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
 from .model import JobView, NodeSnapshot
-from .ranks import cpuset_path, read_job_ranks, step_in_path
+from ..cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
+from .ranks import read_job_ranks
 
 
 class FeedSource(Protocol):
@@ -28,7 +29,9 @@ class NodeObserver:
     def __init__(self, node: str, layout: RunLayout, feed: FeedSource, actuator: CpusetActuator,
                  *, max_cpus: int | None = None, read_ranks: Callable = read_job_ranks,
                  wall: Callable[[], float] = time.time,
-                 cpuset_of: Callable[[int], str | None] = cpuset_path):
+                 cpuset_of: Callable[[int], str | None] = process_cpuset,
+                 stepds: Callable[[], list[StepdProcess]] = slurmstepd_processes,
+                 placement_check_s: float = 5.0):
         self.node = node
         self.max_cpus = max_cpus
         self.layout = layout
@@ -37,6 +40,9 @@ class NodeObserver:
         self._read_ranks = read_ranks
         self._wall = wall
         self._cpuset_of = cpuset_of
+        self._stepds = stepds
+        self.placement_check_s = placement_check_s
+        self._placement: tuple[float, tuple[int, ...], tuple[str, ...]] | None = None
 
     def node_cpus(self, feed: NodeFeed | None) -> frozenset[int]:
         if feed is not None:
@@ -64,7 +70,7 @@ class NodeObserver:
             path = self._cpuset_of(fence.stepd_pid)
             if path is None or now - fence.since > FENCE_EXPIRY_S or \
                     (cg is not None and cg.folders.get(step)) or \
-                    step_in_path(path, job_id, self.node) == step:
+                    self.actuator.layout.step_of(path, job_id) == step:
                 del ledger.fences[(job_id, step)]
         return ledger.fenced_jobs()
 
@@ -87,7 +93,7 @@ class NodeObserver:
                 ledger.allocations[job_id] = Allocation(cg.uid, alloc)
             ledger.starting.pop(job_id, None)
             spec = fj.spec if fj is not None else None
-            ranks = self._read_ranks(self.layout, job_id, cg.uid, self.node) if spec else ()
+            ranks = self._read_ranks(self.layout, job_id, cg.uid, self.actuator.layout) if spec else ()
             nodes = fj.nodes if fj is not None else (self.node,)
             view = JobView(
                 job_id=job_id, uid=cg.uid, user=fj.user if fj else str(cg.uid),
@@ -121,4 +127,20 @@ class NodeObserver:
                 del ledger.ended[job_id]     # the feed has caught up
         return NodeSnapshot(node=self.node, cpus=self.node_cpus(feed) | held,
                             jobs=tuple(views), pending_starts=tuple(sorted(ledger.starting)),
-                            max_cpus=self.max_cpus)
+                            max_cpus=self.max_cpus,
+                            problems=self._misplaced([v.job_id for v in views
+                                                      if not v.has_folder]))
+
+    def _misplaced(self, folderless: list[int]) -> tuple[str, ...]:
+        """For jobs Slurm placed here that have no folder where the layout says: is one of
+        them in a folder of its own elsewhere (a layout other than the one discovered)? Reads
+        /proc only when there are such jobs, at most every ``placement_check_s``."""
+        if not folderless:
+            self._placement = None
+            return ()
+        now, key = self._wall(), tuple(folderless)
+        if self._placement is None or self._placement[1] != key or \
+                now - self._placement[0] >= self.placement_check_s:
+            found = misplaced_jobs(self.actuator.layout, folderless, self._stepds())
+            self._placement = (now, key, tuple(found[j] for j in sorted(found)))
+        return self._placement[2]

@@ -5,13 +5,13 @@ the job's cgroup on this node."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Callable
 
 from malleable_protocol import ProtocolError, RankStatus, RunLayout
 from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
+from ..cgroups import SlurmCgroupLayout, process_cpuset
 from .model import RankView
 
 MAX_RANK_FILES = 1024
@@ -28,51 +28,23 @@ def process_uid(pid: int) -> int | None:
     return None
 
 
-def cpuset_path(pid: int) -> str | None:
-    """The cgroup folder whose CPUs bind ``pid``: the cpuset controller's (v1) or the unified
-    one (v2), from the kernel's /proc/<pid>/cgroup. None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/cgroup", "rb") as f:
-            text = f.read(65536).decode(errors="replace")
-    except OSError:
-        return None
-    unified = None
-    for line in text.splitlines():
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if "cpuset" in controllers.split(","):
-            return path
-        if controllers == "":
-            unified = path
-    return unified or ""
-
-
-def step_in_path(path: str, job_id: int, node: str) -> str | None:
-    """``step_0`` for .../slurm_<node>/uid_<u>/job_<id>/step_0/... (v1) or
-    .../<node>_slurmstepd.scope/job_<id>/step_0/... (v2); None for any other folder."""
-    head, sep, tail = (path + "/").partition(f"/job_{job_id}/")
-    if not sep or not any(m in head + "/" for m in (f"/slurm_{node}/",
-                                                    f"/{node}_slurmstepd.scope/")):
-        return None
-    return tail.split("/", 1)[0] or None
-
-
-def job_step_of(pid: int, job_id: int, node: str, uid: int) -> str | None:
-    """The step folder (``step_0``, ``step_batch``...) of ``job_id`` on ``node`` whose cpuset
+def job_step_of(pid: int, job_id: int, cgroups: SlurmCgroupLayout, uid: int) -> str | None:
+    """The step folder (``step_0``, ``step_batch``...) of ``job_id`` on this node whose cpuset
     binds ``pid``, when it is a process of ``uid`` (several slurmd may share one machine, and so
     one /proc); else None. The kernel says, not the process."""
-    path = cpuset_path(pid)
-    step = step_in_path(path, job_id, node) if path else None
+    path = process_cpuset(pid)
+    step = cgroups.step_of(path, job_id) if path else None
     if step is None or process_uid(pid) != uid:
         return None
     return step
 
 
-def in_job_cgroup(pid: int, job_id: int, node: str, uid: int) -> bool:
-    return job_step_of(pid, job_id, node, uid) is not None
+def in_job_cgroup(pid: int, job_id: int, cgroups: SlurmCgroupLayout, uid: int) -> bool:
+    return job_step_of(pid, job_id, cgroups, uid) is not None
 
 
-PidCheck = Callable[[int, int, str, int], bool]
-StepLookup = Callable[[int, int, str, int], "str | None"]
+PidCheck = Callable[[int, int, SlurmCgroupLayout, int], bool]
+StepLookup = Callable[[int, int, SlurmCgroupLayout, int], "str | None"]
 
 
 def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[RankStatus]:
@@ -105,13 +77,13 @@ def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[Ran
     return out
 
 
-def read_job_ranks(layout: RunLayout, job_id: int, uid: int, node: str, *,
+def read_job_ranks(layout: RunLayout, job_id: int, uid: int, cgroups: SlurmCgroupLayout, *,
                    step_of: StepLookup = job_step_of) -> tuple[RankView, ...]:
-    """The records of ``job_id``'s ranks that run on ``node``, each with its step; bad ones
-    are skipped."""
+    """The records of ``job_id``'s ranks that run on the node of ``cgroups``, each with its
+    step; bad ones are skipped."""
     out = []
     for st in _read_records(layout, job_id, uid):
-        step = step_of(st.pid, job_id, node, uid)
+        step = step_of(st.pid, job_id, cgroups, uid)
         if step is not None:
             out.append(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
                                 local_size=st.local_size, intra_active=st.intra_active,

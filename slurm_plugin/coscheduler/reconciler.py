@@ -86,6 +86,7 @@ class Reconciler:
         self.store = store
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
+        self._problems: tuple[str, ...] = ()     # the last logged, so each is logged once
 
     def cycle(self, *, lock_timeout_s: float | None = None,
               starting_job: int | None = None,
@@ -131,7 +132,7 @@ class Reconciler:
                       threads=tuple(r.intra_active for r in sorted(j.ranks, key=lambda r: r.rank)),
                       steps_per_s=tuple(round(r.rate_now, 2)
                                         for r in sorted(j.ranks, key=lambda r: r.rank)))
-            for j in result.snapshot.jobs))
+            for j in result.snapshot.jobs), problems=result.snapshot.problems)
         if report != self.store.read_report(self.config.node):
             self.store.write_report(report)
 
@@ -145,6 +146,10 @@ class Reconciler:
         now = self._wall()
         lines = [{"time": now, "node": self.config.node, "event": "cycle-error", "error": e}
                  for e in result.errors]
+        if result.snapshot is not None and result.snapshot.problems != self._problems:
+            self._problems = result.snapshot.problems
+            lines += [{"time": now, "node": self.config.node, "event": "unverified-job",
+                       "error": p} for p in self._problems]
         for o in result.outcomes:
             a = o.action
             lines.append({"time": now, "node": self.config.node, "job": a.job_id,

@@ -48,6 +48,15 @@ def collect_status(store: FeedStore, *, only_malleable: bool = True) -> list[Sta
     return sorted(rows, key=lambda r: (r.job_id, r.node))
 
 
+def collect_problems(store: FeedStore) -> list[str]:
+    """What each node's agent reported it cannot verify (see ``NodeSnapshot.problems``)."""
+    out = []
+    for node in store.node_names():
+        report = store.read_report(node)
+        out += [f"node {node}: {p}" for p in (report.problems if report is not None else ())]
+    return out
+
+
 def format_table(rows: list[StatusRow]) -> str:
     head = (f"{'JOB':>6} {'USER':<8} {'NODE':<6} {'SLURM':<8} {'NOW':<8} {'BOUNDS':<9} "
             f"{'ASKED':>5}  THREADS/RANK  STEPS/S")

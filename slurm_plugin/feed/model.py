@@ -127,11 +127,13 @@ class NodeReport:
 
     node: str
     jobs: tuple[JobReport, ...] = ()
+    problems: tuple[str, ...] = ()          # what the agent cannot verify (NodeSnapshot)
 
     def encode(self) -> bytes:
         return json.dumps({"node": self.node, "jobs": [
             {"job_id": j.job_id, "current": format_cpu_list(j.current), "threads": list(j.threads),
-             "steps_per_s": list(j.steps_per_s)} for j in self.jobs]},
+             "steps_per_s": list(j.steps_per_s)} for j in self.jobs],
+            "problems": list(self.problems)},
             sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -143,6 +145,7 @@ class NodeReport:
                                    threads=tuple(int(t) for t in j["threads"][:4096]),
                                    steps_per_s=tuple(float(v) for v in j["steps_per_s"][:4096]))
                          for j in d.get("jobs", [])[:MAX_JOBS_PER_NODE])
+            problems = tuple(str(p)[:1024] for p in d.get("problems", [])[:MAX_JOBS_PER_NODE])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad node report: {exc}") from None
-        return cls(node=check_node_name(d.get("node")), jobs=jobs)
+        return cls(node=check_node_name(d.get("node")), jobs=jobs, problems=problems)

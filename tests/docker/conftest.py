@@ -48,6 +48,13 @@ class DockerSlurm:
     def ctl(self, *argv: str, **kw) -> subprocess.CompletedProcess:
         return self.exec(self.controller, list(argv), **kw)
 
+    def cgroup_layout(self, node: str):
+        """Where ``node``'s slurmd puts job folders, discovered from this host: on cgroup v1
+        the containers share the host's hierarchies (slurm.conf and cgroup.conf are in the
+        cluster folder)."""
+        from slurm_plugin.cgroups import discover_layout
+        return discover_layout(node, slurm_conf=self.host_dir / "etc" / "slurm.conf")
+
     def to_container(self, path: Path) -> str:
         """A path below the host's cluster folder, as the containers see it."""
         return str(CLUSTER_ROOT / Path(path).relative_to(self.host_dir))

@@ -19,10 +19,18 @@ VENV = "/opt/malleable/venv/bin"
 
 
 def job_cpus(c, node: str, job_id: int, step: str = "") -> frozenset[int] | None:
-    """A job's cpuset on ``node``, read inside that node's container."""
-    path = f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{job_id}/{step}/cpuset.cpus"
-    out = c.exec(node, ["cat", path], check=False)
-    return parse_cpu_list(out.stdout) if out.returncode == 0 else None
+    """A job's cpuset on ``node``, where the node's discovered layout puts it."""
+    try:
+        return parse_cpu_list(c.cgroup_layout(node).cpus_file(0, job_id, step or None).read_text())
+    except OSError:
+        return None
+
+
+def job_cpus_shell(node: str, job: int | str, step: str | None = None) -> str:
+    """A shell expression for a job script in a node container: a job's CPUs, read through
+    the node's discovered layout (``malleable cgroups``)."""
+    return (f"$(malleable cgroups --node {node} --uid 0 --job {job}"
+            + (f" --step {step}" if step else "") + ")")
 
 
 def node_cpus(c, node: str) -> frozenset[int]:
@@ -55,14 +63,15 @@ def test_nodes_are_separate_hosts_on_the_suites_slurm(docker_slurm):
 
 def test_a_jobs_tasks_are_confined_to_its_cores_in_each_node(docker_slurm):
     """task/cgroup inside the node containers: a one-core job's task is held to one CPU by a
-    cpuset folder of its own node's Slurm (slurm_<node>), whatever the node has."""
+    cpuset folder of its own node's Slurm (its discovered layout), whatever the node has."""
     c = docker_slurm
     for node in c.node_names:
         out = c.ctl("srun", "-w", node, "-n1", "-c1", "bash", "-c",
                     "grep Cpus_allowed_list /proc/self/status; grep cpuset /proc/self/cgroup")
         allowed = out.stdout.split("Cpus_allowed_list:")[1].split()[0]
         assert len(parse_cpu_list(allowed)) == 1, out.stdout
-        assert f":/slurm_{node}/uid_0/job_" in out.stdout, out.stdout
+        path = out.stdout.split(":cpuset:")[1].split()[0]
+        assert c.cgroup_layout(node).job_of(path) is not None, (path, out.stdout)
         assert len(node_cpus(c, node)) >= 2
 
 
@@ -102,9 +111,8 @@ def test_coscheduler_grows_reclaims_resizes_and_threads_follow(docker_slurm, job
         b_script = jobs_dir / "b.sh"
         b_script.write_text(
             "#!/bin/bash\n"
-            f"echo B=$(cat /sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_$SLURM_JOB_ID/cpuset.cpus)"
-            f" A=$(cat /sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{a}/cpuset.cpus)"
-            f" A_step=$(cat /sys/fs/cgroup/cpuset/slurm_{node}/uid_0/job_{a}/step_0/cpuset.cpus)\n"
+            f"echo B={job_cpus_shell(node, '$SLURM_JOB_ID')} A={job_cpus_shell(node, a)}"
+            f" A_step={job_cpus_shell(node, a, 'step_0')}\n"
             "sleep 4\n")
         b_out = jobs_dir / "b.out"
         b = submit(c, b_script, "-N1", f"-w{node}", "-n1", f"--output={c.to_container(b_out)}")

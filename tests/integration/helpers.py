@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -37,11 +39,22 @@ def rank_statuses(folder: Path, pattern: str = "rank_*.json") -> dict[int, dict]
     return out
 
 
-def cgroup_cpus(node: str, job_id: int, step: str = "", uid: int = 0) -> frozenset[int] | None:
-    """The CPUs of a job's cpuset folder on ``node`` (or of its ``step`` folder); None when the
-    folder does not exist."""
-    p = Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_{uid}/job_{job_id}") / step / "cpuset.cpus"
+def cgroup_cpus(cluster, node: str, job_id: int, step: str = "",
+                uid: int = 0) -> frozenset[int] | None:
+    """The CPUs of a job's cpuset folder on ``node`` (or of its ``step`` folder), where the
+    node's discovered layout puts it; None when the folder does not exist."""
     try:
-        return parse_cpu_list(p.read_text())
+        return parse_cpu_list(cluster.cgroup_layout(node).cpus_file(uid, job_id, step or None)
+                              .read_text())
     except OSError:
         return None
+
+
+def job_cpus_shell(cluster, node: str, job: int | str, step: str | None = None,
+                   uid: int = 0) -> str:
+    """A shell expression for a job script that prints a job's CPUs on ``node`` (``job`` may be
+    "$SLURM_JOB_ID"), read through the node's discovered layout (``malleable cgroups``)."""
+    argv = [sys.executable, "-m", "slurm_plugin.cli", "cgroups", "--node", node,
+            "--slurm-conf", str(cluster.paths.slurm_conf), "--uid", str(uid), "--job", str(job)]
+    argv += ["--step", step] if step else []
+    return "$(" + " ".join(a if a == "$SLURM_JOB_ID" else shlex.quote(a) for a in argv) + ")"

@@ -27,12 +27,12 @@ def _cpus(path: Path) -> frozenset[int]:
         return frozenset()
 
 
-def node_jobs(node: str) -> dict[int, tuple[int, Path]]:
+def node_jobs(layout) -> dict[int, tuple[int, Path]]:
+    """Every job folder of the node's layout, with its owner."""
     out = {}
-    root = Path(f"/sys/fs/cgroup/cpuset/slurm_{node}")
-    for uid_dir in root.glob("uid_*"):
-        for job_dir in uid_dir.glob("job_*"):
-            out[int(job_dir.name[4:])] = (int(uid_dir.name[4:]), job_dir)
+    for uid, parent in layout.job_parents():
+        for job_dir in Path(parent).glob("job_*"):
+            out[int(job_dir.name[4:])] = (job_dir.stat().st_uid if uid is None else uid, job_dir)
     return out
 
 
@@ -42,7 +42,8 @@ def violations(cluster, node: str, *, threads: bool = True) -> list[str]:
     feed = FeedStore(cluster.paths.root / "feed").read_node(node)
     owner: dict[int, int] = {}
     node_cores = frozenset(range(feed.cpus)) if feed else frozenset(range(os.cpu_count()))
-    for job_id, (uid, job_dir) in sorted(node_jobs(node).items()):
+    layout = cluster.cgroup_layout(node)
+    for job_id, (uid, job_dir) in sorted(node_jobs(layout).items()):
         cpus = _cpus(job_dir / "cpuset.cpus")
         if not cpus:
             continue                       # being made or removed
@@ -68,7 +69,7 @@ def violations(cluster, node: str, *, threads: bool = True) -> list[str]:
                 if st.node != node or not cpus:
                     continue
                 # Concurrent steps each hold their own block of the job's cores.
-                step = job_step_of(st.pid, job_id, node, uid)
+                step = job_step_of(st.pid, job_id, layout, uid)
                 scope = (_cpus(job_dir / step / "cpuset.cpus") if step else cpus) or cpus
                 share = rank_share(scope, st.local_rank, st.local_size)
                 if st.intra_active > len(share):

@@ -22,8 +22,8 @@ from .helpers import wait_for
 pytestmark = pytest.mark.cluster
 
 
-def job_cpuset(node: str, uid: int, job_id: int) -> Path:
-    return Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_{uid}/job_{job_id}/cpuset.cpus")
+def job_cpuset(cluster, node: str, uid: int, job_id: int) -> Path:
+    return cluster.cgroup_layout(node).cpus_file(uid, job_id)
 
 
 def test_nodes_report_real_cores(cluster):
@@ -47,7 +47,7 @@ def test_sbatch_n3_core_ids_match_job_cgroups(cluster, tmp_path):
             assert job.cpu_ids, job
             assert set(job.cpu_ids) == set(job.nodes)
             for node, ids in job.cpu_ids.items():
-                path = job_cpuset(node, job.uid, job.job_id)
+                path = job_cpuset(cluster, node, job.uid, job.job_id)
                 wait_for(path.exists, what=f"{path}")
                 assert parse_cpu_list(path.read_text()) == ids, (job.job_id, node)
                 # Slurm never gives one core to two jobs.
@@ -154,10 +154,10 @@ def test_up_job_down_leaves_no_process_and_no_cgroup():
         script = root / "job.sh"
         script.write_text("#!/bin/bash\nsrun sleep 300\n")
         job_id = c.client().submit(script, ["-N2", "-n2", f"--output={root}/out"])
-        wait_for(lambda: all(job_cpuset(n, 0, job_id).exists() for n in ("ud1", "ud2")),
+        wait_for(lambda: all(job_cpuset(c, n, 0, job_id).exists() for n in ("ud1", "ud2")),
                  what="job cgroups")
         tasks = [int(p) for n in ("ud1", "ud2") for p in
-                 (job_cpuset(n, 0, job_id).parent / "step_0" / "cgroup.procs").read_text().split()]
+                 (job_cpuset(c, n, 0, job_id).parent / "step_0" / "cgroup.procs").read_text().split()]
         assert tasks
     finally:
         problems = c.down()

@@ -18,15 +18,15 @@ from slurm_plugin.cluster import daemons
 from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
-from .helpers import cgroup_cpus, rank_statuses, wait_for
+from .helpers import cgroup_cpus, job_cpus_shell, rank_statuses, wait_for
 
 pytestmark = pytest.mark.cluster
 PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
 NODE = "an1"
 
 
-def job_cpus(job_id: int, step: str | None = None) -> frozenset[int] | None:
-    return cgroup_cpus(NODE, job_id, step or "")
+def job_cpus(cluster, job_id: int, step: str | None = None) -> frozenset[int] | None:
+    return cgroup_cpus(cluster, NODE, job_id, step or "")
 
 
 def rank_status(cluster, job_id: int) -> dict | None:
@@ -64,18 +64,17 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
         assert job_a.admin_comment == "malleable:min=1,max=node,weight=1"
         all_cpus = frozenset(range(os.cpu_count()))
         # A alone on the node: it borrows every idle core and its rank runs that many threads.
-        wait_for(lambda: job_cpus(a) == all_cpus and job_cpus(a, "step_0") == all_cpus,
+        wait_for(lambda: job_cpus(c, a) == all_cpus and job_cpus(c, a, "step_0") == all_cpus,
                  timeout=60, what="A grown",
-                 show=lambda: (job_cpus(a), client.job(a).state, (tmp_path / "a.out").read_text()[-1500:]))
+                 show=lambda: (job_cpus(c, a), client.job(a).state, (tmp_path / "a.out").read_text()[-1500:]))
         wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == len(all_cpus),
                  timeout=120, what="A's rank at all cores", show=lambda: rank_status(c, a))
         # B arrives on the node: A gives the cores back before B's batch script starts.
         b_script = tmp_path / "b.sh"
         b_script.write_text(
             "#!/bin/bash\n"
-            f"echo B=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_$SLURM_JOB_ID/cpuset.cpus)"
-            f" A=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{a}/cpuset.cpus)"
-            f" A_step=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{a}/step_0/cpuset.cpus)\n"
+            f"echo B={job_cpus_shell(c, NODE, '$SLURM_JOB_ID')} A={job_cpus_shell(c, NODE, a)}"
+            f" A_step={job_cpus_shell(c, NODE, a, 'step_0')}\n"
             "sleep 4\n")
         b = client.submit(b_script, ["-N1", f"-w{NODE}", "-n1", f"--output={tmp_path}/b.out"])
         wait_for(lambda: (tmp_path / "b.out").exists() and "B=" in (tmp_path / "b.out").read_text(),
@@ -88,7 +87,7 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
                  timeout=10, what="A's threads down", show=lambda: rank_status(c, a))
         # B ends: A grows back.
         wait_for(lambda: client.job(b).state is JobState.COMPLETED, timeout=30, what="B done")
-        wait_for(lambda: job_cpus(a) == all_cpus, timeout=10, what="A grown back")
+        wait_for(lambda: job_cpus(c, a) == all_cpus, timeout=10, what="A grown back")
         wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == len(all_cpus),
                  timeout=10, what="A's threads back up", show=lambda: rank_status(c, a))
         # Every resize is in the event log.
@@ -100,7 +99,7 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
         # scontrol update by the owner: cpus=1, then a malformed one that changes nothing.
         subprocess.run(["scontrol", "update", f"JobId={a}", "Comment=malleable:cpus=1"],
                        check=True, env={**os.environ, **c.env()}, capture_output=True)
-        wait_for(lambda: job_cpus(a) is not None and len(job_cpus(a)) == 1, timeout=5,
+        wait_for(lambda: job_cpus(c, a) is not None and len(job_cpus(c, a)) == 1, timeout=5,
                  what="A at 1 core")
         wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == 1, timeout=5,
                  what="A's rank at 1 thread")
@@ -109,7 +108,7 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
         assert bad.returncode != 0
         assert client.job(a).comment == "malleable:cpus=1"
         time.sleep(1.5)
-        assert len(job_cpus(a)) == 1
+        assert len(job_cpus(c, a)) == 1
     finally:
         stop.touch()
         time.sleep(1)
@@ -124,7 +123,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
     a = submit_malleable(c, tmp_path, stop)
     rng = random.Random(3)
     try:
-        wait_for(lambda: job_cpus(a, "step_0") is not None, timeout=60, what="A's step")
+        wait_for(lambda: job_cpus(c, a, "step_0") is not None, timeout=60, what="A's step")
         rec = next(r for r in c.records() if r.name == f"agent {NODE}")
         for i in range(6):
             subprocess.run(["scontrol", "update", f"JobId={a}",
@@ -141,8 +140,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         b_script = tmp_path / "b.sh"
         b_script.write_text(
             "#!/bin/bash\n"
-            f"echo B=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_$SLURM_JOB_ID/cpuset.cpus)"
-            f" A=$(cat /sys/fs/cgroup/cpuset/slurm_{NODE}/uid_0/job_{a}/cpuset.cpus)\n")
+            f"echo B={job_cpus_shell(c, NODE, '$SLURM_JOB_ID')} A={job_cpus_shell(c, NODE, a)}\n")
         client.submit(b_script, ["-N1", f"-w{NODE}", "-n1", f"--output={b_out}"])
         wait_for(lambda: b_out.exists() and "B=" in b_out.read_text(), timeout=30, what="B ran")
         fields = dict(kv.split("=") for kv in b_out.read_text().split())
@@ -159,8 +157,8 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
                                 "--config", str(c.hooks_dir / "agent.json"), "--node", NODE],
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 0, again.stderr
-        assert job_cpus(a) == frozenset(range(os.cpu_count()))
-        assert job_cpus(a, "step_0") == job_cpus(a)
+        assert job_cpus(c, a) == frozenset(range(os.cpu_count()))
+        assert job_cpus(c, a, "step_0") == job_cpus(c, a)
     finally:
         stop.touch()
         time.sleep(1)
@@ -247,7 +245,7 @@ def test_prolog_reclaims_with_slurmctld_stopped(agent_cluster, tmp_path):
     cores = frozenset(range(os.cpu_count()))
     ctld = next(r for r in c.records() if r.name == "slurmctld")
     try:
-        wait_for(lambda: job_cpus(a) == cores, timeout=30, what="A grown")
+        wait_for(lambda: job_cpus(c, a) == cores, timeout=30, what="A grown")
         os.kill(ctld.pid, signal.SIGSTOP)
         env = {**os.environ, **c.env(), "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "990001",
                "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}
@@ -256,14 +254,14 @@ def test_prolog_reclaims_with_slurmctld_stopped(agent_cluster, tmp_path):
                              text=True, timeout=30)
         seconds = time.monotonic() - t0
         assert pro.returncode == 0, pro.stderr
-        assert len(job_cpus(a)) == 1 and seconds < 5, (job_cpus(a), seconds)
+        assert len(job_cpus(c, a)) == 1 and seconds < 5, (job_cpus(c, a), seconds)
         # The job's status folder was made for its user; the Epilog removes it and A regrows.
         assert c.run_layout.job_dir(990001).is_dir()
         epi = subprocess.run([str(c.hooks_dir / "epilog.sh")], env=env, capture_output=True,
                              text=True, timeout=30)
         assert epi.returncode == 0, epi.stderr
         assert not c.run_layout.job_dir(990001).exists()
-        wait_for(lambda: job_cpus(a) == cores, timeout=10, what="A regrown, slurmctld stopped")
+        wait_for(lambda: job_cpus(c, a) == cores, timeout=10, what="A regrown, slurmctld stopped")
     finally:
         os.kill(ctld.pid, signal.SIGCONT)
         client.cancel(a)
@@ -292,7 +290,7 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
         return rank_statuses(c.run_layout.job_dir(a))
 
     try:
-        wait_for(lambda: cgroup_cpus(NODE, a) == cores and cgroup_cpus(other, a) == cores,
+        wait_for(lambda: cgroup_cpus(c, NODE, a) == cores and cgroup_cpus(c, other, a) == cores,
                  timeout=120, what="A grown on both nodes")
         wait_for(lambda: len(st := ranks()) == 2 and
                  all(s["intra_active"] == len(cores) and str(len(cores)) in s["steps_per_s"]
@@ -303,16 +301,16 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
             s0 = {r: s["steps"] for r, s in ranks().items()}
             time.sleep(seconds)
             s1 = {r: s["steps"] for r, s in ranks().items()}
-            held = len(cgroup_cpus(NODE, a)) + len(cgroup_cpus(other, a))
+            held = len(cgroup_cpus(c, NODE, a)) + len(cgroup_cpus(c, other, a))
             return round(min(s1[r] - s0[r] for r in s0) / seconds, 1), held
 
         before = pace()
         b = client.submit(_sleeper(tmp_path, 40), ["-N1", f"-w{NODE}", "-n1"])
         wait_for(lambda: client.job(b).state is JobState.RUNNING, timeout=30, what="B running")
         # NODE gave the core back to B; the other node holds A to one core per rank too.
-        wait_for(lambda: len(cgroup_cpus(NODE, a)) == 1 and len(cgroup_cpus(other, a)) == 1,
+        wait_for(lambda: len(cgroup_cpus(c, NODE, a)) == 1 and len(cgroup_cpus(c, other, a)) == 1,
                  timeout=15, what="A at one core on both nodes",
-                 show=lambda: (cgroup_cpus(NODE, a), cgroup_cpus(other, a)))
+                 show=lambda: (cgroup_cpus(c, NODE, a), cgroup_cpus(c, other, a)))
         events = [json.loads(line) for line in (c.paths.root / "agent" / f"events-{other}.jsonl")
                   .read_text().splitlines()]
         assert any(e.get("job") == a and e.get("reason") == "peer-cap" and
@@ -327,7 +325,7 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
         assert after[1] == 2 and after[0] > 0
         # B ends: both nodes give A every core again.
         wait_for(lambda: not client.job(b).state.holds_cores, timeout=90, what="B done")
-        wait_for(lambda: cgroup_cpus(NODE, a) == cores and cgroup_cpus(other, a) == cores,
+        wait_for(lambda: cgroup_cpus(c, NODE, a) == cores and cgroup_cpus(c, other, a) == cores,
                  timeout=20, what="A regrown on both nodes")
     finally:
         stop.touch()

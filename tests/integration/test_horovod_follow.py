@@ -48,7 +48,7 @@ def test_two_ranks_follow_their_cpusets(cluster, tmp_path):
         folders = {}
         for node in job.nodes:
             core = ",".join(map(str, sorted(job.cpu_ids[node])))
-            jobdir = Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_{job.uid}/job_{job_id}")
+            jobdir = cluster.cgroup_layout(node).job_dir(job.uid, job_id)
             folders[node] = (jobdir, core)
             write_cpus(jobdir, "0-1")               # grow: the job folder first, then the step
             write_cpus(jobdir / "step_0", "0-1")

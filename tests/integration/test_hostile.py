@@ -24,8 +24,8 @@ from malleable_protocol import RankStatus, parse_cpu_list
 from slurm_plugin.cluster import daemons
 from slurm_plugin.slurm import JobState
 
-from .helpers import rank_statuses, wait_for
-from .invariants import fingerprint, node_jobs, violations
+from .helpers import cgroup_cpus, rank_statuses, wait_for
+from .invariants import fingerprint, violations
 
 pytestmark = pytest.mark.cluster
 NODE, OTHER = "an1", "an2"
@@ -88,12 +88,8 @@ def resize_as(cluster, user: str, job: int, text: str) -> subprocess.CompletedPr
                   {**os.environ, **cluster.env()})
 
 
-def cores(job: int, uid: int, node: str = NODE) -> frozenset[int]:
-    try:
-        return parse_cpu_list(Path(f"/sys/fs/cgroup/cpuset/slurm_{node}/uid_{uid}/job_{job}/"
-                                   "cpuset.cpus").read_text())
-    except OSError:
-        return frozenset()
+def cores(cluster, job: int, uid: int, node: str = NODE) -> frozenset[int]:
+    return cgroup_cpus(cluster, node, job, uid=uid) or frozenset()
 
 
 def uid_of(user: str) -> int:
@@ -109,9 +105,9 @@ def alice_job(agent_cluster, work):
     uid = uid_of(ALICE)
     every = frozenset(range(os.cpu_count()))
     wait_for(lambda: (st := rank_statuses(c.run_layout.job_dir(a))) and
-             all(s["intra_active"] == len(every) for s in st.values()) and cores(a, uid) == every,
+             all(s["intra_active"] == len(every) for s in st.values()) and cores(c, a, uid) == every,
              timeout=240, what="alice's job training on every core",
-             show=lambda: (cores(a, uid), rank_statuses(c.run_layout.job_dir(a)),
+             show=lambda: (cores(c, a, uid), rank_statuses(c.run_layout.job_dir(a)),
                            sorted(work.glob("alice-*.out"))[:1] and
                            sorted(work.glob("alice-*.out"))[0].read_text()[-2000:]))
     yield a, uid
@@ -168,8 +164,8 @@ print(json.dumps(out))
     # The owner resizes; the agent reads the hostile folder every cycle and must go on.
     for k, want in (("cpus=1", 1), ("max=node", os.cpu_count())):
         assert resize_as(c, ALICE, a, k).returncode == 0
-        wait_for(lambda: len(cores(a, uid)) == want and rank(c, a).get("intra_active") == want,
-                 timeout=15, what=f"alice at {want}", show=lambda: (cores(a, uid), rank(c, a)))
+        wait_for(lambda: len(cores(c, a, uid)) == want and rank(c, a).get("intra_active") == want,
+                 timeout=15, what=f"alice at {want}", show=lambda: (cores(c, a, uid), rank(c, a)))
     # Bob's job arrives on the node: the Prolog takes alice's lent core back first.
     b = submit_as(c, BOB, work, "bob", "cat /proc/self/cpuset; grep Cpus_allowed_list "
                   "/proc/self/status\nsleep 3\n",
@@ -178,7 +174,7 @@ print(json.dumps(out))
     wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=30,
              what="bob's job started")
     b_cpus = parse_cpu_list(out.read_text().split()[-1])
-    assert not b_cpus & cores(a, uid), (b_cpus, cores(a, uid))
+    assert not b_cpus & cores(c, a, uid), (b_cpus, cores(c, a, uid))
     settle(c)
     assert fingerprint() == before
     wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=30, what="bob done")
@@ -239,7 +235,7 @@ def test_kill_9_at_each_cgroup_write_then_a_new_agent_converges(agent_cluster, a
     points = []
     for k in range(1, 8):
         assert resize_as(c, ALICE, a, start).returncode == 0
-        wait_for(lambda: len(cores(a, uid)) == (every + 1 - want), timeout=15,
+        wait_for(lambda: len(cores(c, a, uid)) == (every + 1 - want), timeout=15,
                  what="the starting size")
         rec = c.restart_agent(NODE, env={"MALLEABLE_FAULT": f"stop-before-write:{k}"})
         time.sleep(1.0)          # its first cycles: nothing to write
@@ -255,7 +251,7 @@ def test_kill_9_at_each_cgroup_write_then_a_new_agent_converges(agent_cluster, a
         assert not [v for v in violations(c, NODE, threads=False)
                     if "agent" not in v], violations(c, NODE, threads=False)
         c.restart_agent(NODE)
-        wait_for(lambda: len(cores(a, uid)) == want, timeout=15, what="converged")
+        wait_for(lambda: len(cores(c, a, uid)) == want, timeout=15, what="converged")
         settle(c)
         points.append((k, "killed, converged"))
     assert points[0] == (1, "killed, converged") and points[-1][1] == "sequence shorter"
@@ -265,7 +261,7 @@ def test_kill_9_at_each_cgroup_write_then_a_new_agent_converges(agent_cluster, a
 def test_prolog_with_a_hung_agent_holding_the_lock(agent_cluster, alice_job, work):
     c, (a, uid) = agent_cluster, alice_job
     assert resize_as(c, ALICE, a, "max=node").returncode == 0
-    wait_for(lambda: len(cores(a, uid)) == os.cpu_count(), timeout=15, what="alice grown")
+    wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=15, what="alice grown")
     rec = c.restart_agent(NODE, env={"MALLEABLE_FAULT": "stop-before-write:1"})
     time.sleep(1.0)
     assert resize_as(c, ALICE, a, "cpus=1").returncode == 0
@@ -277,7 +273,7 @@ def test_prolog_with_a_hung_agent_holding_the_lock(agent_cluster, alice_job, wor
     wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=40,
              what="bob's job started", show=lambda: c.client().job(b).state)
     b_cpus = parse_cpu_list(out.read_text().split()[-1])
-    assert not b_cpus & cores(a, uid)
+    assert not b_cpus & cores(c, a, uid)
     log = (c.paths.root / "agent" / f"hooks-{NODE}.log").read_text()
     assert f"killed the hung agent (pid {rec.pid})" in log
     daemons.reap_children()
@@ -306,8 +302,8 @@ def test_a_storm_of_1000_resizes_from_several_users(agent_cluster, alice_job, wo
         t.join()
     assert set(results["alice"]) == {0} and set(results["bob"]) == {0}
     assert 0 not in results["bob-on-alice"]          # not bob's job: every one refused
-    wait_for(lambda: len(cores(a, uid)) == 1 and len(cores(b, buid, OTHER)) == 2, timeout=20,
-             what="the last requests applied", show=lambda: (cores(a, uid), cores(b, buid, OTHER)))
+    wait_for(lambda: len(cores(c, a, uid)) == 1 and len(cores(c, b, buid, OTHER)) == 2, timeout=20,
+             what="the last requests applied", show=lambda: (cores(c, a, uid), cores(c, b, buid, OTHER)))
     settle(c)
     settle(c, OTHER)
     (work / f"stop-{b}").touch()
@@ -339,7 +335,7 @@ def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
     state = c.client().job(a).state
     if state is JobState.RUNNING:     # Slurm may count its nodes as unresponsive meanwhile
         assert resize_as(c, ALICE, a, "cpus=1").returncode == 0
-        wait_for(lambda: len(cores(a, uid)) == 1, timeout=20, what="resize after the stop")
+        wait_for(lambda: len(cores(c, a, uid)) == 1, timeout=20, what="resize after the stop")
         assert resize_as(c, ALICE, a, "max=node").returncode == 0
     settle(c)
     print(f"\nalice's job after slurmctld's 60 s stop: {state.value}")

@@ -38,7 +38,7 @@ def records(cluster, job_id: int) -> dict[str, dict]:
 
 def timeline(cluster, node: str, job_id: int) -> list[str]:
     """What the test saw, for failure messages: the job folder and each rank."""
-    return [f"job={sorted(cgroup_cpus(node, job_id) or ())} " + " ".join(
+    return [f"job={sorted(cgroup_cpus(cluster, node, job_id) or ())} " + " ".join(
         f"{s}:cpus={sorted(r['allowed'])},threads={r['intra_active']}"
         for s, r in sorted(records(cluster, job_id).items()))]
 
@@ -68,14 +68,14 @@ def test_training_in_the_batch_step_grows_and_shrinks(agent_cluster, tmp_path):
                  timeout=120, what="the batch step grown to 2 cores, 2 threads",
                  show=lambda: timeline(c, node, job_id))
         seen += timeline(c, node, job_id)
-        assert cgroup_cpus(node, job_id) == cgroup_cpus(node, job_id, "step_batch") == {0, 1}
+        assert cgroup_cpus(c, node, job_id) == cgroup_cpus(c, node, job_id, "step_batch") == {0, 1}
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "Comment=malleable:cpus=1"],
                        check=True, env=env, capture_output=True)
         wait_for(lambda: (r := records(c, job_id)["step_batch"]) and len(r["allowed"]) == 1 and
                  r["intra_active"] == 1, timeout=10, what="shrunk to 1 core, 1 thread",
                  show=lambda: timeline(c, node, job_id))
         seen += timeline(c, node, job_id)
-        assert len(cgroup_cpus(node, job_id)) == 1
+        assert len(cgroup_cpus(c, node, job_id)) == 1
         assert not violations(c, node), violations(c, node)
         stop.touch()
         assert finish(client, job_id) is JobState.COMPLETED, (tmp_path / "out").read_text()[-2000:]
@@ -105,7 +105,7 @@ echo "all steps done"
     job_id = client.submit(script, ["-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
                                     f"-o{out}"])
     try:
-        wait_for(lambda: cgroup_cpus(node, job_id) == {0, 1}, timeout=60,
+        wait_for(lambda: cgroup_cpus(c, node, job_id) == {0, 1}, timeout=60,
                  what="the job grown to the node's 2 cores")
         go.touch()
         # Two concurrent steps with a rank each: each step's folder gets its own core, and
@@ -118,9 +118,9 @@ echo "all steps done"
         st = records(c, job_id)
         (a, ra), (b, rb) = sorted(st.items())
         assert a != b and not ra["allowed"] & rb["allowed"], st
-        assert cgroup_cpus(node, job_id, a) == ra["allowed"]
-        assert cgroup_cpus(node, job_id, b) == rb["allowed"]
-        assert cgroup_cpus(node, job_id) == {0, 1}
+        assert cgroup_cpus(c, node, job_id, a) == ra["allowed"]
+        assert cgroup_cpus(c, node, job_id, b) == rb["allowed"]
+        assert cgroup_cpus(c, node, job_id) == {0, 1}
         assert not violations(c, node), violations(c, node)
         text = out.read_text()
         assert all(f"sequential {i} rc=0" in text for i in (1, 2, 3)), text[-2000:]
@@ -159,7 +159,7 @@ def test_salloc_then_srun_grows_and_a_second_srun_joins(agent_cluster, tmp_path)
                      for r in st.values()) and
                  not st["step_0"]["allowed"] & st["step_1"]["allowed"], timeout=120,
                  what="two steps, one core each", show=lambda: timeline(c, node, job_id))
-        assert cgroup_cpus(node, job_id) == {0, 1}
+        assert cgroup_cpus(c, node, job_id) == {0, 1}
         assert not violations(c, node), violations(c, node)
         # The second step ends first: salloc's end would take the allocation from under it.
         stop2.touch()
@@ -195,7 +195,7 @@ srun -n1 touch {tmp_path}/ran-free; echo "free rc=$?"
                                     "--comment=malleable:min=1,max=2", f"-o{out}"])
     holder = None
     try:
-        wait_for(lambda: cgroup_cpus(node, job_id) is not None, timeout=60, what="job running")
+        wait_for(lambda: cgroup_cpus(c, node, job_id) is not None, timeout=60, what="job running")
         # flock's child (sleep) holds the lock too: the whole group is killed below.
         holder = subprocess.Popen(["flock", str(config.lock_file), "sleep", "120"],
                                   start_new_session=True)

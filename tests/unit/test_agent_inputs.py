@@ -5,10 +5,12 @@ import os
 import pytest
 
 from malleable_protocol import RankStatus, RunLayout
-from slurm_plugin.coscheduler.ranks import cpuset_path, job_step_of, read_job_ranks, step_in_path
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, process_cpuset
+from slurm_plugin.coscheduler.ranks import job_step_of, read_job_ranks
 from slurm_plugin.coscheduler.request import MalleableSpec, spec_and_request
 
 UID = 4321
+N1 = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True)
 GOOD = dict(pid=10, rank=0, local_rank=0, local_size=1, intra_active=2, intra_pool=4,
             inter_active=2, inter_pool=4, steps_per_s={2: 3.5})
 
@@ -36,7 +38,7 @@ def test_read_job_ranks_skips_bad_files_links_fifos_strangers_and_other_owners(t
     put(d, "rank_5.json", RankStatus(**{**GOOD, "rank": 5}).encode(), owner=0)  # not the user's
     put(d, "rank_6.json", b'{"pid":' * 4000)                                   # deep nesting
     put(d, "target-n1.json", b'{"cpus": "0"}')                                 # not a record
-    got = read_job_ranks(lay, 5, UID, "n1",
+    got = read_job_ranks(lay, 5, UID, N1,
                          step_of=lambda pid, job, node, uid: "step_0" if pid == 10 else None)
     assert [(r.pid, r.rank, r.step) for r in got] == [(10, 0, "step_0")]   # 11: not in the job
 
@@ -44,11 +46,11 @@ def test_read_job_ranks_skips_bad_files_links_fifos_strangers_and_other_owners(t
 def test_a_folder_someone_else_made_is_not_read(tmp_path):
     lay, d = job_folder(tmp_path, owner=999)      # e.g. planted ahead of the job
     put(d, "rank_0.json", RankStatus(**GOOD).encode(), owner=999)
-    assert read_job_ranks(lay, 5, UID, "n1", step_of=lambda *a: "step_0") == ()
+    assert read_job_ranks(lay, 5, UID, N1, step_of=lambda *a: "step_0") == ()
     lay2 = RunLayout(tmp_path / "other")
     (tmp_path / "other" / "jobs").mkdir(parents=True)
     (tmp_path / "other" / "jobs" / "job_5").symlink_to(d)    # a link in place of the folder
-    assert read_job_ranks(lay2, 5, 999, "n1", step_of=lambda *a: "step_0") == ()
+    assert read_job_ranks(lay2, 5, 999, N1, step_of=lambda *a: "step_0") == ()
 
 
 def test_spec_only_from_admin_comment():
@@ -63,15 +65,6 @@ def test_spec_only_from_admin_comment():
 
 
 def test_the_step_of_a_process_is_read_from_its_cpuset_folder():
-    v1 = "/slurm_n1/uid_1000/job_5/step_0/task_1"
-    assert step_in_path(v1, 5, "n1") == "step_0"
-    assert step_in_path("/slurm_n1/uid_1000/job_5/step_batch", 5, "n1") == "step_batch"
-    assert step_in_path("/system.slice/n1_slurmstepd.scope/job_5/step_3/user/task_0", 5, "n1") \
-        == "step_3"
-    assert step_in_path(v1, 5, "n2") is None            # another node's slurmd on this host
-    assert step_in_path(v1, 55, "n1") is None
-    assert step_in_path("/slurm_n1/uid_1000/job_5", 5, "n1") is None     # not in a step
-    assert step_in_path("/user.slice/job_5/step_0", 5, "n1") is None
     # This test process is in no Slurm job; a pid that does not exist has no folder.
-    assert job_step_of(os.getpid(), 5, "n1", os.getuid()) is None
-    assert cpuset_path(2**22 + 12345) is None
+    assert job_step_of(os.getpid(), 5, N1, os.getuid()) is None
+    assert process_cpuset(2**22 + 12345) is None

@@ -3,9 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.cgroups import CgroupVersion
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
+from slurm_plugin.coscheduler import cgroup_actuator
 from slurm_plugin.coscheduler.cgroup_actuator import (ActuatorError, CpusetActuator,
-                                                      SlurmCgroupLayout, read_cpus)
+                                                      read_cpus)
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 
 
@@ -43,14 +44,14 @@ class KernelV1:
 def v1(tmp_path, monkeypatch):
     kernel = KernelV1()
     monkeypatch.setattr(CpusetActuator, "_write", staticmethod(kernel))
-    layout = SlurmCgroupLayout("n1", CgroupVersion.V1, tmp_path)
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True, mount=tmp_path)
     return layout, kernel
 
 
 @pytest.mark.parametrize("start,target", [("0", "0-3"), ("0-3", "0"), ("0-1", "2-3"), ("1", "0-7")])
 def test_moves_in_an_order_v1_accepts(v1, start, target):
     layout, kernel = v1
-    job = make_tree(layout.mount, layout, start, {"step_0": start, "step_batch": start})
+    job = make_tree(layout.hierarchy, layout, start, {"step_0": start, "step_batch": start})
     CpusetActuator(layout).apply(0, 7, parse_cpu_list(target))
     assert read_cpus(job) == parse_cpu_list(target)
     # Every step follows, the batch step too (the SPANK plugin lets new steps start).
@@ -61,7 +62,7 @@ def test_moves_in_an_order_v1_accepts(v1, start, target):
 @pytest.mark.parametrize("start", ["0-1", "0-7"])
 def test_concurrent_steps_get_their_own_blocks(v1, start):
     layout, kernel = v1
-    job = make_tree(layout.mount, layout, start, {"step_batch": start, "step_0": start,
+    job = make_tree(layout.hierarchy, layout, start, {"step_batch": start, "step_0": start,
                                                   "step_1": start, "step_1/task_0": start})
     split = {"step_0": frozenset({0, 1, 2}), "step_1": frozenset({3, 4, 5})}
     CpusetActuator(layout).apply(0, 7, parse_cpu_list("0-5"), split)
@@ -73,7 +74,7 @@ def test_concurrent_steps_get_their_own_blocks(v1, start):
 
 def test_repairs_a_step_slurm_reset(v1):
     layout, kernel = v1
-    job = make_tree(layout.mount, layout, "0-3", {"step_0": "0-3", "step_1": "0"})
+    job = make_tree(layout.hierarchy, layout, "0-3", {"step_0": "0-3", "step_1": "0"})
     CpusetActuator(layout).apply(0, 7, parse_cpu_list("0-3"))
     assert read_cpus(job / "step_1") == {0, 1, 2, 3}
 
@@ -83,19 +84,36 @@ def test_refuses_empty_and_missing_and_hostile(v1, tmp_path):
     act = CpusetActuator(layout)
     with pytest.raises(ActuatorError):
         act.apply(0, 7, frozenset({0}))          # no folder yet
-    make_tree(layout.mount, layout, "0", {})
+    make_tree(layout.hierarchy, layout, "0", {})
     with pytest.raises(ValueError):
         act.apply(0, 7, frozenset())
     for bad in ("7/../../x", -1, True, 2**40):
         with pytest.raises(ValueError):
             act.apply(0, bad, frozenset({0}))
     with pytest.raises(ValueError):
-        SlurmCgroupLayout("../etc").node_dir()
+        SlurmCgroupLayout.named("../etc", CgroupVersion.V1, multiple_slurmd=True)
 
 
 def test_v2_layout_same_code_path(tmp_path):
-    layout = SlurmCgroupLayout("n1", CgroupVersion.V2, tmp_path)
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V2, multiple_slurmd=True, mount=tmp_path)
     assert layout.job_dir(0, 7) == tmp_path / "system.slice" / "n1_slurmstepd.scope" / "job_7"
     job = make_tree(tmp_path, layout, "0", {"step_0": "0"})
     CpusetActuator(layout).apply(0, 7, frozenset({0, 1}))
     assert read_cpus(job) == {0, 1} and read_cpus(job / "step_0") == {0, 1}
+
+
+def test_the_walk_below_a_job_is_bounded(v1):
+    """Folders a job user makes below a step (v1 chowns steps to the user) are walked only to
+    Slurm's depth (step/user/task) and count: a deep or wide tree costs a bounded cycle."""
+    layout, kernel = v1
+    job = make_tree(layout.hierarchy, layout, "0", {"step_0": "0"})
+    deep = job / "step_0"
+    for i in range(40):
+        deep = deep / "d"
+        deep.mkdir()
+        (deep / "cpuset.cpus").write_text("0")
+    for i in range(cgroup_actuator.MAX_FOLDERS + 50):
+        (job / "step_0" / f"w{i:05d}").mkdir()
+    found = CpusetActuator(layout).scan()[7].folders
+    assert len(found) == cgroup_actuator.MAX_FOLDERS
+    assert max(rel.count("/") for rel in found) + 1 <= cgroup_actuator.MAX_DEPTH

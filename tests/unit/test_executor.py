@@ -3,6 +3,7 @@ before their cores go, every outcome reported."""
 import signal
 
 from malleable_protocol import RunLayout, Target
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.cgroup_actuator import ActuatorError
 from slurm_plugin.coscheduler.executor import OutcomeStatus, PlanExecutor
 from slurm_plugin.coscheduler.model import (JobView, NodeSnapshot, Policy, RankView)
@@ -13,6 +14,8 @@ M = MalleableSpec
 
 
 class FakeActuator:
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True)
+
     def __init__(self, fail=()):
         self.fail = set(fail)
         self.applied = []

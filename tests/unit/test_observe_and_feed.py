@@ -2,6 +2,7 @@
 from pathlib import Path
 
 from malleable_protocol import RunLayout
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
 from slurm_plugin.coscheduler.ledger import Ledger, LedgerFile
 from slurm_plugin.coscheduler.observe import NodeObserver
@@ -26,6 +27,8 @@ class FakeFeed:
 
 
 class FakeCgroups:
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True)
+
     def __init__(self, jobs):
         self.jobs = jobs
 
@@ -217,3 +220,37 @@ def test_fences_survive_the_ledger_file_and_bad_step_names_are_refused(tmp_path)
     for bad in ("../step_0", "step_0/x", "step_", "task_0", "step_12345678901", ""):
         with pytest.raises(ValueError):
             check_step_name(bad)
+
+
+def test_a_job_whose_folder_is_elsewhere_is_reported_and_its_cores_held():
+    """The feed says job 8 runs here; no folder where the layout says, but its slurmstepd is
+    in a Slurm folder of another layout (a build other than the one discovered): reported in
+    the snapshot (the Prolog refuses then), its allocation held; /proc is read only while
+    such a job exists, and at most every placement_check_s."""
+    from slurm_plugin.cgroups import StepdProcess
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),
+                              FeedJob(8, 1000, "u", S({1}), ("n1",))))
+    cg = {7: CgroupJob(1000, 7, S({0}), {"step_0": S({0})})}
+    scans, now = [], [1000.0]
+
+    def stepds():
+        scans.append(now[0])
+        return [StepdProcess(50, 8, "/slurm/uid_1000/job_8/step_batch")]
+    obs = NodeObserver("n1", RunLayout(Path("/nonexistent")), FakeFeed(feed), FakeCgroups(cg),
+                       read_ranks=lambda *a: (), wall=lambda: now[0], stepds=stepds)
+    snap = obs.observe(Ledger())
+    assert len(snap.problems) == 1 and "job 8" in snap.problems[0]
+    assert "/slurm/uid_1000/job_8/step_batch" in snap.problems[0]
+    assert not snap.job(8).has_folder and snap.job(8).current == S({1})
+    assert obs.observe(Ledger()).problems == snap.problems and len(scans) == 1   # cached
+    now[0] += 5.0
+    obs.observe(Ledger())
+    assert len(scans) == 2
+    cg[8] = CgroupJob(1000, 8, S({1}), {})           # the folder is where the layout says
+    assert obs.observe(Ledger()).problems == () and len(scans) == 2
+
+
+def test_node_report_carries_problems():
+    from slurm_plugin.feed import NodeReport
+    rep = NodeReport("n1", (), ("job 8: elsewhere",))
+    assert NodeReport.decode(rep.encode()) == rep
