@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (idempotent).
-.PHONY: setup demo test unit
+.PHONY: setup demo test unit site-slurm test-site
 
 setup:
 	bash scripts/setup.sh
@@ -9,10 +9,19 @@ demo: setup
 
 # The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv,
 # then docker-slurm's end-to-end tests on Slurm 22.05 and 24.11 (containers of their own).
-test:
+test: site-slurm
 	bash scripts/setup.sh --keras3
 	rc=0; bash scripts/run_tests.sh || rc=$$?; \
 	$(MAKE) -C docker-slurm test-all || rc=1; exit $$rc
 
 unit:
 	.venv/bin/python -m pytest -q tests/unit
+
+# Slurm as most sites build it (no multiple-slurmd: /slurm, slurmstepd.scope), from Debian's
+# source, cached in its own prefix; tests/site runs the end-to-end suite on it.
+site-slurm:
+	bash scripts/build-slurm-production.sh
+
+test-site: site-slurm
+	bash scripts/setup.sh
+	.venv/bin/python -m pytest -v -rs tests/site

@@ -10,6 +10,7 @@ from pathlib import Path
 from malleable_protocol import parse_cpu_list
 from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import read_bounded
+from slurm_plugin.slurm import JobState
 
 
 def wait_for(pred, timeout=30.0, what="condition", show=None):
@@ -58,3 +59,30 @@ def job_cpus_shell(cluster, node: str, job: int | str, step: str | None = None,
             "--slurm-conf", str(cluster.paths.slurm_conf), "--uid", str(uid), "--job", str(job)]
     argv += ["--step", step] if step else []
     return "$(" + " ".join(a if a == "$SLURM_JOB_ID" else shlex.quote(a) for a in argv) + ")"
+
+
+def step_records(cluster, job_id: int) -> dict[str, dict]:
+    """The job's rank records by step (one rank per step here)."""
+    out = {}
+    for f in cluster.run_layout.job_dir(job_id).glob("rank_*.step_*.json"):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        d["allowed"] = parse_cpu_list(d["allowed_cpus"])
+        out[f.name.split(".")[1]] = d
+    return out
+
+
+def timeline(cluster, node: str, job_id: int) -> list[str]:
+    """What the test saw, for failure messages: the job folder and each rank."""
+    return [f"job={sorted(cgroup_cpus(cluster, node, job_id) or ())} " + " ".join(
+        f"{s}:cpus={sorted(r['allowed'])},threads={r['intra_active']}"
+        for s, r in sorted(step_records(cluster, job_id).items()))]
+
+
+def finish(client, job_id: int):
+    """Wait until the job has ended; its final state."""
+    return wait_for(lambda: (lambda j: j.state if not j.state.holds_cores and
+                             j.state is not JobState.PENDING else None)(client.job(job_id)),
+                    timeout=120, what=f"job {job_id} to end")

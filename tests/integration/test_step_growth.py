@@ -4,7 +4,6 @@ Slurm, real cgroups, real TensorFlow; each node of the cluster has 2 CPUs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -13,40 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
-from .helpers import cgroup_cpus, wait_for
+from .helpers import cgroup_cpus, finish, step_records as records, timeline, wait_for
 from .invariants import violations
 
 pytestmark = pytest.mark.cluster
 TRAIN = Path(__file__).parent.parent / "programs" / "train_until.py"
-
-
-def records(cluster, job_id: int) -> dict[str, dict]:
-    """The job's rank records by step (one rank per step here)."""
-    out = {}
-    for f in cluster.run_layout.job_dir(job_id).glob("rank_*.step_*.json"):
-        try:
-            d = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        d["allowed"] = parse_cpu_list(d["allowed_cpus"])
-        out[f.name.split(".")[1]] = d
-    return out
-
-
-def timeline(cluster, node: str, job_id: int) -> list[str]:
-    """What the test saw, for failure messages: the job folder and each rank."""
-    return [f"job={sorted(cgroup_cpus(cluster, node, job_id) or ())} " + " ".join(
-        f"{s}:cpus={sorted(r['allowed'])},threads={r['intra_active']}"
-        for s, r in sorted(records(cluster, job_id).items()))]
-
-
-def finish(client, job_id: int) -> JobState:
-    return wait_for(lambda: (lambda j: j.state if not j.state.holds_cores and
-                             j.state is not JobState.PENDING else None)(client.job(job_id)),
-                    timeout=120, what=f"job {job_id} to end")
 
 
 def test_training_in_the_batch_step_grows_and_shrinks(agent_cluster, tmp_path):
