@@ -39,7 +39,7 @@ class CgroupJob:
     """A job folder found on the node: its owner, its CPUs, and whether every step folder
     agrees with it (see ``folder_cpus``)."""
 
-    uid: int
+    uid: int | None            # v1: from the uid_<U> folder; v2: not in the path (root's folders)
     job_id: int
     cpus: frozenset[int]
     folders: dict[str, frozenset[int]]          # step folders (relative path) -> CPUs
@@ -122,8 +122,7 @@ class CpusetActuator:
                     continue   # being made or removed
                 folders = {f[len(top) + 1:]: read_cpus(f) or frozenset()
                            for f in _descendants(Path(top))}
-                owner = uid if uid is not None else os.stat(top).st_uid
-                found[int(name[4:])] = CgroupJob(owner, int(name[4:]), cpus, folders)
+                found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders)
         return found
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],

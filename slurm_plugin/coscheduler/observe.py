@@ -83,20 +83,23 @@ class NodeObserver:
         for job_id, cg in sorted(found.items()):
             fj = feed.job(job_id) if feed is not None else None
             known = ledger.allocations.get(job_id)
+            # The owner: v1 names it in the path; v2's folders are root's, Slurm's feed says.
+            uid = cg.uid if cg.uid is not None else fj.uid if fj is not None else \
+                known.uid if known is not None else 0
             if fj is not None:
                 alloc = fj.allocation
-            elif known is not None and known.uid == cg.uid:
+            elif known is not None and known.uid == uid:
                 alloc = known.cpus
             else:
                 alloc = cg.cpus     # first sight: the folder is still Slurm's allocation
-            if known != Allocation(cg.uid, alloc):
-                ledger.allocations[job_id] = Allocation(cg.uid, alloc)
+            if known != Allocation(uid, alloc):
+                ledger.allocations[job_id] = Allocation(uid, alloc)
             ledger.starting.pop(job_id, None)
             spec = fj.spec if fj is not None else None
-            ranks = self._read_ranks(self.layout, job_id, cg.uid, self.actuator.layout) if spec else ()
+            ranks = self._read_ranks(self.layout, job_id, uid, self.actuator.layout) if spec else ()
             nodes = fj.nodes if fj is not None else (self.node,)
             view = JobView(
-                job_id=job_id, uid=cg.uid, user=fj.user if fj else str(cg.uid),
+                job_id=job_id, uid=uid, user=fj.user if fj else str(uid),
                 allocation=alloc, current=cg.cpus, spec=spec,
                 requested=fj.requested if fj is not None else None, ranks=ranks,
                 nodes=len(nodes), fenced=job_id in fenced,

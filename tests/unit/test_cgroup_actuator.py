@@ -117,3 +117,31 @@ def test_the_walk_below_a_job_is_bounded(v1):
     found = CpusetActuator(layout).scan()[7].folders
     assert len(found) == cgroup_actuator.MAX_FOLDERS
     assert max(rel.count("/") for rel in found) + 1 <= cgroup_actuator.MAX_DEPTH
+
+
+def test_v2_tree_as_slurm_24_11_makes_it(tmp_path):
+    """The shape captured on Debian trixie's Slurm 24.11 under systemd (fixtures
+    slurm-24.11-cgroup-v2): root's folders, Slurm's CPUs on job_<J> and step_<S>/user, the
+    slurmstepd in step_<S>/slurm, tasks in step_<S>/user/task_<T>, the others empty (inherit).
+    Every level below the job takes the job's CPUs; the owner is not in the path."""
+    layout = SlurmCgroupLayout.named("vm1", CgroupVersion.V2, multiple_slurmd=True, mount=tmp_path)
+    fixture = Path(__file__).parent.parent / "fixtures" / "slurm-24.11-cgroup-v2" / "find_dirs.txt"
+    scope = "/sys/fs/cgroup/system.slice/vm1_slurmstepd.scope/"
+    lines = [x[len(scope):] for x in fixture.read_text().splitlines() if x.startswith(scope)]
+    job_name = next(x.split("/")[0] for x in lines if x.endswith("/step_0"))   # the one with a step
+    j = int(job_name[4:])
+    for rel in (x for x in lines if x.split("/")[0] == job_name):
+        d = layout.node_dir() / rel
+        d.mkdir(parents=True)
+        (d / "cpuset.cpus").write_text("1" if d.name in (job_name, "user") else "")
+    (layout.node_dir() / "cpuset.cpus").write_text("")
+    found = CpusetActuator(layout).scan()[j]
+    assert found.uid is None and found.cpus == {1}
+    assert set(found.folders) == {"step_batch", "step_batch/slurm", "step_batch/user",
+                                  "step_batch/user/task_0", "step_0", "step_0/slurm",
+                                  "step_0/user", "step_0/user/task_0"}
+    CpusetActuator(layout).apply(1000, j, frozenset({0, 1}))
+    job = layout.job_dir(1000, j)
+    assert all(read_cpus(job / rel) == {0, 1} for rel in found.folders)
+    CpusetActuator(layout).apply(1000, j, frozenset({1}))
+    assert read_cpus(job) == {1} and read_cpus(job / "step_0" / "user" / "task_0") == {1}

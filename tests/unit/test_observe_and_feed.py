@@ -254,3 +254,17 @@ def test_node_report_carries_problems():
     from slurm_plugin.feed import NodeReport
     rep = NodeReport("n1", (), ("job 8: elsewhere",))
     assert NodeReport.decode(rep.encode()) == rep
+
+
+def test_on_cgroup_v2_the_owner_comes_from_slurms_feed():
+    """v2 job folders are root's and carry no uid_<U>: the feed names the owner, whose rank
+    records are the ones read."""
+    feed = NodeFeed("n1", 2, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
+    cg = {7: CgroupJob(None, 7, S({0}), {"step_0": S({0}), "step_0/user": S({0})})}
+    asked = []
+    obs = NodeObserver("n1", RunLayout(Path("/nonexistent")), FakeFeed(feed), FakeCgroups(cg),
+                       read_ranks=lambda layout, job, uid, cgl: asked.append(uid) or (),
+                       wall=lambda: 1000.0)
+    ledger = Ledger()
+    assert obs.observe(ledger).job(7).uid == 1000 and asked == [1000]
+    assert ledger.allocations[7].uid == 1000
