@@ -13,6 +13,7 @@ import pytest
 
 from slurm_plugin import cgroups
 from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.cluster.local import check_port_free
 from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState, SignalTarget, UnknownJob
 
@@ -167,6 +168,10 @@ def test_up_job_down_leaves_no_process_and_no_cgroup():
             Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z", pid
     assert not cgroups.node_cgroup_roots("ud1") and not cgroups.node_cgroup_roots("ud2")
     assert not c.is_running()
+    # Down means down: every port is free at once, so an `up` right after cannot race it (a
+    # daemon's pid may still show in pgrep for a moment: an exited process, until init reaps it).
+    for owner, port in c.spec.ports.items():
+        check_port_free(c.spec.address, port)
     shutil.rmtree(root, ignore_errors=True)
 
 
