@@ -1,0 +1,283 @@
+#!/bin/bash
+# vm-slurm/build-image.sh: the cached disk image, kernel and initrd of vm-slurm's virtual machines:
+# Debian trixie (Slurm 24.11) with systemd, cgroup v2, munge, slurmctld, slurmd and sshd.
+#   build-image.sh            build when missing, else say where the cached one is (idempotent)
+#   build-image.sh --force    build again even if the cached one is there
+# Everything lives under STATE (default /var/tmp/vm-slurm):
+#   STATE/images/<key>/{root.img,vmlinuz,initrd.img,id_ed25519,id_ed25519.pub,manifest.txt}
+#   STATE/current -> images/<key>    (what vmctl.py boots)
+#   STATE/debs/                      the .deb cache of debootstrap and apt (kept across builds)
+# <key> is a hash of this script (which holds the package list and every guest file) and SUITE,
+# so an image is rebuilt only when one of them changes. Each VM boots a copy-on-write overlay
+# of root.img; the image itself is never written to after the build.
+# The guest learns who it is from the kernel command line (set by vmctl.py):
+#   vmslurm.name=vm2 vmslurm.n=3 vmslurm.net=10.77.0 [vmslurm.ctld=1]
+#   [vmslurm.taskplugin=task/cgroup,task/affinity]   (default task/cgroup)
+#   [vmslurm.hwloc_x86=0]   slurmd (so slurmstepd) runs with HWLOC_COMPONENTS=-x86: hwloc's x86
+#                           backend then does not pin slurmstepd, whose tasks inherit that pin
+#                           (see tests/fixtures/slurm-24.11-cgroup-v2/NOTES.md)
+# Users: root (ssh key STATE/current/id_ed25519) and tester (uid 1000, for jobs not run as root).
+set -euo pipefail
+
+STATE=${STATE:-/var/tmp/vm-slurm}
+SUITE=${SUITE:-trixie}
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+FORCE=0
+[ "${1:-}" = --force ] && FORCE=1
+
+# Installed into the chroot with --no-install-recommends after a minbase debootstrap.
+PACKAGES=(
+  systemd systemd-sysv udev dbus kmod
+  linux-image-amd64 initramfs-tools
+  munge slurmctld slurmd slurm-client
+  openssh-server python3 iproute2 procps
+)
+
+log() { echo "[vm-slurm] $*"; }
+
+need_host_packages() {
+  local missing=() p
+  for p in debootstrap qemu-utils qemu-system-x86 e2fsprogs openssh-client; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
+      >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
+  fi
+}
+
+key=$( { cat "$0"; echo "$SUITE"; } | sha256sum | cut -c1-16)
+out="$STATE/images/$key"
+mkdir -p "$STATE/images" "$STATE/debs"
+
+# One build at a time (a second caller waits, then finds the image made).
+exec 9>"$STATE/build.lock"
+flock 9
+
+if [ "$FORCE" = 0 ] && [ -f "$out/done" ]; then
+  ln -sfn "images/$key" "$STATE/current"
+  log "image $key is cached: $out"
+  exit 0
+fi
+
+need_host_packages
+start=$(date +%s)
+work="$STATE/build-$key"
+rootfs="$work/rootfs"
+
+cleanup() {
+  # Everything mounted under the chroot, deepest first; then the work folder.
+  if [ -d "$rootfs" ]; then
+    { findmnt -rn -o TARGET | grep "^$rootfs/" || true; } | sort -r | while read -r m; do
+      umount -l "$m" 2>/dev/null || true; done
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cleanup
+mkdir -p "$rootfs"
+
+log "debootstrap $SUITE (minbase) into $rootfs"
+debootstrap --variant=minbase --cache-dir="$STATE/debs" "$SUITE" "$rootfs" "$MIRROR" \
+  >"$work/debootstrap.log" 2>&1 || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
+log "debootstrap done in $(( $(date +%s) - start ))s"
+
+mount -t proc proc "$rootfs/proc"
+mount -t sysfs sysfs "$rootfs/sys"
+mount --bind /dev "$rootfs/dev"
+mount --bind /dev/pts "$rootfs/dev/pts"
+mount --bind "$STATE/debs" "$rootfs/var/cache/apt/archives"
+in_root() { LC_ALL=C DEBIAN_FRONTEND=noninteractive chroot "$rootfs" "$@"; }
+
+# No daemon starts inside the chroot.
+printf '#!/bin/sh\nexit 101\n' > "$rootfs/usr/sbin/policy-rc.d"
+chmod +x "$rootfs/usr/sbin/policy-rc.d"
+echo "deb $MIRROR $SUITE main" > "$rootfs/etc/apt/sources.list"
+
+# A small initrd: only the drivers to find the root disk (written before the kernel is
+# installed, so the initrd made by its postinst already follows it).
+mkdir -p "$rootfs/etc/initramfs-tools/conf.d"
+printf 'MODULES=list\nCOMPRESS=gzip\n' > "$rootfs/etc/initramfs-tools/conf.d/vm-slurm.conf"
+printf 'virtio_pci\nvirtio_blk\nvirtio_net\next4\n' > "$rootfs/etc/initramfs-tools/modules"
+
+log "apt-get install ${PACKAGES[*]}"
+in_root apt-get update -q >"$work/apt.log" 2>&1 || { tail -30 "$work/apt.log" >&2; exit 1; }
+in_root apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >>"$work/apt.log" 2>&1 \
+  || { tail -30 "$work/apt.log" >&2; exit 1; }
+log "packages installed at $(( $(date +%s) - start ))s"
+
+# --- the guest's configuration -------------------------------------------------------------
+R=$rootfs
+echo vm > "$R/etc/hostname"
+# No name server and no default route in the guests: names come from /etc/hosts only, and the
+# only networks are the private one and QEMU's restricted user network (ssh from the host).
+: > "$R/etc/resolv.conf"
+printf '/dev/vda / ext4 rw,noatime 0 0\n' > "$R/etc/fstab"
+mkdir -p "$R/etc/systemd/journald.conf.d"
+printf '[Journal]\nStorage=volatile\nRuntimeMaxUse=32M\n' \
+  > "$R/etc/systemd/journald.conf.d/vm-slurm.conf"
+
+# The host's way in: root over ssh with this image's own key (the host side is 127.0.0.1 only).
+ssh-keygen -q -t ed25519 -N '' -C vm-slurm -f "$work/id_ed25519"
+install -d -m 700 "$R/root/.ssh"
+install -m 600 "$work/id_ed25519.pub" "$R/root/.ssh/authorized_keys"
+printf 'UseDNS no\nPermitRootLogin prohibit-password\n' > "$R/etc/ssh/sshd_config.d/vm-slurm.conf"
+
+# Identity and network from the kernel command line, before munge, Slurm and sshd.
+cat > "$R/usr/local/sbin/vmslurm-setup" <<'EOF'
+#!/bin/bash
+# Hostname, /etc/hosts, both NICs' static addresses and slurm.conf's node list, from
+# vmslurm.* on the kernel command line. NICs are told apart by MAC (set by vmctl.py):
+# 52:54:00:00:00:<i> is the host link (QEMU user network), 52:54:00:77:00:<i> the private one.
+set -eu
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^vmslurm\.$1=//p" | tail -1; }
+name=$(arg name); n=$(arg n); net=$(arg net); taskplugin=$(arg taskplugin)
+hwloc_x86=$(arg hwloc_x86)
+if [ -z "$name" ] || [ -z "$n" ] || [ -z "$net" ]; then
+  echo "vmslurm-setup: no vmslurm.name/n/net on the kernel command line" >&2; exit 1
+fi
+i=${name#vm}
+echo "$name" > /etc/hostname
+hostname "$name"
+{ echo "127.0.0.1 localhost"
+  for j in $(seq 1 "$n"); do echo "$net.$j vm$j"; done; } > /etc/hosts
+modprobe virtio_net 2>/dev/null || true
+ifname_of() {
+  local d
+  for d in /sys/class/net/*; do
+    [ "$(cat "$d/address")" = "$1" ] && { basename "$d"; return 0; }
+  done
+  return 1
+}
+hx=$(printf '%02x' "$i")
+for _ in $(seq 300); do
+  hostif=$(ifname_of "52:54:00:00:00:$hx") && privif=$(ifname_of "52:54:00:77:00:$hx") && break
+  sleep 0.1
+done
+ip link set lo up
+ip addr add 10.0.2.15/24 dev "$hostif"
+ip link set "$hostif" up
+ip addr add "$net.$i/24" dev "$privif"
+ip link set "$privif" up
+sed -e "s/@NODES@/vm[1-$n]/" -e "s#@TASKPLUGIN@#${taskplugin:-task/cgroup}#" \
+  /etc/slurm/slurm.conf.in > /etc/slurm/slurm.conf
+if [ "$hwloc_x86" = 0 ]; then
+  echo "HWLOC_COMPONENTS=-x86" >> /etc/default/slurmd
+fi
+echo "vmslurm-setup: $name ($hostif host link, $privif $net.$i), $n nodes"
+EOF
+chmod 755 "$R/usr/local/sbin/vmslurm-setup"
+
+cat > "$R/etc/systemd/system/vmslurm-setup.service" <<'EOF'
+[Unit]
+Description=vm-slurm identity, network and slurm.conf from the kernel command line
+DefaultDependencies=no
+After=systemd-udevd.service local-fs.target
+Wants=systemd-udevd.service
+Before=network.target munge.service slurmd.service slurmctld.service ssh.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/vmslurm-setup
+
+[Install]
+WantedBy=multi-user.target
+EOF
+
+for unit in munge slurmd slurmctld ssh; do
+  mkdir -p "$R/etc/systemd/system/$unit.service.d"
+  printf '[Unit]\nWants=vmslurm-setup.service\nAfter=vmslurm-setup.service\n' \
+    > "$R/etc/systemd/system/$unit.service.d/vm-slurm.conf"
+done
+# slurmctld only where the command line says vmslurm.ctld=1 (vm1); slurmd everywhere.
+printf '[Unit]\nConditionKernelCommandLine=vmslurm.ctld=1\n' \
+  >> "$R/etc/systemd/system/slurmctld.service.d/vm-slurm.conf"
+
+cat > "$R/etc/slurm/slurm.conf.in" <<'EOF'
+# vm-slurm: written at boot from slurm.conf.in by vmslurm-setup (@NODES@ from vmslurm.n,
+# @TASKPLUGIN@ from vmslurm.taskplugin, default task/cgroup).
+ClusterName=vmslurm
+SlurmctldHost=vm1
+SlurmUser=slurm
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/cgroup
+TaskPlugin=@TASKPLUGIN@
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+SlurmdTimeout=120
+SlurmctldTimeout=60
+MessageTimeout=30
+NodeName=@NODES@ CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+cat > "$R/etc/slurm/cgroup.conf" <<'EOF'
+CgroupPlugin=cgroup/v2
+ConstrainCores=yes
+ConstrainRAMSpace=no
+ConstrainDevices=no
+EOF
+install -d -o 0 -g 0 "$R/var/log/slurm"
+in_root sh -c 'chown slurm:slurm /var/log/slurm; mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd;
+  chown slurm:slurm /var/lib/slurm/slurmctld'
+# A user for jobs that do not run as root (the same uid on every node: one image).
+in_root useradd -m -u 1000 -s /bin/bash tester
+# The munge key (the same in every VM of this image).
+if [ ! -s "$R/etc/munge/munge.key" ]; then
+  dd if=/dev/urandom of="$R/etc/munge/munge.key" bs=1024 count=1 status=none
+fi
+in_root sh -c 'chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key'
+
+in_root systemctl enable vmslurm-setup.service munge.service slurmd.service slurmctld.service \
+  ssh.service >>"$work/apt.log" 2>&1
+# Timers and units a short-lived test VM does not need (boot time under emulation).
+for u in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer \
+    fstrim.timer man-db.timer logrotate.timer systemd-tmpfiles-clean.timer getty@tty1.service \
+    e2scrub_reap.service systemd-timesyncd.service; do
+  in_root systemctl mask "$u" >/dev/null 2>&1 || true
+done
+
+# --- out of the chroot: kernel, initrd, disk image -----------------------------------------
+rm -f "$R/usr/sbin/policy-rc.d"
+kernel=$(ls "$R"/boot/vmlinuz-* | sort -V | tail -1)
+initrd=$(ls "$R"/boot/initrd.img-* | sort -V | tail -1)
+cp "$kernel" "$work/vmlinuz"
+cp "$initrd" "$work/initrd.img"
+{
+  echo "key=$key suite=$SUITE built=$(date -u +%FT%TZ)"
+  echo "kernel=$(basename "$kernel") initrd=$(basename "$initrd") ($(du -h "$initrd" | cut -f1))"
+  in_root dpkg-query -W -f='${Package} ${Version}\n' "${PACKAGES[@]}" slurm-wlm-basic-plugins
+} > "$work/manifest.txt"
+findmnt -rn -o TARGET | grep "^$rootfs/" | sort -r | while read -r m; do umount "$m"; done
+rm -rf "$R"/var/lib/apt/lists/* "$R"/var/cache/apt/*.bin "$R"/var/log/*.log "$R"/tmp/*
+
+size_mb=$(( $(du -sm "$R" | cut -f1) * 13 / 10 + 512 ))
+log "mkfs.ext4 -d: ${size_mb} MB image (sparse)"
+mkfs.ext4 -q -F -L vmroot -E root_owner=0:0 -d "$R" "$work/root.img" "${size_mb}M"
+rm -rf "$R"
+
+rm -rf "$out"
+mv "$work" "$out"
+touch "$out/done"
+ln -sfn "images/$key" "$STATE/current"
+# Older images are dropped (their overlays, if any VM runs on them, keep them open).
+for old in "$STATE"/images/*; do
+  [ "$old" = "$out" ] || rm -rf "$old"
+done
+log "image $key built in $(( $(date +%s) - start ))s: $out"
+cat "$out/manifest.txt"

@@ -1,0 +1,419 @@
+#!/usr/bin/env python3
+"""vm-slurm's cluster of QEMU virtual machines (standard library only).
+
+    vmctl.py up N [--no-wait] [--timeout S]   boot vm1..vmN (vm1: slurmctld + slurmd), then wait
+    vmctl.py wait [--timeout S]               until sinfo shows every node idle
+    vmctl.py exec NODE CMD...                 run CMD as root in NODE (vm1 or 1); its exit code
+    vmctl.py ssh NODE                         an interactive shell in NODE
+    vmctl.py status                           the VMs, their ports and whether they run
+    vmctl.py smoke                            end-to-end checks of the running cluster
+    vmctl.py down                             stop every VM and the hub this started; drop overlays
+Environment: STATE (/var/tmp/vm-slurm), VM_SLURM_PORT_BASE (42200), VM_SLURM_NET (10.77.0),
+VM_SLURM_MEM (1024 MB), VM_SLURM_SMP (2), VM_SLURM_TASK_PLUGIN (the image's task/cgroup),
+VM_SLURM_HWLOC_X86 (set 0: slurmd runs with HWLOC_COMPONENTS=-x86).
+
+The image comes from build-image.sh (STATE/current). Emulation only (-accel tcg): KVM does not
+run guests on the project's machines. Each VM has two NICs:
+  * a QEMU user network with restrict=on (the guest reaches nothing outside it) whose only use
+    is the host's ssh, forwarded from 127.0.0.1:SSH_BASE+i;
+  * the private cluster network, 10.77.0.0/24 by default: QEMU UDP sockets on 127.0.0.1 joined
+    by a small hub (this script, `hub`) that repeats every frame to the other VMs. Its
+    addresses exist only inside the guests; the host sees loopback datagrams.
+State: STATE/run/ (cluster.json, vmI.qcow2 overlays, vmI.pid, vmI.log serial consoles, hub.pid);
+the serial logs of the last cluster are kept in STATE/last-logs/ after `down`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("STATE", "/var/tmp/vm-slurm"))
+RUN = STATE / "run"
+IMAGE = STATE / "current"
+PORT_BASE = int(os.environ.get("VM_SLURM_PORT_BASE", "42200"))  # hub; ssh +i; udp +100+i
+NET = os.environ.get("VM_SLURM_NET", "10.77.0")
+MEM_MB = int(os.environ.get("VM_SLURM_MEM", "1024"))
+SMP = int(os.environ.get("VM_SLURM_SMP", "2"))
+# Slurm's TaskPlugin in the guests (the image's default is task/cgroup).
+TASK_PLUGIN = os.environ.get("VM_SLURM_TASK_PLUGIN", "")
+# "0": slurmd runs with HWLOC_COMPONENTS=-x86, so slurmstepd's tasks carry no inherited CPU pin.
+HWLOC_X86 = os.environ.get("VM_SLURM_HWLOC_X86", "")
+HERE = Path(__file__).resolve().parent
+
+
+def log(msg: str) -> None:
+    print(f"[vm-slurm] {msg}", flush=True)
+
+
+def load_cluster() -> dict | None:
+    try:
+        return json.loads((RUN / "cluster.json").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def node_index(node: str) -> int:
+    return int(node[2:]) if node.startswith("vm") else int(node)
+
+
+def port_free(port: int, kind: int) -> bool:
+    with socket.socket(socket.AF_INET, kind) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pid_alive(pid: int, marker: str) -> bool:
+    """True if pid runs and its command line holds marker (so a reused pid is not ours)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    return marker in cmdline
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# --- the private network's hub ---------------------------------------------------------------
+def hub(port: int, peers: list[int]) -> None:
+    """Repeat each datagram (an Ethernet frame from a VM) to every other VM: a dumb hub."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", port))
+    dests = [("127.0.0.1", p) for p in peers]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        data, src = sock.recvfrom(65536)
+        for d in dests:
+            if d != src:
+                try:
+                    sock.sendto(data, d)
+                except OSError:
+                    pass
+
+
+# --- ssh --------------------------------------------------------------------------------------
+def ssh_argv(cluster: dict, i: int, tty: bool = False) -> list[str]:
+    return [
+        "ssh", "-i", str(Path(cluster["image"]) / "id_ed25519"), "-p", str(cluster["ssh"][i - 1]),
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        *(["-t"] if tty else ["-T"]), "root@127.0.0.1",
+    ]
+
+
+def run_in(cluster: dict, i: int, command: str, timeout: float | None = None,
+           capture: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([*ssh_argv(cluster, i), command], timeout=timeout, text=True,
+                          stdin=subprocess.DEVNULL,
+                          capture_output=capture)
+
+
+# --- commands ---------------------------------------------------------------------------------
+def cmd_up(args) -> int:
+    if load_cluster() is not None:
+        log(f"a cluster is recorded in {RUN}: `vmctl.py down` first")
+        return 1
+    n = args.n
+    if not 1 <= n <= 50:
+        log("N must be 1..50")
+        return 2
+    rc = subprocess.run([str(HERE / "build-image.sh")]).returncode
+    if rc:
+        return rc
+    image = IMAGE.resolve()
+    ssh_ports = [PORT_BASE + i for i in range(1, n + 1)]
+    udp_ports = [PORT_BASE + 100 + i for i in range(1, n + 1)]
+    busy = [p for p in ssh_ports if not port_free(p, socket.SOCK_STREAM)]
+    busy += [p for p in [PORT_BASE, *udp_ports] if not port_free(p, socket.SOCK_DGRAM)]
+    if busy:
+        log(f"ports in use on 127.0.0.1: {busy} (set VM_SLURM_PORT_BASE)")
+        return 1
+    if shutil.which("qemu-system-x86_64") is None:
+        log("qemu-system-x86_64 is missing (build-image.sh installs it)")
+        return 1
+    RUN.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    cluster = {"n": n, "image": str(image), "ssh": ssh_ports, "udp": udp_ports,
+               "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN)}
+    (RUN / "cluster.json").write_text(json.dumps(cluster, indent=1))
+
+    hub_log = open(RUN / "hub.log", "w")
+    hub_proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "hub", str(PORT_BASE),
+         *map(str, udp_ports)], stdin=subprocess.DEVNULL, stdout=hub_log, stderr=hub_log,
+        start_new_session=True)
+    (RUN / "hub.pid").write_text(f"{hub_proc.pid}\n")
+
+    for i in range(1, n + 1):
+        name = f"vm{i}"
+        overlay = RUN / f"{name}.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
+                        "-b", str(image / "root.img"), str(overlay)], check=True)
+        append = (f"root=/dev/vda rw console=ttyS0 panic=-1 net.ifnames=0 fsck.mode=skip "
+                  f"systemd.unified_cgroup_hierarchy=1 systemd.show_status=1 "
+                  f"vmslurm.name={name} vmslurm.n={n} vmslurm.net={NET}"
+                  + (" vmslurm.ctld=1" if i == 1 else "")
+                  + (f" vmslurm.taskplugin={TASK_PLUGIN}" if TASK_PLUGIN else "")
+                  + (f" vmslurm.hwloc_x86={HWLOC_X86}" if HWLOC_X86 else ""))
+        hx = f"{i:02x}"
+        argv = [
+            "qemu-system-x86_64", "-name", f"vmslurm-{name},process=vmslurm-{name}",
+            "-accel", "tcg,thread=multi", "-smp", f"{SMP},sockets=1,cores={SMP},threads=1",
+            "-m", str(MEM_MB), "-nodefaults", "-display", "none", "-vga", "none",
+            "-serial", f"file:{RUN / (name + '.log')}", "-monitor", "none",
+            "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
+            "-append", append,
+            "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+            "-netdev", f"user,id=host,restrict=on,hostfwd=tcp:127.0.0.1:{ssh_ports[i - 1]}-:22",
+            "-device", f"virtio-net-pci,netdev=host,mac=52:54:00:00:00:{hx}",
+            "-netdev", f"socket,id=priv,udp=127.0.0.1:{PORT_BASE},"
+                       f"localaddr=127.0.0.1:{udp_ports[i - 1]}",
+            "-device", f"virtio-net-pci,netdev=priv,mac=52:54:00:77:00:{hx}",
+            "-device", "virtio-rng-pci",
+            "-no-reboot", "-daemonize", "-pidfile", str(RUN / f"{name}.pid"),
+        ]
+        (RUN / f"{name}.cmd").write_text(shlex.join(argv) + "\n")
+        subprocess.run(argv, check=True)
+    log(f"{n} VMs started in {time.time() - started:.1f}s (ssh 127.0.0.1:{ssh_ports[0]}"
+        f"..{ssh_ports[-1]}; serial logs {RUN}/vmI.log)")
+    if args.no_wait:
+        return 0
+    return cmd_wait(args)
+
+
+def cmd_wait(args) -> int:
+    cluster = load_cluster()
+    if cluster is None:
+        log("no cluster: `vmctl.py up N` first")
+        return 1
+    n = cluster["n"]
+    deadline = time.time() + args.timeout
+    want = {f"vm{i}" for i in range(1, n + 1)}
+    last = ""
+    while time.time() < deadline:
+        for i in range(1, n + 1):
+            pid = read_pid(RUN / f"vm{i}.pid")
+            if pid is None or not pid_alive(pid, f"vmslurm-vm{i},"):
+                log(f"vm{i} is not running; last lines of its console:")
+                print_tail(RUN / f"vm{i}.log")
+                return 1
+        try:
+            r = run_in(cluster, 1, "sinfo -h -N -o '%N %T'", timeout=30, capture=True)
+            out = r.stdout if r.returncode == 0 else ""
+        except subprocess.TimeoutExpired:
+            out = ""
+        states = dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+        if out and out != last:
+            last = out
+            log(f"{time.time() - cluster['started']:.0f}s: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
+        if set(states) == want and all(v == "idle" for v in states.values()):
+            log(f"healthy: {n} nodes idle, {time.time() - cluster['started']:.1f}s after start")
+            return 0
+        time.sleep(2)
+    log(f"not healthy after {args.timeout:.0f}s; last sinfo: {last.strip() or '(no answer)'}")
+    for i in range(1, n + 1):
+        print_tail(RUN / f"vm{i}.log", 15)
+    return 1
+
+
+def print_tail(path: Path, lines: int = 30) -> None:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    print(f"--- {path} (last {lines} lines)")
+    print("\n".join(text[-lines:]))
+
+
+def cmd_exec(args) -> int:
+    cluster = load_cluster()
+    if cluster is None:
+        log("no cluster: `vmctl.py up N` first")
+        return 1
+    i = node_index(args.node)
+    # One word is passed to the guest's shell as it is ("exec vm1 'a | b'"); several are quoted.
+    command = shlex.join(args.argv) if len(args.argv) > 1 else args.argv[0]
+    return run_in(cluster, i, command).returncode
+
+
+def cmd_ssh(args) -> int:
+    cluster = load_cluster()
+    if cluster is None:
+        log("no cluster: `vmctl.py up N` first")
+        return 1
+    return subprocess.run(ssh_argv(cluster, node_index(args.node), tty=True)).returncode
+
+
+SMOKE_JOB = r"""
+j=$(runuser -u tester -- sbatch --parsable -w vm1 -D /tmp -o /dev/null --wrap 'sleep 120')
+B=$(ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope)/job_$j
+for _ in $(seq 60); do [ -s $B/step_batch/user/task_0/cgroup.procs ] && break; sleep 0.5; done
+t=$(tail -1 $B/step_batch/user/task_0/cgroup.procs)
+al=$(cat $B/cpuset.cpus); all=$(cat $B/../cpuset.cpus.effective)
+echo "cgroup $(cat /proc/$t/cgroup)"
+echo "alloc $al"
+echo $all > $B/cpuset.cpus && echo $all > $B/step_batch/user/cpuset.cpus
+echo "grown $(cat $B/step_batch/user/task_0/cpuset.cpus.effective) want $all"
+echo $al > $B/step_batch/user/cpuset.cpus && echo $al > $B/cpuset.cpus
+echo "shrunk $(cat $B/step_batch/user/task_0/cpuset.cpus.effective) want $al"
+scancel $j
+"""
+
+
+def cmd_smoke(args) -> int:
+    """End-to-end checks of a running cluster; prints 'N passed, N failed'."""
+    cluster = load_cluster()
+    if cluster is None:
+        log("no cluster: `vmctl.py up N` first")
+        return 1
+    n = cluster["n"]
+    results: list[tuple[str, bool, str]] = []
+
+    def check(name: str, ok: bool, detail: str = "") -> None:
+        results.append((name, ok, detail))
+        print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}",
+              flush=True)
+
+    for i in range(1, n + 1):
+        r = run_in(cluster, i, "findmnt -n -o FSTYPE /sys/fs/cgroup; "
+                   "cat /sys/fs/cgroup/cgroup.controllers", timeout=60, capture=True)
+        out = r.stdout.split()
+        check(f"vm{i} cgroup2 with cpuset", r.returncode == 0 and out[:1] == ["cgroup2"]
+              and "cpuset" in out, r.stdout + r.stderr)
+    r = run_in(cluster, 1, f"srun -N{n} hostname", timeout=120, capture=True)
+    names = sorted(r.stdout.split())
+    check(f"srun -N{n} hostname", r.returncode == 0
+          and names == sorted(f"vm{i}" for i in range(1, n + 1)), r.stdout + r.stderr)
+    r = run_in(cluster, 1, SMOKE_JOB, timeout=120, capture=True)
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    cg = lines.get("cgroup", "")
+    check("job task in <node>_slurmstepd.scope/job_J/step_batch/user/task_0",
+          cg.startswith("0::/system.slice/vm1_slurmstepd.scope/job_")
+          and cg.endswith("/step_batch/user/task_0"), r.stdout + r.stderr)
+    for key in ("grown", "shrunk"):
+        got, _, want = lines.get(key, "? want !").partition(" want ")
+        check(f"job cpuset {key} (job folder, then step)" if key == "grown"
+              else f"job cpuset {key} (step, then job folder)", got == want, r.stdout + r.stderr)
+    failed = sum(not ok for _, ok, _ in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def cmd_status(args) -> int:
+    cluster = load_cluster()
+    if cluster is None:
+        log("no cluster")
+        return 1
+    for i in range(1, cluster["n"] + 1):
+        pid = read_pid(RUN / f"vm{i}.pid")
+        alive = pid is not None and pid_alive(pid, f"vmslurm-vm{i},")
+        print(f"vm{i} pid={pid} {'running' if alive else 'stopped'} "
+              f"ssh=127.0.0.1:{cluster['ssh'][i - 1]} ip={cluster['net']}.{i}")
+    return 0
+
+
+def stop_pid(pid: int, marker: str, grace: float) -> str:
+    if not pid_alive(pid, marker):
+        return "not running"
+    os.kill(pid, signal.SIGTERM)
+    end = time.time() + grace
+    while time.time() < end:
+        if not pid_alive(pid, marker):
+            return "stopped"
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(50):
+        if not pid_alive(pid, marker):
+            break
+        time.sleep(0.1)
+    return "killed"
+
+
+def cmd_down(args) -> int:
+    if not RUN.exists():
+        log("no cluster")
+        return 0
+    rc = 0
+    for pidfile in sorted(RUN.glob("vm*.pid")):
+        name = pidfile.stem
+        pid = read_pid(pidfile)
+        if pid is None:
+            continue
+        # The guests need no clean shutdown: their overlays are thrown away.
+        how = stop_pid(pid, f"vmslurm-{name},", args.grace)
+        if pid_alive(pid, f"vmslurm-{name},"):
+            rc = 1
+        log(f"{name} (pid {pid}) {how}")
+    hub_pid = read_pid(RUN / "hub.pid")
+    if hub_pid is not None:
+        stop_pid(hub_pid, " hub ", args.grace)
+        if pid_alive(hub_pid, " hub "):
+            rc = 1
+    last = STATE / "last-logs"
+    shutil.rmtree(last, ignore_errors=True)
+    last.mkdir(parents=True)
+    for f in RUN.glob("*.log"):
+        shutil.copy(f, last / f.name)
+    if rc == 0:
+        shutil.rmtree(RUN)
+        log(f"down (serial logs kept in {last})")
+    else:
+        log(f"some process would not stop; {RUN} kept")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vmctl.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("up")
+    s.add_argument("n", type=int)
+    s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--timeout", type=float, default=600)
+    s.set_defaults(func=cmd_up)
+    s = sub.add_parser("wait")
+    s.add_argument("--timeout", type=float, default=600)
+    s.set_defaults(func=cmd_wait)
+    s = sub.add_parser("exec")
+    s.add_argument("node")
+    s.add_argument("argv", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_exec)
+    s = sub.add_parser("ssh")
+    s.add_argument("node")
+    s.set_defaults(func=cmd_ssh)
+    s = sub.add_parser("smoke")
+    s.set_defaults(func=cmd_smoke)
+    s = sub.add_parser("status")
+    s.set_defaults(func=cmd_status)
+    s = sub.add_parser("down")
+    s.add_argument("--grace", type=float, default=10)
+    s.set_defaults(func=cmd_down)
+    s = sub.add_parser("hub")
+    s.add_argument("port", type=int)
+    s.add_argument("peers", type=int, nargs="+")
+    s.set_defaults(func=lambda a: hub(a.port, a.peers))
+    args = p.parse_args(argv)
+    if args.command == "exec" and not args.argv:
+        p.error("exec NODE CMD...")
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
