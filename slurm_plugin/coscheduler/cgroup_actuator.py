@@ -152,6 +152,36 @@ class CpusetActuator:
         for f in reversed(folders):
             if now[f] != desired[f]:
                 self._write(f, desired[f])
+        if old[top] < cpus:
+            self._widen_masks(folders, old[top], desired)
+
+    def _widen_masks(self, folders: list[str], was: frozenset[int],
+                     desired: Mapping[str, frozenset[int]]) -> None:
+        """After a grow, the threads bound to exactly the job's former CPUs get the CPUs of
+        their folder. The kernel widens a task with its cpuset only while the task never set
+        its own mask (Linux >= 6.2 keeps a mask a process set, intersected with the cpuset);
+        slurmstepd sets one on cgroup v2 (Slurm 24.11, tests/fixtures/slurm-24.11-cgroup-v2),
+        so its tasks would stay on their first cores. A thread bound to fewer cores (a user's
+        own binding) is left as it is."""
+        for folder in folders:
+            try:
+                with open(os.path.join(folder, "cgroup.procs"), "rb") as f:
+                    pids = f.read(1 << 16).split()
+            except OSError:
+                continue
+            for pid in pids[:4096]:
+                try:
+                    tids = os.listdir(f"/proc/{int(pid)}/task")
+                except (OSError, ValueError):
+                    continue
+                for tid in tids[:4096]:
+                    try:
+                        if frozenset(os.sched_getaffinity(int(tid))) == was:
+                            self._set_affinity(int(tid), desired[folder])
+                    except (OSError, ValueError):
+                        continue      # exited meanwhile
+
+    _set_affinity = staticmethod(os.sched_setaffinity)
 
     def _write(self, folder: Path | str, cpus: frozenset[int]) -> None:
         self._writes += 1

@@ -1,7 +1,8 @@
 """A malleable rank without TensorFlow, for machines too slow to run it (the cgroup v2 virtual
 machines under emulation). It follows its allowance with malleable_tf's own reader (the
 cpuset of its cgroup, as MALLEABLE_TF_ALLOWANCE=cgroup), keeps as many busy worker threads
-active as its share of those cores (the protocol's split, like malleable_tf's pools), and
+active as its share of those cores (the protocol's split, like malleable_tf's pools), pins
+its threads to that share (as malleable_tf does), and
 writes real RankStatus records where malleable_tf would: inside a job whose folder the node's
 Prolog made, MALLEABLE_RUN_DIR/jobs/job_<J>/rank_<r>.<step>.json.
 
@@ -60,10 +61,18 @@ for i in range(max_threads):
 signal.signal(signal.SIGUSR1, lambda *_: None)    # the agent's "look again" (ours polls)
 rates: dict[int, float] = {}
 last_steps, last_t = 0, time.monotonic()
+pinned: frozenset[int] = frozenset()
 while not stop_file.exists():
     follower.refresh()
     share = share_of(follower.current, local_rank, local_size)
     active = max(1, min(max_threads, len(share)))
+    if share != pinned:              # as malleable_tf pins its pools: every thread, its share
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), share)
+            except OSError:
+                pass
+        pinned = frozenset(share)
     wake.set()
     wake.clear()
     now = time.monotonic()

@@ -145,3 +145,24 @@ def test_v2_tree_as_slurm_24_11_makes_it(tmp_path):
     assert all(read_cpus(job / rel) == {0, 1} for rel in found.folders)
     CpusetActuator(layout).apply(1000, j, frozenset({1}))
     assert read_cpus(job) == {1} and read_cpus(job / "step_0" / "user" / "task_0") == {1}
+
+
+def test_a_grow_widens_threads_bound_to_the_jobs_former_cores(tmp_path):
+    """Real processes listed in a (fake) step folder: the one bound to exactly the job's former
+    CPUs (as slurmstepd leaves its tasks on cgroup v2) gets the new ones; one its user bound to
+    another core keeps its own mask. A shrink leaves masks to the kernel."""
+    import os
+    import subprocess
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V2, multiple_slurmd=True, mount=tmp_path)
+    job = make_tree(tmp_path, layout, "0", {"step_0": "0", "step_0/user": "0"})
+    procs = [subprocess.Popen(["sleep", "30"], preexec_fn=lambda m=m: os.sched_setaffinity(0, m))
+             for m in ({0}, {1})]
+    try:
+        (job / "step_0" / "user" / "cgroup.procs").write_text(f"{procs[0].pid}\n{procs[1].pid}\n")
+        CpusetActuator(layout).apply(0, 7, frozenset({0, 1}))
+        assert os.sched_getaffinity(procs[0].pid) == {0, 1}
+        assert os.sched_getaffinity(procs[1].pid) == {1}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
