@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (idempotent).
-.PHONY: setup demo test unit site-slurm test-site
+.PHONY: setup demo test unit site-slurm test-site test-v2
 
 setup:
 	bash scripts/setup.sh
@@ -8,11 +8,13 @@ demo: setup
 	.venv/bin/python scripts/demo.py
 
 # The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv,
-# then docker-slurm's end-to-end tests on Slurm 22.05 and 24.11 (containers of their own).
+# then docker-slurm's end-to-end tests on Slurm 22.05 and 24.11 (containers of their own), then
+# Slurm 24.11 on cgroup v2 in virtual machines (vm-slurm).
 test: site-slurm
 	bash scripts/setup.sh --keras3
 	rc=0; bash scripts/run_tests.sh || rc=$$?; \
-	$(MAKE) -C docker-slurm test-all || rc=1; exit $$rc
+	$(MAKE) -C docker-slurm test-all || rc=1; \
+	$(MAKE) -C vm-slurm test || rc=1; exit $$rc
 
 unit:
 	.venv/bin/python -m pytest -q tests/unit
@@ -25,3 +27,8 @@ site-slurm:
 test-site: site-slurm
 	bash scripts/setup.sh
 	.venv/bin/python -m pytest -v -rs tests/site
+
+# Slurm 24.11 on cgroup v2: virtual machines of their own (image cached), tested, stopped.
+test-v2:
+	bash scripts/setup.sh
+	$(MAKE) -C vm-slurm test
