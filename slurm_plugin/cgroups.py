@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo
 from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
@@ -143,6 +143,19 @@ class SlurmCgroupLayout:
         if rest and rest[0].startswith("job_") and rest[0][4:].isdigit():
             return int(rest[0][4:])
         return None
+
+    def step_set_up(self, step: str, folders: Mapping[str, frozenset[int]],
+                    stepd_path: str | None, job_id: int) -> bool:
+        """Whether a starting step's slurmstepd has written its cpusets (so a fence on the job
+        can lift). v1 (Slurm 22.05): it makes the step folder, writes the job's then the
+        step's CPUs, then joins it: the step folder holds CPUs, or its slurmstepd is in it.
+        v2 (Slurm 24.11): the step folder and slurmstepd's place in it (step_<S>/slurm) exist
+        before the SPANK plugin runs, so neither tells; its tasks' folders
+        (step_<S>/user/task_<T>) are made when the tasks start, after the writes."""
+        if self.version is CgroupVersion.V1:
+            return bool(folders.get(step)) or \
+                (stepd_path is not None and self.step_of(stepd_path, job_id) == step)
+        return any(rel.startswith(f"{step}/user/task_") for rel in folders)
 
     def another_nodes(self, path: str) -> bool:
         """Whether ``path`` is in another node's folder of a multiple-slurmd build on the same

@@ -16,6 +16,8 @@
 #   [vmslurm.hwloc_x86=0]   slurmd (so slurmstepd) runs with HWLOC_COMPONENTS=-x86: hwloc's x86
 #                           backend then does not pin slurmstepd, whose tasks inherit that pin
 #                           (see tests/fixtures/slurm-24.11-cgroup-v2/NOTES.md)
+#   [vmslurm.share=TAG]     a 9p folder of the host (vmctl.py's -virtfs ...,mount_tag=TAG),
+#                           the same for every VM, mounted at /shared
 # Users: root (ssh key STATE/current/id_ed25519) and tester (uid 1000, for jobs not run as root).
 set -euo pipefail
 
@@ -31,6 +33,9 @@ PACKAGES=(
   linux-image-amd64 initramfs-tools
   munge slurmctld slurmd slurm-client
   openssh-server python3 iproute2 procps
+  # The co-scheduler (tests/vm): the agent's Python modules, and a C toolchain with Slurm's
+  # headers for the SPANK plugin that `malleable install-slurm-hooks` builds in the guest.
+  python3-psutil python3-prometheus-client gcc libc6-dev make libslurm-dev
 )
 
 log() { echo "[vm-slurm] $*"; }
@@ -134,7 +139,7 @@ cat > "$R/usr/local/sbin/vmslurm-setup" <<'EOF'
 set -eu
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^vmslurm\.$1=//p" | tail -1; }
 name=$(arg name); n=$(arg n); net=$(arg net); taskplugin=$(arg taskplugin)
-hwloc_x86=$(arg hwloc_x86)
+hwloc_x86=$(arg hwloc_x86); share=$(arg share)
 if [ -z "$name" ] || [ -z "$n" ] || [ -z "$net" ]; then
   echo "vmslurm-setup: no vmslurm.name/n/net on the kernel command line" >&2; exit 1
 fi
@@ -166,7 +171,13 @@ sed -e "s/@NODES@/vm[1-$n]/" -e "s#@TASKPLUGIN@#${taskplugin:-task/cgroup}#" \
 if [ "$hwloc_x86" = 0 ]; then
   echo "HWLOC_COMPONENTS=-x86" >> /etc/default/slurmd
 fi
-echo "vmslurm-setup: $name ($hostif host link, $privif $net.$i), $n nodes"
+if [ -n "$share" ]; then
+  # The host's shared folder (virtio-9p; the modules are in the root file system, not the initrd).
+  modprobe 9pnet_virtio && modprobe 9p && mkdir -p /shared &&
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none "$share" /shared ||
+    echo "vmslurm-setup: could not mount the 9p share $share on /shared" >&2
+fi
+echo "vmslurm-setup: $name ($hostif host link, $privif $net.$i), $n nodes${share:+, /shared: 9p $share}"
 EOF
 chmod 755 "$R/usr/local/sbin/vmslurm-setup"
 

@@ -3,14 +3,16 @@
 
     vmctl.py up N [--no-wait] [--timeout S]   boot vm1..vmN (vm1: slurmctld + slurmd), then wait
     vmctl.py wait [--timeout S]               until sinfo shows every node idle
-    vmctl.py exec NODE CMD...                 run CMD as root in NODE (vm1 or 1); its exit code
+    vmctl.py exec NODE CMD...                 run CMD as root in NODE (vm1 or 1), with this stdin;
+                                              its exit code
     vmctl.py ssh NODE                         an interactive shell in NODE
     vmctl.py status                           the VMs, their ports and whether they run
     vmctl.py smoke                            end-to-end checks of the running cluster
     vmctl.py down                             stop every VM and the hub this started; drop overlays
 Environment: STATE (/var/tmp/vm-slurm), VM_SLURM_PORT_BASE (42200), VM_SLURM_NET (10.77.0),
 VM_SLURM_MEM (1024 MB), VM_SLURM_SMP (2), VM_SLURM_TASK_PLUGIN (the image's task/cgroup),
-VM_SLURM_HWLOC_X86 (set 0: slurmd runs with HWLOC_COMPONENTS=-x86).
+VM_SLURM_HWLOC_X86 (set 0: slurmd runs with HWLOC_COMPONENTS=-x86), VM_SLURM_SHARE (a host
+folder every VM mounts at /shared over virtio-9p; default STATE/run/share, "none": no share).
 
 The image comes from build-image.sh (STATE/current). Emulation only (-accel tcg): KVM does not
 run guests on the project's machines. Each VM has two NICs:
@@ -47,6 +49,9 @@ SMP = int(os.environ.get("VM_SLURM_SMP", "2"))
 TASK_PLUGIN = os.environ.get("VM_SLURM_TASK_PLUGIN", "")
 # "0": slurmd runs with HWLOC_COMPONENTS=-x86, so slurmstepd's tasks carry no inherited CPU pin.
 HWLOC_X86 = os.environ.get("VM_SLURM_HWLOC_X86", "")
+# A host folder shared by every VM (virtio-9p, mounted by the guest at /shared): "none" for none.
+SHARE = os.environ.get("VM_SLURM_SHARE", "")
+SHARE_TAG = "vmshare"
 HERE = Path(__file__).resolve().parent
 
 
@@ -148,9 +153,13 @@ def cmd_up(args) -> int:
         log("qemu-system-x86_64 is missing (build-image.sh installs it)")
         return 1
     RUN.mkdir(parents=True, exist_ok=True)
+    share = None if SHARE == "none" else Path(SHARE or RUN / "share").absolute()
+    if share is not None:
+        share.mkdir(parents=True, exist_ok=True)
     started = time.time()
     cluster = {"n": n, "image": str(image), "ssh": ssh_ports, "udp": udp_ports,
-               "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN)}
+               "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN),
+               "share": str(share) if share else None}
     (RUN / "cluster.json").write_text(json.dumps(cluster, indent=1))
 
     hub_log = open(RUN / "hub.log", "w")
@@ -170,7 +179,8 @@ def cmd_up(args) -> int:
                   f"vmslurm.name={name} vmslurm.n={n} vmslurm.net={NET}"
                   + (" vmslurm.ctld=1" if i == 1 else "")
                   + (f" vmslurm.taskplugin={TASK_PLUGIN}" if TASK_PLUGIN else "")
-                  + (f" vmslurm.hwloc_x86={HWLOC_X86}" if HWLOC_X86 else ""))
+                  + (f" vmslurm.hwloc_x86={HWLOC_X86}" if HWLOC_X86 else "")
+                  + (f" vmslurm.share={SHARE_TAG}" if share else ""))
         hx = f"{i:02x}"
         argv = [
             "qemu-system-x86_64", "-name", f"vmslurm-{name},process=vmslurm-{name}",
@@ -186,6 +196,10 @@ def cmd_up(args) -> int:
                        f"localaddr=127.0.0.1:{udp_ports[i - 1]}",
             "-device", f"virtio-net-pci,netdev=priv,mac=52:54:00:77:00:{hx}",
             "-device", "virtio-rng-pci",
+            # The shared folder: the guests' root writes it as the host's root (qemu's own
+            # credentials, security_model=none); no other host path is exposed.
+            *(["-virtfs", f"local,path={share},mount_tag={SHARE_TAG},security_model=none,"
+                          f"id=share"] if share else []),
             "-no-reboot", "-daemonize", "-pidfile", str(RUN / f"{name}.pid"),
         ]
         (RUN / f"{name}.cmd").write_text(shlex.join(argv) + "\n")
@@ -250,7 +264,8 @@ def cmd_exec(args) -> int:
     i = node_index(args.node)
     # One word is passed to the guest's shell as it is ("exec vm1 'a | b'"); several are quoted.
     command = shlex.join(args.argv) if len(args.argv) > 1 else args.argv[0]
-    return run_in(cluster, i, command).returncode
+    # stdin is the guest command's ("tar -c ... | vmctl.py exec vm1 'tar -x -C /opt'").
+    return subprocess.run([*ssh_argv(cluster, i), command]).returncode
 
 
 def cmd_ssh(args) -> int:

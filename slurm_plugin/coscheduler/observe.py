@@ -61,16 +61,15 @@ class NodeObserver:
         return min(caps) if caps else None
 
     def _resolve_fences(self, ledger: Ledger, found: dict) -> set[int]:
-        """Lift each fence whose step is set up: its folder holds CPUs (slurmstepd writes the
-        step's CPUs after the job's) or its slurmstepd has joined it; or whose slurmstepd is
-        gone (the step failed or ended), or that is too old. Return the jobs still fenced."""
+        """Lift each fence whose step is set up (``SlurmCgroupLayout.step_set_up``), or whose
+        slurmstepd is gone (the step failed or ended), or that is too old. Return the jobs
+        still fenced."""
         now = self._wall()
         for (job_id, step), fence in list(ledger.fences.items()):
             cg = found.get(job_id)
             path = self._cpuset_of(fence.stepd_pid)
             if path is None or now - fence.since > FENCE_EXPIRY_S or \
-                    (cg is not None and cg.folders.get(step)) or \
-                    self.actuator.layout.step_of(path, job_id) == step:
+                    self.actuator.layout.step_set_up(step, cg.folders if cg else {}, path, job_id):
                 del ledger.fences[(job_id, step)]
         return ledger.fenced_jobs()
 

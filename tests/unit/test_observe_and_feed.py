@@ -268,3 +268,29 @@ def test_on_cgroup_v2_the_owner_comes_from_slurms_feed():
     ledger = Ledger()
     assert obs.observe(ledger).job(7).uid == 1000 and asked == [1000]
     assert ledger.allocations[7].uid == 1000
+
+
+def test_on_cgroup_v2_a_fence_holds_until_the_steps_tasks_have_folders():
+    """Slurm 24.11 on v2 makes step_<S> and puts the new slurmstepd in step_<S>/slurm before
+    the SPANK plugin runs, and the agent may already have written the job's CPUs there (seen in
+    the VMs): neither may lift the fence; the tasks' folders, made after slurmstepd's writes, do."""
+    from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
+    from slurm_plugin.coscheduler.ledger import Fence
+
+    class V2Cgroups(FakeCgroups):
+        layout = SlurmCgroupLayout.named("n1", CgroupVersion.V2, multiple_slurmd=True)
+    feed = NodeFeed("n1", 2, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
+    grown = S({0, 1})
+    cg = {7: CgroupJob(None, 7, grown, {"step_batch": grown, "step_batch/user": grown,
+                                         "step_batch/user/task_0": grown, "step_0": grown,
+                                         "step_0/slurm": grown, "step_0/user": grown})}
+    where = {41: "/system.slice/n1_slurmstepd.scope/job_7/step_0/slurm"}
+    ledger = Ledger(fences={(7, "step_0"): Fence("step_0", 41, 999.0)})
+
+    def obs():
+        return NodeObserver("n1", RunLayout(Path("/nonexistent")), FakeFeed(feed),
+                            V2Cgroups(cg), read_ranks=lambda *a: (), wall=lambda: 1000.0,
+                            cpuset_of=where.get)
+    assert obs().observe(ledger).job(7).fenced
+    cg[7].folders["step_0/user/task_0"] = S({0})
+    assert not obs().observe(ledger).job(7).fenced and not ledger.fences

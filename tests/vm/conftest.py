@@ -1,0 +1,259 @@
+"""The co-scheduler installed LIVE into vm-slurm's virtual machines (cgroup v2, Slurm 24.11).
+
+Run on the host by `make -C vm-slurm test` (after `up` and the smoke checks), which passes
+VM_SLURM_STATE, VM_SLURM_NODES and VM_SLURM_VMCTL. Without them every test here is skipped.
+
+The install (the `cosched` fixture, once per session), as a site would do it on each node:
+- the project's packages copied into /opt/malleable/src (tar over ssh; no image rebuild for a
+  code change) and put on the guest Python's path with a .pth file, so the Prolog, the Epilog,
+  the SPANK plugin's hook and the jobs of any user import them;
+- `malleable install-slurm-hooks /opt/malleable/hooks --policy lend-idle` (renders the hooks
+  and agent.json, builds the SPANK plugin against the guest's libslurm-dev); job_submit.lua
+  copied beside slurm.conf; slurm.conf gets JobSubmitPlugins, Prolog, Epilog,
+  PrologSlurmctld, EpilogSlurmctld and PlugStackConfig as the project's template writes them;
+  slurmctld and slurmd restarted;
+- the run dir /run/malleable (agent state in /run/malleable/agent) on each VM's own tmpfs;
+  the feed in /shared/feed, a host folder every VM mounts over virtio-9p (vmctl.py);
+- the watcher on vm1 and one agent per node, as transient systemd services
+  (malleable-watcher, malleable-agent: `journalctl -u` shows their logs).
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import shlex
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("malleable_protocol", "malleable_tf", "slurm_plugin", "sbatch_templates",
+            "launcher", "tests/programs")
+SRC = "/opt/malleable/src"
+HOOKS = "/opt/malleable/hooks"
+RUN_DIR = "/run/malleable"
+STATE_DIR = "/run/malleable/agent"
+FEED_DIR = "/shared/feed"
+SLURM_CONF = "/etc/slurm/slurm.conf"
+TIMES: list[tuple[str, float]] = []
+NOTES: list[str] = []    # what was observed, printed in the summary
+
+
+def _env_ok() -> bool:
+    return all(os.environ.get(k) for k in ("VM_SLURM_STATE", "VM_SLURM_NODES", "VM_SLURM_VMCTL"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _env_ok():
+        skip = pytest.mark.skip(reason="needs a running vm-slurm cluster: make -C vm-slurm test")
+        for item in items:
+            if "tests/vm/" in str(item.fspath):
+                item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if TIMES:
+        terminalreporter.write_sep("-", "tests/vm: time of each stage")
+        for what, s in TIMES:
+            terminalreporter.write_line(f"{s:7.1f} s  {what}")
+    if NOTES:
+        terminalreporter.write_sep("-", "tests/vm: observed")
+        for line in NOTES:
+            terminalreporter.write_line(line)
+
+
+class Stage:
+    """with Stage("name"): ... records how long it took (printed in the summary)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        TIMES.append((self.what + ("" if exc[0] is None else " (FAILED)"),
+                      time.monotonic() - self.t0))
+        return False
+
+
+class VMs:
+    """ssh into the guests as root, through vmctl.py's own ssh command line."""
+
+    def __init__(self):
+        os.environ["STATE"] = os.environ["VM_SLURM_STATE"]   # vmctl reads it when imported
+        spec = importlib.util.spec_from_file_location("vmctl", os.environ["VM_SLURM_VMCTL"])
+        self.vmctl = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.vmctl)
+        self.cluster = self.vmctl.load_cluster()
+        if self.cluster is None:
+            pytest.fail("no vm-slurm cluster is running (vmctl.py up N)")
+        self.n = int(os.environ["VM_SLURM_NODES"])
+        self.nodes = [f"vm{i}" for i in range(1, self.n + 1)]
+
+    def argv(self, node: str) -> list[str]:
+        return self.vmctl.ssh_argv(self.cluster, self.vmctl.node_index(node))
+
+    def run(self, node: str, command: str, *, timeout: float = 120, check: bool = True,
+            data: bytes | None = None) -> subprocess.CompletedProcess:
+        r = subprocess.run([*self.argv(node), command], input=data, capture_output=True,
+                           timeout=timeout, **({} if data is not None else
+                                               {"stdin": subprocess.DEVNULL}))
+        r.stdout = r.stdout.decode(errors="replace")
+        r.stderr = r.stderr.decode(errors="replace")
+        if check and r.returncode != 0:
+            raise AssertionError(f"{node}: `{command}` exited {r.returncode}\n"
+                                 f"stdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-3000:]}")
+        return r
+
+    def out(self, node: str, command: str, **kw) -> str:
+        return self.run(node, command, **kw).stdout
+
+    def parallel(self, command_of, timeout: float = 600) -> dict[str, str]:
+        """Run ``command_of(node)`` on every node at once; their outputs (each must exit 0)."""
+        procs = {n: subprocess.Popen([*self.argv(n), command_of(n)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for n in self.nodes}
+        outs, failed = {}, []
+        for n, p in procs.items():
+            try:
+                outs[n] = p.communicate(timeout=timeout)[0]
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outs[n] = p.communicate()[0] + "\n(timed out)"
+            if p.returncode != 0:
+                failed.append(f"{n} (exit {p.returncode}): {outs[n][-3000:]}")
+        if failed:
+            raise AssertionError("\n".join(failed))
+        return outs
+
+
+def project_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for pkg in PACKAGES:
+            tar.add(REPO / pkg, arcname=pkg,
+                    filter=lambda ti: None if "__pycache__" in ti.name or
+                    ti.name.endswith((".pyc", ".so", ".o")) else ti)
+    return buf.getvalue()
+
+
+def wait_for(predicate, *, timeout: float, what: str, interval: float = 1.0, show=None):
+    """Poll ``predicate`` until it returns something true; fail with ``show()`` after timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            last = predicate()
+        except (AssertionError, ValueError, KeyError, json.JSONDecodeError,
+                subprocess.TimeoutExpired) as exc:
+            last = None
+            err = exc
+        else:
+            err = None
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            detail = show() if show else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}"
+                        + (f" (last error: {err})" if err else "") + f"\n{detail}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def vms() -> VMs:
+    return VMs()
+
+
+@pytest.fixture(scope="session")
+def cosched(vms: VMs) -> VMs:
+    """Stage 1: the co-scheduler installed and running in every VM (see the module's doc)."""
+    with Stage("install: copy the project into every VM (tar over ssh, .pth)"):
+        data = project_tar()
+        for node in vms.nodes:
+            vms.run(node, f"rm -rf {SRC} && mkdir -p {SRC} && tar -xz -C {SRC} && "
+                          f"chmod -R a+rX /opt/malleable && "
+                          f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
+                          f" && mkdir -p $d && echo {SRC} > $d/malleable.pth", data=data)
+    with Stage("install: the shared feed folder (9p) is mounted in every VM"):
+        for node in vms.nodes:
+            fs = vms.out(node, "findmnt -n -o FSTYPE /shared || true").strip()
+            assert fs == "9p", (f"{node}: /shared is not the 9p share (findmnt says {fs!r}); "
+                                "journalctl -u vmslurm-setup: "
+                                + vms.out(node, "journalctl -b -u vmslurm-setup | tail -5",
+                                          check=False))
+    with Stage("install: install-slurm-hooks in every VM (builds the SPANK plugin)"):
+        lines = "\n".join([
+            "# malleable (tests/vm): the co-scheduler hooks, as slurm.conf.tmpl writes them",
+            "JobSubmitPlugins=lua",
+            f"Prolog={HOOKS}/prolog.sh",
+            f"Epilog={HOOKS}/epilog.sh",
+            f"PrologSlurmctld={HOOKS}/ctld_event.sh",
+            f"EpilogSlurmctld={HOOKS}/ctld_event.sh",
+            f"PlugStackConfig={HOOKS}/plugstack.conf"])
+        vms.parallel(lambda node: (
+            f"set -e; python3 -m slurm_plugin.cli install-slurm-hooks {HOOKS} --policy lend-idle "
+            f"--run-dir {RUN_DIR} --state-dir {STATE_DIR} --feed-dir {FEED_DIR} && "
+            f"install -m 644 {HOOKS}/job_submit.lua /etc/slurm/job_submit.lua && "
+            f"grep -q '^PlugStackConfig=' {SLURM_CONF} || "
+            f"printf '%s\\n' {shlex.quote(lines)} >> {SLURM_CONF}"))
+    with Stage("install: restart slurmctld and slurmd, wait until every node is idle"):
+        vms.run("vm1", "systemctl restart slurmctld", timeout=180)
+        vms.parallel(lambda node: "systemctl restart slurmd", timeout=180)
+        want = set(vms.nodes)
+
+        def idle():
+            out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)
+            states = dict(l.split()[:2] for l in out.splitlines() if len(l.split()) >= 2)
+            return set(states) == want and all(v == "idle" for v in states.values())
+        wait_for(idle, timeout=240, interval=2, what="every node idle after the restart",
+                 show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
+                                      check=False))
+        # 24.11 lists the hook scripts as "Prolog[0] = ...".
+        conf = {k.strip().removesuffix("[0]"): v.strip() for k, _, v in
+                (l.partition("=") for l in vms.out("vm1", "scontrol show config").splitlines())}
+        assert conf.get("JobSubmitPlugins") == "lua", conf.get("JobSubmitPlugins")
+        for key, name in (("Prolog", "prolog.sh"), ("Epilog", "epilog.sh"),
+                          ("PrologSlurmctld", "ctld_event.sh"),
+                          ("PlugStackConfig", "plugstack.conf")):
+            assert conf.get(key) == f"{HOOKS}/{name}", (key, conf.get(key))
+    with Stage("install: start the watcher (vm1) and an agent per node"):
+        vms.run("vm1", f"systemctl stop malleable-watcher 2>/dev/null; "
+                       f"systemctl reset-failed malleable-watcher 2>/dev/null; "
+                       f"systemd-run --unit=malleable-watcher --collect python3 -m "
+                       f"slurm_plugin.cli watcher --feed-dir {FEED_DIR} "
+                       f"--slurm-conf {SLURM_CONF} --resync 2")
+        vms.parallel(lambda node: (
+            f"systemctl stop malleable-agent 2>/dev/null; "
+            f"systemctl reset-failed malleable-agent 2>/dev/null; "
+            f"systemd-run --unit=malleable-agent --collect python3 -m slurm_plugin.cli agent "
+            f"--config {HOOKS}/agent.json --node {node}"))
+
+        def published():
+            out = vms.out("vm1", f"ls {FEED_DIR}/nodes {FEED_DIR}/reports 2>/dev/null",
+                          check=False)
+            return all(out.split().count(f"{n}.json") == 2 for n in vms.nodes)
+        wait_for(published, timeout=180, interval=2,
+                 what="the feed of every node (watcher) and every agent's report",
+                 show=lambda: diagnostics(vms))
+    return vms
+
+
+def diagnostics(vms: VMs, job: int | None = None) -> str:
+    """What the daemons said, for a failure message."""
+    parts = []
+    for node in vms.nodes:
+        parts.append(vms.out(node, (
+            f"echo '=== {node}'; systemctl is-active malleable-agent malleable-watcher; "
+            "journalctl -u malleable-agent -u malleable-watcher --no-pager | tail -25; "
+            f"tail -15 {STATE_DIR}/hooks-{node}.log 2>/dev/null; "
+            "tail -15 /var/log/slurm/slurmd.log; "
+            + (f"tail -15 {STATE_DIR}/events-{node}.jsonl 2>/dev/null; " if job else "")
+            + f"ls -la {FEED_DIR} {FEED_DIR}/* 2>&1 | tail -20"), check=False, timeout=60))
+    return "\n".join(parts)
