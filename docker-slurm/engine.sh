@@ -9,23 +9,13 @@
 set -euo pipefail
 cmd=${1:?usage: engine.sh start|stop STATE | base SUITE STATE}
 
-need_packages() {
-  local missing=()
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "[engine] apt-get install ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-      >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
-  fi
-}
+# shellcheck source=../scripts/lib/need-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib/need-packages.sh"
 
 case "$cmd" in
   start)
     state=${2:?state folder}/engine
-    need_packages docker.io docker-compose debootstrap
+    need_packages engine docker.io docker-compose debootstrap
     if docker info >/dev/null 2>&1; then
       echo "[engine] a Docker engine is running"
       exit 0

@@ -40,18 +40,8 @@ PACKAGES=(
 
 log() { echo "[vm-slurm] $*"; }
 
-need_host_packages() {
-  local missing=() p
-  for p in debootstrap qemu-utils qemu-system-x86 e2fsprogs openssh-client; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    log "apt-get install ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-      >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
-  fi
-}
+# shellcheck source=../scripts/lib/need-packages.sh
+source "$(dirname "$(readlink -f "$0")")/../scripts/lib/need-packages.sh"
 
 key=$( { cat "$0"; echo "$SUITE"; } | sha256sum | cut -c1-16)
 out="$STATE/images/$key"
@@ -67,7 +57,7 @@ if [ "$FORCE" = 0 ] && [ -f "$out/done" ]; then
   exit 0
 fi
 
-need_host_packages
+need_packages vm-slurm debootstrap qemu-utils qemu-system-x86 e2fsprogs openssh-client
 start=$(date +%s)
 work="$STATE/build-$key"
 rootfs="$work/rootfs"

@@ -1,0 +1,16 @@
+# need_packages TAG PKG...: apt-get install those of Debian's packages that are not installed
+# (with `apt-get update` first when the package lists do not have them). Sourced by
+# docker-slurm/engine.sh and vm-slurm/build-image.sh; TAG prefixes what it prints.
+need_packages() {
+  local tag=$1 missing=() p
+  shift
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "[$tag] apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
+      >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
+  fi
+}
