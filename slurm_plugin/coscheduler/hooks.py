@@ -103,10 +103,10 @@ def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None
                       store)
 
 
-def lent_cores(config: AgentConfig) -> list[str]:
+def lent_cores(config: AgentConfig, actuator: CpusetActuator | None = None) -> list[str]:
     """Read from the real cgroup tree: jobs holding cores outside their allocation (as the
     ledger knows it), and cores held by two jobs. Empty when the node is safe to start on."""
-    found = make_actuator(config).scan()
+    found = (actuator or make_actuator(config)).scan()
     ledger = LedgerFile(config.state_dir, config.node).load()
     problems, owner = [], {}
     for job_id, cg in sorted(found.items()):
@@ -177,11 +177,10 @@ def lock_holder(lock_file: Path) -> int | None:
     return None
 
 
-def _hook_cycle(config: AgentConfig, what: str, **marks) -> CycleResult:
+def _hook_cycle(config: AgentConfig, rec: Reconciler, what: str, **marks) -> CycleResult:
     """One reconcile cycle for a hook, with its marks (``Reconciler.cycle``). A cycle holds the
     lock for milliseconds: an agent that held it longer is hung. Only a verified agent is
     killed (its service restarts it); anyone else holding it: the cycle fails (fail closed)."""
-    rec = make_reconciler(config)
     result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **marks)
     if result.lock_busy:
         hung = agent_pid(config)
@@ -211,16 +210,19 @@ def prolog(config: AgentConfig) -> int:
     t0 = time.monotonic()
     job_id, uid, gid = _job_env()
     make_job_folder(config.layout, job_id, uid, gid)
-    result = _hook_cycle(config, f"prolog job {job_id}", starting_job=job_id)
+    rec = make_reconciler(config)
+    result = _hook_cycle(config, rec, f"prolog job {job_id}", starting_job=job_id)
     # A job whose folder is not where the layout says: its cores cannot be verified free.
     unverified = list(result.snapshot.problems) if result.snapshot is not None else []
-    return _verdict(config, f"prolog job {job_id}", t0, result, lent_cores(config) + unverified)
+    return _verdict(config, f"prolog job {job_id}", t0, result,
+                    lent_cores(config, rec.observer.actuator) + unverified)
 
 
-def outside_allocation(config: AgentConfig, job_id: int) -> list[str]:
+def outside_allocation(config: AgentConfig, job_id: int,
+                       actuator: CpusetActuator | None = None) -> list[str]:
     """Read from the real cgroup tree: what of ``job_id``'s folders lies outside its allocation
     (as the ledger knows it). Empty when slurmstepd can write the allocation to the job folder."""
-    cg = make_actuator(config).scan().get(job_id)
+    cg = (actuator or make_actuator(config)).scan().get(job_id)
     alloc = LedgerFile(config.state_dir, config.node).load().allocations.get(job_id)
     if cg is None:
         return []          # no folder yet (the batch step): slurmstepd makes it
@@ -242,8 +244,10 @@ def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> i
     if stepd_pid <= 1 or os.stat(f"/proc/{stepd_pid}").st_uid != 0:
         raise ValueError(f"pid {stepd_pid} is not a slurmstepd of root")
     what = f"job {job_id} {step} start"
-    result = _hook_cycle(config, what, fence=(job_id, fence))
-    return _verdict(config, what, t0, result, outside_allocation(config, job_id))
+    rec = make_reconciler(config)
+    result = _hook_cycle(config, rec, what, fence=(job_id, fence))
+    return _verdict(config, what, t0, result,
+                    outside_allocation(config, job_id, rec.observer.actuator))
 
 
 def agent_pid(config: AgentConfig) -> int | None:
