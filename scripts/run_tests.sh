@@ -19,7 +19,7 @@ check() {   # name, pytest's exit code
   return "$2"
 }
 
-.venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker "$@" tests
+.venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm "$@" tests
 check "TensorFlow 2.15 suite" $?; rc=$?
 [ $# -gt 0 ] && exit $rc
 start=$(date +%s)
