@@ -1,5 +1,5 @@
 """End to end on Slurm as most sites build it: one slurmd per host, without multiple-slurmd,
-so its cgroup folders are /slurm/uid_<U>/job_<J>/... (cgroup v1), not Debian's slurm_<node>.
+so its cgroup folders are not named after the node (cgroup v1), as Debian's build names them.
 The build is Debian's own 22.05.8 source built without that option
 (scripts/build-slurm-production.sh, cached); the local cluster runs its slurmctld, slurmd and
 slurmstepd on one node, with the co-scheduler's hooks and agent as a site installs them."""
@@ -41,11 +41,13 @@ def site_cluster():
 
 def test_the_layout_is_discovered_as_the_production_one(site_cluster):
     layout = site_cluster.cgroup_layout(NODE)
-    assert not layout.multiple_slurmd and layout.root == "/slurm", layout
+    expected = cgroups.SlurmCgroupLayout.named(NODE, cgroups.CgroupVersion.V1,
+                                               multiple_slurmd=False)
+    assert layout == expected and not layout.multiple_slurmd, layout
     out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "cgroups", "--node", NODE,
                           "--slurm-conf", str(site_cluster.paths.slurm_conf)],
                          capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and "/sys/fs/cgroup/cpuset/slurm/uid_<U>" in out.stdout, out
+    assert out.returncode == 0 and f"{expected.node_dir()}/uid_<U>" in out.stdout, out
 
 
 def test_grow_reclaim_step_start_and_resize_on_the_production_layout(site_cluster, tmp_path):
@@ -73,6 +75,13 @@ wait
                  show=lambda: (timeline(c, node, a), out.read_text()[-1500:]))
         assert cgroup_cpus(c, node, a) == cgroup_cpus(c, node, a, "step_batch") == {0, 1}
         assert not violations(c, node), violations(c, node)
+        # Had the agent assumed Debian's layout (slurm_<node>), the running job's real
+        # slurmstepd would be found elsewhere: reported (the Prolog then refuses), not silent.
+        debian = cgroups.SlurmCgroupLayout.named(node, cgroups.CgroupVersion.V1,
+                                                 multiple_slurmd=True)
+        stepds = cgroups.slurmstepd_processes()
+        assert a in cgroups.misplaced_jobs(debian, [a], stepds), stepds
+        assert cgroups.misplaced_jobs(c.cgroup_layout(node), [a], stepds) == {}
         # A step in the grown job: the SPANK plugin brings the job back to its allocation
         # before slurmstepd resets the folder, then the agent grows it again.
         go.touch()
