@@ -99,6 +99,15 @@ class SlurmCgroupLayout:
         folder = self.job_dir(uid, job_id) if step is None else self.step_dir(uid, job_id, step)
         return folder / CPUS_FILE
 
+    def made_folders(self) -> list[Path]:
+        """The node folders slurmd made. On v1 it names them alike in every hierarchy, and
+        makes the freezer's (proctrack/cgroup) when it starts, the cpuset's only with the
+        first job: any of them tells. On v2, its scope."""
+        if self.version is CgroupVersion.V2:
+            return [self.node_dir()] if self.node_dir().is_dir() else []
+        return sorted(p for p in self.hierarchy.parent.glob(f"*/{self.root.lstrip('/')}")
+                      if p.is_dir())
+
     def job_parents(self) -> Iterator[tuple[int | None, str]]:
         """The folders holding this node's job folders, with the uid each stands for (v1's
         ``uid_<U>``; None on v2, where the owner is not in the path)."""
@@ -327,19 +336,6 @@ def process_cpuset(pid: int) -> str | None:
         return None
 
 
-def _made(layout: SlurmCgroupLayout, mount: Path) -> bool:
-    """Whether slurmd made this node folder. On v1 it names its folder alike in every
-    hierarchy, and makes the freezer's (proctrack/cgroup) when it starts, the cpuset's only
-    with the first job: any controller's folder tells."""
-    if layout.version is CgroupVersion.V2:
-        return layout.node_dir().is_dir()
-    try:
-        hierarchies = os.listdir(mount)
-    except OSError:
-        return False
-    return any(os.path.isdir(os.path.join(mount, h, layout.root.lstrip("/"))) for h in hierarchies)
-
-
 def gather_evidence(node: str, *, cgroup_conf: Path | None = None,
                     mount: Path | None = None) -> LayoutEvidence:
     conf = read_cgroup_conf(cgroup_conf)
@@ -353,7 +349,7 @@ def gather_evidence(node: str, *, cgroup_conf: Path | None = None,
     except OSError:
         controllers = frozenset()
     existing = frozenset(str(c.node_dir()) for v in CgroupVersion
-                         for c in candidates(node, v, mount) if _made(c, mount))
+                         for c in candidates(node, v, mount) if c.made_folders())
     stepds: tuple[str, ...] = ()
     if not existing:
         stepds = tuple(p.cgroup for p in slurmstepd_processes() if p.cgroup)
@@ -379,20 +375,12 @@ def discover_layout(node: str, *, slurm_conf: Path | str | None = None,
 
 # --- the local cluster's clean-up -------------------------------------------------------------
 
-def node_cgroup_roots(node: str, mount: Path = DEFAULT_MOUNT) -> list[Path]:
-    """The existing node-named folders a multiple-slurmd build made for ``node`` in every
-    hierarchy (cpuset, memory, ...; v2's scope)."""
-    found = sorted(p for p in mount.glob(f"*/slurm_{node}") if p.is_dir())
-    found += sorted(p for p in mount.glob(f"system.slice/{node}_slurmstepd.scope") if p.is_dir())
-    return found
-
-
-def plain_cgroup_roots(mount: Path = DEFAULT_MOUNT) -> list[Path]:
-    """The folders a slurmd built without multiple-slurmd makes, in every hierarchy: one
-    slurmd per host, so they are that slurmd's."""
-    found = sorted(p for p in mount.glob("*/slurm") if p.is_dir())
-    found += sorted(p for p in mount.glob("system.slice/slurmstepd.scope") if p.is_dir())
-    return found
+def made_roots(node: str, *, multiple_slurmd: bool, mount: Path = DEFAULT_MOUNT) -> list[Path]:
+    """The folders slurmd made for ``node`` with the given build, under either version (the
+    local cluster's clean-up). Without multiple-slurmd they are the host's one slurmd's."""
+    return [f for v in CgroupVersion for f in
+            SlurmCgroupLayout.named(node, v, multiple_slurmd=multiple_slurmd, mount=mount)
+            .made_folders()]
 
 
 @dataclass

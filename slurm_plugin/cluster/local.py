@@ -377,9 +377,7 @@ class LocalCluster:
     def _cgroup_roots(self, node: str) -> list[Path]:
         """The folders this cluster's slurmd for ``node`` makes: named after it (Debian's
         multiple-slurmd build), or the host's one slurmd's (another build, ``slurm_sbin``)."""
-        if self.spec.slurm_sbin is None:
-            return cgroups.node_cgroup_roots(node)
-        return cgroups.plain_cgroup_roots()
+        return cgroups.made_roots(node, multiple_slurmd=self.spec.slurm_sbin is None)
 
     def _wait_jobs_gone(self, timeout_s: float) -> None:
         deadline = self._clock() + timeout_s

@@ -3,6 +3,7 @@ cores confined by task/cgroup inside them, and the co-scheduler (agents, watcher
 job_submit.lua, scontrol update) resizing a malleable TensorFlow job whose threads follow."""
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -11,11 +12,12 @@ from pathlib import Path
 from malleable_protocol import RunLayout, parse_cpu_list
 from sbatch_templates import render
 
-from ..integration.helpers import rank_statuses, wait_for
+from ..integration.helpers import job_cpus_shell, rank_statuses, wait_for
 
 PROGRAM = Path(__file__).parent.parent / "programs" / "train_until.py"
 SLURM_OF_SUITE = {"bookworm": "22.05", "trixie": "24.11"}
 VENV = "/opt/malleable/venv/bin"
+MALLEABLE = (f"{VENV}/malleable",)     # the command in the node containers
 
 
 def job_cpus(c, node: str, job_id: int, step: str = "") -> frozenset[int] | None:
@@ -24,13 +26,6 @@ def job_cpus(c, node: str, job_id: int, step: str = "") -> frozenset[int] | None
         return parse_cpu_list(c.cgroup_layout(node).cpus_file(0, job_id, step or None).read_text())
     except OSError:
         return None
-
-
-def job_cpus_shell(node: str, job: int | str, step: str | None = None) -> str:
-    """A shell expression for a job script in a node container: a job's CPUs, read through
-    the node's discovered layout (``malleable cgroups``)."""
-    return (f"$(malleable cgroups --node {node} --uid 0 --job {job}"
-            + (f" --step {step}" if step else "") + ")")
 
 
 def node_cpus(c, node: str) -> frozenset[int]:
@@ -109,10 +104,10 @@ def test_coscheduler_grows_reclaims_resizes_and_threads_follow(docker_slurm, job
                  timeout=180, what="A's rank at every core", show=lambda: (rank(), a_out()))
         # B arrives: the Prolog takes A's borrowed cores back before B's script starts.
         b_script = jobs_dir / "b.sh"
+        cpus_of = functools.partial(job_cpus_shell, node, malleable=MALLEABLE)
         b_script.write_text(
             "#!/bin/bash\n"
-            f"echo B={job_cpus_shell(node, '$SLURM_JOB_ID')} A={job_cpus_shell(node, a)}"
-            f" A_step={job_cpus_shell(node, a, 'step_0')}\n"
+            f"echo B={cpus_of('$SLURM_JOB_ID')} A={cpus_of(a)} A_step={cpus_of(a, 'step_0')}\n"
             "sleep 4\n")
         b_out = jobs_dir / "b.out"
         b = submit(c, b_script, "-N1", f"-w{node}", "-n1", f"--output={c.to_container(b_out)}")

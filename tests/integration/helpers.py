@@ -51,12 +51,14 @@ def cgroup_cpus(cluster, node: str, job_id: int, step: str = "",
         return None
 
 
-def job_cpus_shell(cluster, node: str, job: int | str, step: str | None = None,
-                   uid: int = 0) -> str:
+def job_cpus_shell(node: str, job: int | str, step: str | None = None, uid: int = 0, *,
+                   slurm_conf: Path | None = None,
+                   malleable: tuple[str, ...] = (sys.executable, "-m", "slurm_plugin.cli")) -> str:
     """A shell expression for a job script that prints a job's CPUs on ``node`` (``job`` may be
-    "$SLURM_JOB_ID"), read through the node's discovered layout (``malleable cgroups``)."""
-    argv = [sys.executable, "-m", "slurm_plugin.cli", "cgroups", "--node", node,
-            "--slurm-conf", str(cluster.paths.slurm_conf), "--uid", str(uid), "--job", str(job)]
+    "$SLURM_JOB_ID"), read through the node's discovered layout (``malleable cgroups``;
+    ``malleable``: how the job's node runs that command)."""
+    argv = [*malleable, "cgroups", "--node", node, "--uid", str(uid), "--job", str(job)]
+    argv += ["--slurm-conf", str(slurm_conf)] if slurm_conf else []
     argv += ["--step", step] if step else []
     return "$(" + " ".join(a if a == "$SLURM_JOB_ID" else shlex.quote(a) for a in argv) + ")"
 

@@ -128,7 +128,7 @@ def test_up_with_port_taken_says_which_port():
     assert out.returncode == 2
     assert f"port {port} for slurmctld is not free" in out.stderr
     assert f"pid {os.getpid()}" in out.stderr  # names who holds it
-    assert not cgroups.node_cgroup_roots("pt1")
+    assert not cgroups.made_roots("pt1", multiple_slurmd=True)
 
 
 def test_up_without_munge_says_so(tmp_path):
@@ -166,7 +166,8 @@ def test_up_job_down_leaves_no_process_and_no_cgroup():
     for pid in pids + tasks:
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z", pid
-    assert not cgroups.node_cgroup_roots("ud1") and not cgroups.node_cgroup_roots("ud2")
+    assert not cgroups.made_roots("ud1", multiple_slurmd=True)
+    assert not cgroups.made_roots("ud2", multiple_slurmd=True)
     assert not c.is_running()
     # Down means down: every port is free at once, so an `up` right after cannot race it (a
     # daemon's pid may still show in pgrep for a moment: an exited process, until init reaps it).

@@ -29,6 +29,11 @@ def job_cpus(cluster, job_id: int, step: str | None = None) -> frozenset[int] | 
     return cgroup_cpus(cluster, NODE, job_id, step or "")
 
 
+def cpus_of(cluster, job, step: str | None = None) -> str:
+    """In a job script: the CPUs of ``job`` on NODE (``job_cpus_shell``)."""
+    return job_cpus_shell(NODE, job, step, slurm_conf=cluster.paths.slurm_conf)
+
+
 def rank_status(cluster, job_id: int) -> dict | None:
     """The status record of the job's one rank, once it has written one."""
     found = rank_statuses(cluster.run_layout.job_dir(job_id))
@@ -73,8 +78,8 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
         b_script = tmp_path / "b.sh"
         b_script.write_text(
             "#!/bin/bash\n"
-            f"echo B={job_cpus_shell(c, NODE, '$SLURM_JOB_ID')} A={job_cpus_shell(c, NODE, a)}"
-            f" A_step={job_cpus_shell(c, NODE, a, 'step_0')}\n"
+            f"echo B={cpus_of(c, '$SLURM_JOB_ID')} A={cpus_of(c, a)}"
+            f" A_step={cpus_of(c, a, 'step_0')}\n"
             "sleep 4\n")
         b = client.submit(b_script, ["-N1", f"-w{NODE}", "-n1", f"--output={tmp_path}/b.out"])
         wait_for(lambda: (tmp_path / "b.out").exists() and "B=" in (tmp_path / "b.out").read_text(),
@@ -140,7 +145,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         b_script = tmp_path / "b.sh"
         b_script.write_text(
             "#!/bin/bash\n"
-            f"echo B={job_cpus_shell(c, NODE, '$SLURM_JOB_ID')} A={job_cpus_shell(c, NODE, a)}\n")
+            f"echo B={cpus_of(c, '$SLURM_JOB_ID')} A={cpus_of(c, a)}\n")
         client.submit(b_script, ["-N1", f"-w{NODE}", "-n1", f"--output={b_out}"])
         wait_for(lambda: b_out.exists() and "B=" in b_out.read_text(), timeout=30, what="B ran")
         fields = dict(kv.split("=") for kv in b_out.read_text().split())

@@ -5,6 +5,7 @@ The build is Debian's own 22.05.8 source built without that option
 slurmstepd on one node, with the co-scheduler's hooks and agent as a site installs them."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -36,7 +37,8 @@ def site_cluster():
     with running_cluster("malleable-site-", agents=Policy.LEND_IDLE, nodes=1, port_base=47817,
                          node_prefix="sn", name="malleablesite", slurm_sbin=SBIN) as c:
         yield c
-    assert not cgroups.plain_cgroup_roots(), cgroups.plain_cgroup_roots()
+    assert not cgroups.made_roots(NODE, multiple_slurmd=False), \
+        cgroups.made_roots(NODE, multiple_slurmd=False)
 
 
 def test_the_layout_is_discovered_as_the_production_one(site_cluster):
@@ -91,10 +93,10 @@ wait
         wait_for(lambda: cgroup_cpus(c, node, a) == {0, 1}, timeout=30, what="A regrown")
         # B arrives: the Prolog takes A's borrowed core back before B's script starts.
         b_out = tmp_path / "b.out"
+        cpus_of = functools.partial(job_cpus_shell, node, slurm_conf=c.paths.slurm_conf)
         b_script = tmp_path / "b.sh"
         b_script.write_text("#!/bin/bash\n"
-                            f"echo B={job_cpus_shell(c, node, '$SLURM_JOB_ID')} "
-                            f"A={job_cpus_shell(c, node, a)}\nsleep 3\n")
+                            f"echo B={cpus_of('$SLURM_JOB_ID')} A={cpus_of(a)}\nsleep 3\n")
         b = client.submit(b_script, ["-N1", "-n1", f"-w{node}", f"-o{b_out}"])
         wait_for(lambda: b_out.exists() and "B=" in b_out.read_text(), timeout=60,
                  what="B started")

@@ -165,3 +165,17 @@ def test_the_agent_waits_for_slurmds_folders_then_refuses_saying_why():
     with pytest.raises(LayoutUnknown, match="looked for X"):
         await_layout(config, wait_s=1.5, discover=never, clock=lambda: t[0], sleep=sleep)
     assert 1.5 <= t[0] - start <= 2.5
+
+
+def test_the_folders_slurmd_made_are_found_in_any_hierarchy(tmp_path):
+    """v1: slurmd makes freezer/slurm_<node> at start, cpuset/slurm_<node> with the first job."""
+    from slurm_plugin.cgroups import made_roots
+    (tmp_path / "freezer" / "slurm_n1").mkdir(parents=True)
+    (tmp_path / "cpuset").mkdir()
+    v1 = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True, mount=tmp_path)
+    assert v1.made_folders() == [tmp_path / "freezer" / "slurm_n1"]
+    assert made_roots("n1", multiple_slurmd=False, mount=tmp_path) == []
+    (tmp_path / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
+    assert made_roots("n1", multiple_slurmd=False, mount=tmp_path) == \
+        [tmp_path / "system.slice" / "slurmstepd.scope"]
+    assert made_roots("n2", multiple_slurmd=True, mount=tmp_path) == []
