@@ -7,6 +7,7 @@ ValueError), never anything else.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -16,33 +17,29 @@ MAX_RECORD_BYTES = 16384
 MAX_DEPTH = 4                 # object > steps_per_s/last_resize > value
 MAX_THREAD_COUNTS = 256       # steps/s kept for at most this many distinct thread counts
 MAX_THREADS = 4096
+_THREAD_COUNT = re.compile(r"[0-9]{1,4}")   # ASCII only: "²".isdigit() is True
 
 
 class ProtocolError(ValueError):
     pass
 
 
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
 def _depth_ok(raw: bytes, limit: int) -> bool:
     """True when no JSON container in ``raw`` nests deeper than ``limit`` (strings skipped).
-    Checked before json.loads, whose recursion would otherwise end in RecursionError."""
-    depth, in_str, esc = 0, False, False
-    for b in raw:
-        if in_str:
-            if esc:
-                esc = False
-            elif b == 0x5C:        # backslash
-                esc = True
-            elif b == 0x22:        # quote
-                in_str = False
-        elif b == 0x22:
-            in_str = True
-        elif b in (0x5B, 0x7B):    # [ {
-            depth += 1
-            if depth > limit:
-                return False
-        elif b in (0x5D, 0x7D):
-            depth -= 1
-    return True
+    Checked before json.loads, whose recursion would otherwise end in RecursionError. Each of
+    at most ``limit`` passes removes the innermost pairs, in C: a few passes over the bytes,
+    never a Python loop per byte. Unpaired brackets count as too deep (not JSON anyway)."""
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
+    for _ in range(limit):
+        if not brackets:
+            return True
+        brackets = _INNERMOST.sub(b"", brackets)
+    return not brackets
 
 
 def decode_json_bounded(raw: bytes, *, max_bytes: int = MAX_RECORD_BYTES,
@@ -164,7 +161,7 @@ class RankStatus:
             raise ProtocolError("bad steps_per_s")
         clean: dict[int, float] = {}
         for k, v in rates.items():
-            if not (isinstance(k, str) and k.isdigit() and len(k) <= 4) or \
+            if not (isinstance(k, str) and _THREAD_COUNT.fullmatch(k)) or \
                     isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9:
                 raise ProtocolError("bad steps_per_s entry")
             clean[int(k)] = float(v)
