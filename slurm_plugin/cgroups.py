@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from malleable_protocol.layout import check_job_id, check_node_name, check_step_
 
 DEFAULT_MOUNT = Path("/sys/fs/cgroup")
 CPUS_FILE = "cpuset.cpus"
+_STEP_NAME = re.compile(r"step_(?:[0-9]{1,10}|batch|interactive|extern)")
+_TASK_NAME = re.compile(r"task_[0-9]{1,10}")
 
 
 class CgroupVersion(enum.Enum):
@@ -137,8 +140,8 @@ class SlurmCgroupLayout:
             if len(rest) < 3 or not rest[0].startswith("uid_"):
                 return None
             rest = rest[1:]
-        if len(rest) < 2 or rest[0] != f"job_{job_id}" or not rest[1]:
-            return None
+        if len(rest) < 2 or rest[0] != f"job_{job_id}" or not _STEP_NAME.fullmatch(rest[1]):
+            return None        # not a step folder Slurm names (a user's own folder on v1)
         return rest[1]
 
     def job_of(self, path: str) -> int | None:
@@ -165,6 +168,22 @@ class SlurmCgroupLayout:
             return bool(folders.get(step)) or \
                 (stepd_path is not None and self.step_of(stepd_path, job_id) == step)
         return any(rel.startswith(f"{step}/user/task_") for rel in folders)
+
+    def slurm_child(self, parent: str, name: str) -> bool:
+        """Whether slurmstepd makes a folder ``name`` in ``parent`` (a path below the job
+        folder, "" for the job folder itself). v1: ``step_<S>/task_<T>``; v2:
+        ``step_<S>/slurm`` and ``step_<S>/user/task_<T>`` (``task_special`` for processes of
+        no task). Any other folder was made by someone else (on v1 the job's user owns the
+        step and task folders and can make folders in them)."""
+        parts = [p for p in parent.split("/") if p]
+        if not parts:
+            return _STEP_NAME.fullmatch(name) is not None
+        if self.version is CgroupVersion.V1:
+            return len(parts) == 1 and _TASK_NAME.fullmatch(name) is not None
+        if len(parts) == 1:
+            return name in ("slurm", "user")
+        return len(parts) == 2 and parts[1] == "user" and \
+            (name == "task_special" or _TASK_NAME.fullmatch(name) is not None)
 
     def another_nodes(self, path: str) -> bool:
         """Whether ``path`` is in another node's folder of a multiple-slurmd build on the same

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from itertools import islice
 from typing import Callable, Mapping
 from pathlib import Path
 
@@ -36,13 +37,14 @@ def read_cpus(folder: Path | str) -> frozenset[int] | None:
 
 @dataclass(frozen=True)
 class CgroupJob:
-    """A job folder found on the node: its owner, its CPUs, and whether every step folder
-    agrees with it (see ``folder_cpus``)."""
+    """A job folder found on the node: its owner, its CPUs, whether every step folder agrees
+    with it (see ``folder_cpus``), and the folders below it that Slurm did not make."""
 
     uid: int | None            # v1: from the uid_<U> folder; v2: not in the path (root's folders)
     job_id: int
     cpus: frozenset[int]
-    folders: dict[str, frozenset[int]]          # step folders (relative path) -> CPUs
+    folders: dict[str, frozenset[int]]          # Slurm's step folders (relative path) -> CPUs
+    foreign: tuple[str, ...] = ()               # others (the first few), never walked nor written
 
     def in_line(self, step_cpus: Mapping[str, frozenset[int]] | None = None) -> bool:
         return all(cpus == folder_cpus(rel, self.cpus, step_cpus)
@@ -62,32 +64,41 @@ def folder_cpus(rel: str, cpus: frozenset[int],
 
 
 # Below a job folder Slurm makes steps (v1: step_<S>/task_<T>; v2: step_<S>/slurm and
-# step_<S>/user/task_<T>): deeper or more folders are not Slurm's, and are not walked.
+# step_<S>/user/task_<T>). Only those names are walked, at most MAX_DEPTH levels and
+# MAX_FOLDERS of them; anything else is reported as foreign, never entered (a job user can
+# nest thousands of folders in his v1 step folders).
 MAX_DEPTH = 3
 MAX_FOLDERS = 1024
+MAX_FOREIGN_NAMED = 4
 
 
-def _descendants(folder: Path) -> list[str]:
-    """Sub-folders (steps, tasks), parents before children, at most ``MAX_DEPTH`` levels and
-    ``MAX_FOLDERS`` of them; links are never followed."""
+def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str, ...]]:
+    """Slurm's folders below the job folder ``top`` (paths, parents before children) and the
+    first few foreign ones (relative paths). Links are never followed; a folder is listed at
+    most ``MAX_FOLDERS`` entries deep, so a folder of a million entries costs what 1,024 do."""
     out: list[str] = []
-    level = [str(folder)]
+    foreign: list[str] = []
+    level = [""]
     for _ in range(MAX_DEPTH):
-        nxt = []
-        for parent in level:
+        nxt: list[str] = []
+        for rel in level:
             try:
-                with os.scandir(parent) as it:
-                    names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+                with os.scandir(os.path.join(top, rel) if rel else top) as it:
+                    names = sorted(e.name for e in islice(it, 64 + MAX_FOLDERS)
+                                   if e.is_dir(follow_symlinks=False))
             except OSError:
                 continue
-            nxt += [os.path.join(parent, n) for n in names]
-        nxt = nxt[:MAX_FOLDERS - len(out)]
-        out += nxt
+            for name in names:
+                child = f"{rel}/{name}" if rel else name
+                if layout.slurm_child(rel, name) and len(out) + len(nxt) < MAX_FOLDERS:
+                    nxt.append(child)
+                elif len(foreign) < MAX_FOREIGN_NAMED:
+                    foreign.append(child)
+        out += [os.path.join(top, rel) for rel in nxt]
         level = nxt
-        if not level or len(out) >= MAX_FOLDERS:
+        if not level:
             break
-    out.sort(key=lambda p: (p.count("/"), p))
-    return out
+    return out, tuple(foreign)
 
 
 class CpusetActuator:
@@ -120,21 +131,31 @@ class CpusetActuator:
                 cpus = read_cpus(top)
                 if not cpus:
                     continue   # being made or removed
-                folders = {f[len(top) + 1:]: read_cpus(f) or frozenset()
-                           for f in _descendants(Path(top))}
-                found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders)
+                below, foreign = walk_job(self.layout, top)
+                folders = {f[len(top) + 1:]: read_cpus(f) or frozenset() for f in below}
+                found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders, foreign)
         return found
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],
-              step_cpus: Mapping[str, frozenset[int]] | None = None) -> None:
-        """Give the job ``cpus``, and each step folder its share (see ``folder_cpus``)."""
+              step_cpus: Mapping[str, frozenset[int]] | None = None, *,
+              allocation: frozenset[int] | None = None) -> None:
+        """Give the job ``cpus``, and each step folder its share (see ``folder_cpus``). Cores
+        beyond its ``allocation`` (borrowed) are given only to a sealed job: every folder below
+        it root's, none but Slurm's (``seal``), so that no folder its user makes can hold a
+        borrowed core and make the reclaim fail (v1's EBUSY)."""
         if not cpus:
             raise ValueError("a job cannot be left without CPUs")
         job_dir = self.layout.job_dir(uid, job_id)
         if not job_dir.is_dir():
             raise ActuatorError(f"no cgroup folder {job_dir}")
         top = str(job_dir)
-        folders = [top] + _descendants(job_dir)
+        if allocation is not None and not cpus <= allocation:
+            self.seal(top)
+        below, foreign = walk_job(self.layout, top)
+        if foreign and allocation is not None and not cpus <= allocation:
+            raise ActuatorError(f"job {job_id} has folders Slurm did not make "
+                                f"({', '.join(foreign)}): it is not lent cores")
+        folders = [top] + below
         desired = {f: folder_cpus(f[len(top) + 1:], cpus, step_cpus) if f != top else cpus
                    for f in folders}
         old = {f: read_cpus(f) or frozenset() for f in folders}
@@ -154,6 +175,21 @@ class CpusetActuator:
                 self._write(f, desired[f])
         if old[top] < cpus:
             self._widen_masks(folders, old[top], desired)
+
+    def seal(self, top: str) -> None:
+        """Make every Slurm folder below the job folder ``top`` root's: on v1 slurmstepd gives
+        the step and task folders to the job's user, who could make cpusets in them. Folders
+        are opened without following links; a folder that vanished (a step ended) is skipped."""
+        for folder in walk_job(self.layout, top)[0]:
+            try:
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                if os.fstat(fd).st_uid != 0:
+                    os.fchown(fd, 0, 0)
+            finally:
+                os.close(fd)
 
     def _widen_masks(self, folders: list[str], was: frozenset[int],
                      desired: Mapping[str, frozenset[int]]) -> None:

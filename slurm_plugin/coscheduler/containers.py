@@ -172,7 +172,9 @@ class ContainerActuator:
         self._by_job = {c.job_id: c for c in containers}
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],
-              step_cpus: Mapping[str, frozenset[int]] | None = None) -> None:
+              step_cpus: Mapping[str, frozenset[int]] | None = None, *,
+              allocation: frozenset[int] | None = None) -> None:
+        """A container's cpuset is Docker's to write (no folder a user makes below it)."""
         if not cpus:
             raise ValueError("a container cannot be left without CPUs")
         c = self._by_job.get(job_id)

@@ -116,12 +116,12 @@ class PlanExecutor:
         return failed
 
     def _parked(self, a: Action) -> bool:
-        ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.actuator.layout)
         try:
+            ranks = self._read_ranks(self.layout, a.job_id, a.uid, self.actuator.layout)
             return all(r.intra_active <= len(rank_share(a.step_cpus.get(r.step, a.after),
                                                         r.local_rank, r.local_size))
                        for r in ranks)
-        except ValueError:     # a record with a bad local rank: not waited for
+        except ValueError:     # a bad local rank, the job's read budget spent: not waited for
             return True
 
     def _apply(self, a: Action, snapshot: NodeSnapshot) -> Outcome:
@@ -130,7 +130,7 @@ class PlanExecutor:
         try:
             if a.kind is not ActionKind.REALIGN and job.malleable and not _announced(a, job):
                 self._write_target(a)
-            self.actuator.apply(a.uid, a.job_id, a.after, a.step_cpus)
+            self.actuator.apply(a.uid, a.job_id, a.after, a.step_cpus, allocation=a.allocation)
             if job.ranks and a.kind is not ActionKind.REALIGN:
                 self._signal(a, job.ranks)   # grown: use the new cores; shrunk: re-pin
         except (ActuatorError, OSError, ValueError, ProtocolError) as exc:

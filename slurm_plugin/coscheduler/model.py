@@ -69,6 +69,9 @@ class JobView:
     peer_cap_per_rank: int | None = None       # the smallest offer of the job's other nodes
     fenced: bool = False                       # a step is starting: held to its allocation
     steps: tuple[str, ...] = ()                # the job's step folders on this node
+    # Why the job's own input (records, folders) cannot be believed this cycle: it is then
+    # held to exactly its allocation, and every other job goes on (the failure boundary).
+    fault: str | None = None
 
     @property
     def malleable(self) -> bool:
@@ -77,7 +80,7 @@ class JobView:
     @property
     def resizable(self) -> bool:
         """Whether the policy may choose this job's cores now (else: exactly its allocation)."""
-        return self.malleable and self.has_folder and not self.fenced
+        return self.malleable and self.has_folder and not self.fenced and self.fault is None
 
     @property
     def ranks_per_step(self) -> dict[str, int]:
@@ -170,6 +173,11 @@ class NodeSnapshot:
 
     def job(self, job_id: int) -> JobView:
         return next(j for j in self.jobs if j.job_id == job_id)
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """The jobs held to their allocation for their own input (``JobView.fault``)."""
+        return tuple(f"job {j.job_id}: {j.fault}" for j in self.jobs if j.fault)
 
 
 @dataclass(frozen=True)

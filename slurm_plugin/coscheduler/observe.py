@@ -11,9 +11,9 @@ from typing import Callable, Protocol
 from malleable_protocol import RunLayout
 
 from ..feed.model import NodeFeed, Offers
-from .cgroup_actuator import CpusetActuator
+from .cgroup_actuator import CgroupJob, CpusetActuator
 from .ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
-from .model import JobView, NodeSnapshot
+from .model import JobView, NodeSnapshot, RankView
 from ..cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
 from .ranks import read_job_ranks
 
@@ -95,13 +95,13 @@ class NodeObserver:
                 ledger.allocations[job_id] = Allocation(uid, alloc)
             ledger.starting.pop(job_id, None)
             spec = fj.spec if fj is not None else None
-            ranks = self._read_ranks(self.layout, job_id, uid, self.actuator.layout) if spec else ()
+            fault, ranks = self._job_input(job_id, uid, cg) if spec else (None, ())
             nodes = fj.nodes if fj is not None else (self.node,)
             view = JobView(
                 job_id=job_id, uid=uid, user=fj.user if fj else str(uid),
                 allocation=alloc, current=cg.cpus, spec=spec,
                 requested=fj.requested if fj is not None else None, ranks=ranks,
-                nodes=len(nodes), fenced=job_id in fenced,
+                nodes=len(nodes), fenced=job_id in fenced, fault=fault,
                 steps=tuple(sorted({rel.split("/", 1)[0] for rel in cg.folders})),
                 peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1
                 else None)
@@ -132,6 +132,18 @@ class NodeObserver:
                             max_cpus=self.max_cpus,
                             problems=self._misplaced([v.job_id for v in views
                                                       if not v.has_folder]))
+
+    def _job_input(self, job_id: int, uid: int, cg: CgroupJob
+                   ) -> tuple[str | None, tuple[RankView, ...]]:
+        """What a malleable job's user controls (its records, the folders below its cgroup),
+        read within its budget. The failure boundary: whatever they hold, the error is this
+        job's fault (it is held to its allocation), never the cycle's."""
+        if cg.foreign:
+            return f"folders Slurm did not make below its cgroup: {', '.join(cg.foreign)}", ()
+        try:
+            return None, self._read_ranks(self.layout, job_id, uid, self.actuator.layout)
+        except Exception as exc:  # noqa: BLE001 - any error on a job's input is confined to it
+            return f"{type(exc).__name__}: {str(exc)[:200]}", ()
 
     def _misplaced(self, folderless: list[int]) -> tuple[str, ...]:
         """For jobs Slurm placed here that have no folder where the layout says: is one of

@@ -5,6 +5,7 @@ the job's cgroup on this node."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 from malleable_protocol import ProtocolError, RankStatus, RunLayout
@@ -47,9 +48,18 @@ PidCheck = Callable[[int, int, SlurmCgroupLayout, int], bool]
 StepLookup = Callable[[int, int, SlurmCgroupLayout, int], "str | None"]
 
 
-def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[RankStatus]:
+class InputBudgetExceeded(ProtocolError):
+    """Reading one job's records cost root more than its budget this cycle."""
+
+
+Charge = Callable[[int], None]
+
+
+def _read_records(layout: RunLayout, job_id: int, owner: int | None,
+                  charge: Charge | None = None) -> list[RankStatus]:
     """The decodable records in the job's folder, opened without following links (the folder
-    itself included); with ``owner``, only a folder and records of that uid."""
+    itself included); with ``owner``, only a folder and records of that uid. ``charge(n)`` is
+    told each record's size before it is decoded and may stop the read (InputBudgetExceeded)."""
     try:
         jobs_fd = open_dir(layout.jobs_dir)
     except OSError:
@@ -68,9 +78,14 @@ def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[Ran
                  if RunLayout.parse_status_name(n) is not None]
         for name in sorted(names):
             try:
-                out.append(RankStatus.decode(read_bounded(name, MAX_RECORD_BYTES, dir_fd=dfd,
-                                                          owner=owner)))
-            except (OSError, ProtocolError):
+                raw = read_bounded(name, MAX_RECORD_BYTES, dir_fd=dfd, owner=owner)
+            except OSError:
+                continue
+            if charge is not None:
+                charge(len(raw))
+            try:
+                out.append(RankStatus.decode(raw))
+            except ProtocolError:
                 continue
     finally:
         os.close(dfd)
@@ -78,11 +93,14 @@ def _read_records(layout: RunLayout, job_id: int, owner: int | None) -> list[Ran
 
 
 def read_job_ranks(layout: RunLayout, job_id: int, uid: int, cgroups: SlurmCgroupLayout, *,
-                   step_of: StepLookup = job_step_of) -> tuple[RankView, ...]:
+                   step_of: StepLookup = job_step_of,
+                   charge: Charge | None = None) -> tuple[RankView, ...]:
     """The records of ``job_id``'s ranks that run on the node of ``cgroups``, each with its
     step; bad ones are skipped."""
     out = []
-    for st in _read_records(layout, job_id, uid):
+    for st in _read_records(layout, job_id, uid, charge):
+        if charge is not None:
+            charge(0)        # the pid checks below read /proc: they count too
         step = step_of(st.pid, job_id, cgroups, uid)
         if step is not None:
             out.append(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
@@ -94,3 +112,49 @@ def read_job_ranks(layout: RunLayout, job_id: int, uid: int, cgroups: SlurmCgrou
 def read_job_statuses(layout: RunLayout, job_id: int) -> list[RankStatus]:
     """Every readable record of a job, for display (``malleable status``): no pid check."""
     return _read_records(layout, job_id, None)
+
+
+class RankReader:
+    """``read_job_ranks`` with a budget per job per cycle: the bytes and the CPU time root may
+    spend on one job's records (its user writes them). Over budget, the read stops with
+    InputBudgetExceeded, which holds that job to its allocation this cycle (its fault) and
+    touches no other job. Made once per node (``node.make_reconciler``) and shared by the
+    observer and the executor, which re-reads records while a shrink waits; the reconciler
+    calls ``begin_cycle``."""
+
+    def __init__(self, *, max_bytes: int = 256 * 1024, max_cpu_s: float = 0.02,
+                 cpu_clock: Callable[[], float] = time.thread_time,
+                 step_of: StepLookup = job_step_of):
+        self.max_bytes = max_bytes
+        self.max_cpu_s = max_cpu_s
+        self._cpu_clock = cpu_clock
+        self._step_of = step_of
+        self._spent: dict[int, tuple[int, float]] = {}     # job -> (bytes, CPU seconds)
+
+    def begin_cycle(self) -> None:
+        self._spent.clear()
+
+    def spent(self, job_id: int) -> tuple[int, float]:
+        return self._spent.get(job_id, (0, 0.0))
+
+    def __call__(self, layout: RunLayout, job_id: int, uid: int,
+                 cgroups: SlurmCgroupLayout) -> tuple[RankView, ...]:
+        nbytes, cpu = self.spent(job_id)
+        t0 = self._cpu_clock()
+
+        def charge(n: int) -> None:
+            nonlocal nbytes
+            nbytes += n
+            used = cpu + self._cpu_clock() - t0
+            if nbytes > self.max_bytes or used > self.max_cpu_s:
+                raise InputBudgetExceeded(
+                    f"job {job_id}: its records cost {nbytes} bytes and {used * 1000:.1f} ms "
+                    f"of CPU this cycle (budget {self.max_bytes} bytes, "
+                    f"{self.max_cpu_s * 1000:.0f} ms)")
+
+        charge(0)
+        try:
+            return read_job_ranks(layout, job_id, uid, cgroups, step_of=self._step_of,
+                                  charge=charge)
+        finally:
+            self._spent[job_id] = (nbytes, cpu + self._cpu_clock() - t0)

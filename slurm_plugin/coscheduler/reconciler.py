@@ -28,6 +28,7 @@ from .ledger import Fence, LedgerFile
 from .model import NodeSnapshot, Plan, PlanInvariantError
 from .observe import NodeObserver
 from .policy import decide
+from .ranks import RankReader
 
 log = logging.getLogger("malleable.agent")
 
@@ -76,10 +77,14 @@ def node_lock(path: Path, timeout_s: float | None = None,
 class Reconciler:
     def __init__(self, config: AgentConfig, observer: NodeObserver, executor: PlanExecutor,
                  ledger: LedgerFile, store: FeedStore, *,
+                 rank_reader: RankReader | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep):
+        """``rank_reader``: the budgeted reader the observer and executor share, its budgets
+        renewed each cycle."""
         self.config = config
+        self.rank_reader = rank_reader
         self.observer = observer
         self.executor = executor
         self.ledger = ledger
@@ -87,6 +92,7 @@ class Reconciler:
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
         self._problems: tuple[str, ...] = ()     # the last logged, so each is logged once
+        self._faults: tuple[str, ...] = ()
 
     def cycle(self, *, lock_timeout_s: float | None = None,
               starting_job: int | None = None,
@@ -113,6 +119,8 @@ class Reconciler:
 
     def _cycle_locked(self, result: CycleResult, starting_job: int | None,
                       fence: tuple[int, Fence] | None) -> None:
+        if self.rank_reader is not None:
+            self.rank_reader.begin_cycle()
         ledger = self.ledger.load()
         if starting_job is not None:
             ledger.starting[starting_job] = self._wall()
@@ -150,6 +158,10 @@ class Reconciler:
             self._problems = result.snapshot.problems
             lines += [{"time": now, "node": self.config.node, "event": "unverified-job",
                        "error": p} for p in self._problems]
+        if result.snapshot is not None and result.snapshot.faults != self._faults:
+            self._faults = result.snapshot.faults
+            lines += [{"time": now, "node": self.config.node, "event": "job-fault",
+                       "error": f} for f in self._faults]
         for o in result.outcomes:
             a = o.action
             lines.append({"time": now, "node": self.config.node, "job": a.job_id,

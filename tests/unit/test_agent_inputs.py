@@ -68,3 +68,74 @@ def test_the_step_of_a_process_is_read_from_its_cpuset_folder():
     # This test process is in no Slurm job; a pid that does not exist has no folder.
     assert job_step_of(os.getpid(), 5, N1, os.getuid()) is None
     assert process_cpuset(2**22 + 12345) is None
+
+
+def test_one_jobs_input_is_confined_to_that_job(tmp_path):
+    """The failure boundary: a job whose records cost more than their budget, or whose cgroup
+    has folders Slurm did not make, is held to its allocation (its fault); the other job is
+    read and lent the idle cores as usual, and the cycle itself does not fail."""
+    from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
+    from slurm_plugin.coscheduler.ledger import Ledger
+    from slurm_plugin.coscheduler.model import Policy
+    from slurm_plugin.coscheduler.observe import NodeObserver
+    from slurm_plugin.coscheduler.policy import decide
+    from slurm_plugin.coscheduler.ranks import RankReader
+    from slurm_plugin.feed import FeedJob, NodeFeed
+    from tests.unit.test_observe_and_feed import FakeCgroups, FakeFeed
+    S = frozenset
+    lay = RunLayout(tmp_path)
+    for job, n in ((5, 300), (6, 1)):
+        d = lay.job_dir(job)
+        d.mkdir(parents=True)
+        os.chown(d, UID, UID)
+        for r in range(n):     # job 5: 300 records of the CPU-list bomb's size
+            put(d, f"rank_{r}.json", RankStatus(**{**GOOD, "rank": r}).encode() if n == 1 else
+                RankStatus(**{**GOOD, "rank": r}).encode()[:-1] +
+                b',"allowed_cpus":"' + b"0-1," * 1000 + b'1"}')
+    spec = MalleableSpec(1, None)
+    feed = NodeFeed("n1", 8, (FeedJob(5, UID, "u", S({0, 1}), ("n1",), spec),
+                              FeedJob(6, UID, "u", S({2, 3}), ("n1",), spec),
+                              FeedJob(7, UID, "u", S({4}), ("n1",), spec)))
+    cg = {5: CgroupJob(UID, 5, S({0, 1}), {"step_0": S({0, 1})}),
+          6: CgroupJob(UID, 6, S({2, 3}), {"step_0": S({2, 3})}),
+          7: CgroupJob(UID, 7, S({4}), {"step_0": S({4})}, foreign=("step_0/mine",))}
+    reader = RankReader(max_bytes=64 * 1024, step_of=lambda *a: "step_0")
+    obs = NodeObserver("n1", lay, FakeFeed(feed), FakeCgroups(cg), read_ranks=reader,
+                       wall=lambda: 1000.0)
+    snap = obs.observe(Ledger())
+    assert "InputBudgetExceeded" in snap.job(5).fault and not snap.job(5).ranks
+    assert snap.job(7).fault.startswith("folders Slurm did not make")
+    assert snap.job(6).fault is None and len(snap.job(6).ranks) == 1
+    assert reader.spent(5)[0] <= 64 * 1024 + 16384
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert plan.targets[5] == {0, 1} and plan.targets[7] == {4}
+    assert len(plan.targets[6]) == 5          # every idle core: 2, 3 and 5-7
+    assert len(snap.faults) == 2
+
+
+def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_path):
+    """The worst a job's folder can cost one cycle: 1,024 records at the size limit, each a
+    valid record carrying CPU lists at their limit. The CPU time is measured with the real
+    thread clock; the budget stops the read at about its 20 ms (plus one record)."""
+    import time
+    lay, d = job_folder(tmp_path)
+    bomb = (RankStatus(**GOOD).encode()[:-1] + b',"allowed_cpus":"' +
+            ",".join(str(2 * i) for i in range(700)).encode() + b'","share_cpus":"' +
+            ",".join(str(2 * i) for i in range(700)).encode() + b'"}')
+    assert len(bomb) < 16384
+    RankStatus.decode(bomb)          # valid: the reader pays its whole decode
+    for r in range(1024):
+        put(d, f"rank_{r}.json", bomb)
+    from slurm_plugin.coscheduler.ranks import InputBudgetExceeded, RankReader
+    reader = RankReader(max_bytes=1 << 30, step_of=lambda *a: "step_0")
+    t0 = time.thread_time()
+    with pytest.raises(InputBudgetExceeded):
+        reader(lay, 5, UID, N1)
+    used = time.thread_time() - t0
+    print(f"\n1,024 hostile records: read stopped after {reader.spent(5)[0]} bytes, "
+          f"{used * 1000:.1f} ms CPU")
+    assert used < 0.05
+    with pytest.raises(InputBudgetExceeded):       # the rest of the cycle: nothing more spent
+        reader(lay, 5, UID, N1)
+    reader.begin_cycle()
+    assert reader.spent(5) == (0, 0.0)

@@ -103,8 +103,9 @@ def test_v2_layout_same_code_path(tmp_path):
 
 
 def test_the_walk_below_a_job_is_bounded(v1):
-    """Folders a job user makes below a step (v1 chowns steps to the user) are walked only to
-    Slurm's depth (step/user/task) and count: a deep or wide tree costs a bounded cycle."""
+    """Folders a job user makes below a step (v1 gives steps to the user) are never walked:
+    they are reported as foreign (the first few); Slurm-named ones are walked only to Slurm's
+    depth and count, so a deep or wide tree costs a bounded cycle."""
     layout, kernel = v1
     job = make_tree(layout.hierarchy, layout, "0", {"step_0": "0"})
     deep = job / "step_0"
@@ -113,10 +114,40 @@ def test_the_walk_below_a_job_is_bounded(v1):
         deep.mkdir()
         (deep / "cpuset.cpus").write_text("0")
     for i in range(cgroup_actuator.MAX_FOLDERS + 50):
-        (job / "step_0" / f"w{i:05d}").mkdir()
-    found = CpusetActuator(layout).scan()[7].folders
-    assert len(found) == cgroup_actuator.MAX_FOLDERS
-    assert max(rel.count("/") for rel in found) + 1 <= cgroup_actuator.MAX_DEPTH
+        (job / "step_0" / f"task_{i}").mkdir()
+    scanned = CpusetActuator(layout).scan()[7]
+    assert len(scanned.folders) == cgroup_actuator.MAX_FOLDERS
+    assert max(rel.count("/") for rel in scanned.folders) + 1 <= cgroup_actuator.MAX_DEPTH
+    assert "step_0/d" in scanned.foreign and \
+        len(scanned.foreign) == cgroup_actuator.MAX_FOREIGN_NAMED
+
+
+def test_borrowed_cores_only_to_a_sealed_job_without_foreign_folders(v1):
+    """v1's step and task folders belong to the job's user, who could make a cpuset in them
+    holding a borrowed core: the reclaim's write would then fail (EBUSY). A grow beyond the
+    allocation first gives Slurm's folders to root; a job with a folder Slurm did not make is
+    not grown beyond its allocation (nothing written), and may still shrink within it."""
+    import os
+    layout, kernel = v1
+    job = make_tree(layout.hierarchy, layout, "0-1", {"step_0": "0-1"})
+    (job / "step_0" / "task_0").mkdir()
+    (job / "step_0" / "task_0" / "cpuset.cpus").write_text("0-1")
+    for d in (job / "step_0", job / "step_0" / "task_0"):
+        os.chown(d, 4242, 4242)
+    act = CpusetActuator(layout)
+    act.apply(0, 7, frozenset({0, 1}), allocation=frozenset({0, 1}))     # within: not sealed
+    assert (job / "step_0").stat().st_uid == 4242
+    act.apply(0, 7, frozenset({0, 1, 2}), allocation=frozenset({0, 1}))
+    assert (job / "step_0").stat().st_uid == 0 and (job / "step_0" / "task_0").stat().st_uid == 0
+    assert read_cpus(job / "step_0" / "task_0") == {0, 1, 2}
+    (job / "step_0" / "task_0" / "mine").mkdir()        # made before the seal (a race)
+    (job / "step_0" / "task_0" / "mine" / "cpuset.cpus").write_text("0")
+    writes = len(kernel.writes)
+    with pytest.raises(ActuatorError, match="did not make.*step_0/task_0/mine"):
+        act.apply(0, 7, frozenset({0, 1, 2, 3}), allocation=frozenset({0, 1}))
+    assert len(kernel.writes) == writes
+    act.apply(0, 7, frozenset({0}), allocation=frozenset({0, 1}))
+    assert read_cpus(job) == {0} and read_cpus(job / "step_0" / "task_0") == {0}
 
 
 def test_v2_tree_as_slurm_24_11_makes_it(tmp_path):

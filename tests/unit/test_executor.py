@@ -20,7 +20,7 @@ class FakeActuator:
         self.fail = set(fail)
         self.applied = []
 
-    def apply(self, uid, job_id, cpus, allocation=None):
+    def apply(self, uid, job_id, cpus, step_cpus=None, *, allocation=None):
         if job_id in self.fail:
             raise ActuatorError(f"EBUSY writing job {job_id}")
         self.applied.append((job_id, frozenset(cpus)))
