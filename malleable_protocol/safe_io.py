@@ -98,3 +98,22 @@ def write_atomic(folder: Path, name: str, data: bytes, mode: int = 0o644) -> Non
             raise
     finally:
         os.close(dfd)
+
+
+def append_capped(path: Path, text: str, max_bytes: int, mode: int = 0o600) -> None:
+    """Append ``text`` to a log in a folder only root writes. A log past ``max_bytes`` is first
+    renamed ``<name>.1`` (the older one dropped): a log never holds more than twice that, so
+    a stream of events, however long, cannot fill the file system it shares with root's state."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    path = Path(path)
+    fd = os.open(path, flags, mode)
+    try:
+        if os.fstat(fd).st_size >= max_bytes:
+            os.close(fd)
+            fd = -1
+            os.replace(path, path.with_name(path.name + ".1"))
+            fd = os.open(path, flags, mode)
+        os.write(fd, text.encode())
+    finally:
+        if fd >= 0:
+            os.close(fd)

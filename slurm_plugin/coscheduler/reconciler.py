@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from malleable_protocol import format_cpu_list
+from malleable_protocol.safe_io import append_capped
 
 from ..feed.model import JobReport, NodeReport, Offers
 from ..feed.store import FeedStore
@@ -31,6 +32,7 @@ from .policy import decide
 from .ranks import RankReader
 
 log = logging.getLogger("malleable.agent")
+MAX_LOG_BYTES = 8 << 20     # the event log, then one older file: 16 MiB at most on /run
 
 
 @dataclass
@@ -176,8 +178,7 @@ class Reconciler:
         text = json.dumps(line, sort_keys=True)
         (log.info if line.get("status") == "applied" else log.warning)("%s", text)
         try:
-            with open(self.config.event_log, "a") as f:
-                f.write(text + "\n")
+            append_capped(self.config.event_log, text + "\n", MAX_LOG_BYTES)
         except OSError as exc:
             log.warning("cannot write event log: %s", exc)
 
