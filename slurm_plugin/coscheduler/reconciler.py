@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,7 +61,12 @@ class CycleResult:
 def node_lock(path: Path, timeout_s: float | None = None,
               sleep: Callable[[float], None] = time.sleep):
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    # Root's only (0600): flock needs no write access, so a lock file others can open is a
+    # lock any job user can hold, and with it stop every cycle and Prolog on the node.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    if os.fstat(fd).st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "r+") as f:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:

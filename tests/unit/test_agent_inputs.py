@@ -139,3 +139,17 @@ def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_pa
         reader(lay, 5, UID, N1)
     reader.begin_cycle()
     assert reader.spent(5) == (0, 0.0)
+
+
+def test_the_node_lock_is_roots_alone(tmp_path):
+    """flock needs only a descriptor: a lock file a job user can open is a lock he can hold."""
+    from slurm_plugin.coscheduler.reconciler import node_lock
+    lock = tmp_path / "agent-n1.lock"
+    lock.write_text("")
+    lock.chmod(0o644)                     # as an earlier version left it
+    with node_lock(lock, 1.0):
+        assert lock.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "link.lock").symlink_to(lock)
+    with pytest.raises(OSError):
+        with node_lock(tmp_path / "link.lock", 1.0):
+            pass
