@@ -34,6 +34,7 @@ DEFAULT_MOUNT = Path("/sys/fs/cgroup")
 CPUS_FILE = "cpuset.cpus"
 _STEP_NAME = re.compile(r"step_(?:[0-9]{1,10}|batch|interactive|extern)")
 _TASK_NAME = re.compile(r"task_[0-9]{1,10}")
+_JOB_NAME = re.compile(r"job_([0-9]{1,10})")   # [0-9]: isdigit() takes "²"
 
 
 class CgroupVersion(enum.Enum):
@@ -152,9 +153,8 @@ class SlurmCgroupLayout:
         rest = path[len(head):].split("/")
         if self.version is CgroupVersion.V1:
             rest = rest[1:] if rest and rest[0].startswith("uid_") else []
-        if rest and rest[0].startswith("job_") and rest[0][4:].isdigit():
-            return int(rest[0][4:])
-        return None
+        m = _JOB_NAME.fullmatch(rest[0]) if rest else None
+        return int(m[1]) if m else None
 
     def step_set_up(self, step: str, folders: Mapping[str, frozenset[int]],
                     stepd_path: str | None, job_id: int) -> bool:
@@ -310,7 +310,7 @@ def parse_stepd_title(cmdline: bytes) -> int | None:
     if not sep or not head.startswith("slurmstepd"):
         return None
     job = rest.split(".", 1)[0].split("]", 1)[0]
-    return int(job) if job.isdigit() and 0 < int(job) < 2**32 else None
+    return int(job) if job.isascii() and job.isdigit() and 0 < int(job) < 2**32 else None
 
 
 def slurmstepd_processes(proc: Path = Path("/proc")) -> list[StepdProcess]:
@@ -417,13 +417,31 @@ def _read_pids(folder: Path) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0,
+def _folders_below(root: Path, max_folders: int) -> list[Path]:
+    """``root`` and the folders below it, parents first, without recursion (a job user may
+    nest thousands in his v1 step folders) nor links; at most ``max_folders``."""
+    out, todo = [root], [root]
+    while todo and len(out) < max_folders:
+        folder = todo.pop()
+        try:
+            with os.scandir(folder) as it:
+                subs = [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        subs = subs[:max_folders - len(out)]
+        out += subs
+        todo += subs
+    return out
+
+
+def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int = 100_000,
                        sleep: Callable[[float], None] = time.sleep) -> RemovalReport:
-    """Kill what still runs in ``root`` and below, then remove the folders bottom-up."""
+    """Kill what still runs in ``root`` and below, then remove the folders bottom-up (at most
+    ``max_folders``: what is left is reported as failed)."""
     report = RemovalReport(removed=[], killed_pids=[], failed=[])
-    if not root.is_dir():
+    if not root.is_dir() or root.is_symlink():
         return report
-    folders = sorted((Path(d) for d, _, _ in os.walk(root)), key=lambda p: len(p.parts), reverse=True)
+    folders = list(reversed(_folders_below(root, max_folders)))      # children first
     for folder in folders:
         freezer_state = folder / "freezer.state"
         if freezer_state.exists():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from malleable_protocol import parse_cpu_list, rank_share
 from slurm_plugin.cluster import daemons
+from slurm_plugin.coscheduler.cgroup_actuator import walk_job
 from slurm_plugin.coscheduler.ranks import job_step_of, read_job_statuses
 from slurm_plugin.feed import FeedStore
 
@@ -53,7 +54,8 @@ def violations(cluster, node: str, *, threads: bool = True) -> list[str]:
             owner[c] = job_id
         if not cpus <= node_cores:
             problems.append(f"job {job_id} holds cores outside the node: {sorted(cpus)}")
-        for step in (d for d in job_dir.rglob("*") if d.is_dir()):
+        # Slurm's folders only, as the agent walks them: a job user may nest thousands of his own.
+        for step in map(Path, walk_job(layout, str(job_dir))[0]):
             if not _cpus(step / "cpuset.cpus") <= cpus:
                 problems.append(f"{step} outside its job's cores")
         fj = feed.job(job_id) if feed else None

@@ -383,3 +383,143 @@ def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
     wait_for(lambda: c.client().job(b).state is JobState.COMPLETED, timeout=90,
              what="bob's job ran once the node was safe", show=detail)
     settle(c)
+
+
+# --- round 2: one job's input stops nothing but that job ------------------------------------
+
+def events(cluster, node: str = NODE) -> list[dict]:
+    log = cluster.paths.root / "agent" / f"events-{node}.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def rigid_job_runs(cluster, work: Path, name: str, node: str = NODE) -> frozenset[int]:
+    """Bob's rigid one-core job on ``node``: its Prolog must pass (no drain) and it runs; its
+    cores, as its own process saw them."""
+    b = submit_as(cluster, BOB, work, name, "grep Cpus_allowed_list /proc/self/status\n",
+                  ["-N1", "-n1", f"-w{node}", f"--output={work}/{name}-%j.out"])
+    out = work / f"{name}-{b}.out"
+    wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=60,
+             what=f"bob's job {name} ran", show=lambda: cluster.client().job(b).state)
+    node_state = next(n for n in cluster.client().nodes() if n.name == node)
+    assert "DRAIN" not in node_state.state_flags, node_state
+    return parse_cpu_list(out.read_text().split()[-1])
+
+
+def test_hostile_records_hold_only_their_own_job(agent_cluster, alice_job, work):
+    """A record whose steps/s key is "²" (it stopped every cycle: bare ValueError), and 1,024
+    records carrying CPU lists at their size limit (each cost ~0.5 s of root CPU to expand):
+    alice's job is held to its allocation (a job-fault event), every cycle still runs, bob's
+    job starts on the node (no drain), and alice grows again once her folder is clean."""
+    c, (a, uid) = agent_cluster, alice_job
+    assert resize_as(c, ALICE, a, "max=node").returncode == 0
+    wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=20, what="alice grown")
+    seen = len(events(c))
+    folder = c.run_layout.job_dir(a)
+    plant = f"""
+import json, os
+d = {str(folder)!r}
+r = json.load(open(d + "/" + sorted(n for n in os.listdir(d) if n.startswith("rank_"))[0]))
+bad = dict(r, steps_per_s={{"\\u00b2": 1}}, rank=900)
+open(d + "/rank_900.step_0.json", "w").write(json.dumps(bad))
+lists = ",".join(str(2 * i) for i in range(700))
+made = 0
+for i in range(1024):
+    try:
+        open(d + f"/rank_{{1000 + i}}.step_0.json", "w").write(
+            json.dumps(dict(r, rank=1000 + i, allowed_cpus=lists, share_cpus=lists)))
+        made += 1
+    except OSError:
+        break
+print(made)
+"""
+    got = run_as(ALICE, ["/usr/bin/python3", "-c", plant], os.environ)
+    assert got.returncode == 0, got.stderr
+    wait_for(lambda: any(e["event"] == "job-fault" and f"job {a}:" in e["error"]
+                         for e in events(c)[seen:]), timeout=20, what="alice's job-fault",
+             show=lambda: events(c)[seen:][-5:])
+    wait_for(lambda: len(cores(c, a, uid)) == 1, timeout=20, what="alice held to her allocation")
+    b_cpus = rigid_job_runs(c, work, "bobr2")
+    assert not b_cpus & cores(c, a, uid)
+    new = events(c)[seen:]
+    assert not [e for e in new if e["event"] == "cycle-error"], new
+    assert not [e for e in new if e.get("status") == "failed"], new
+    print(f"\n{got.stdout.strip()} hostile records planted; alice at {sorted(cores(c, a, uid))}"
+          f" (its allocation), bob ran on {sorted(b_cpus)}")
+    run_as(ALICE, ["/usr/bin/python3", "-c", f"""
+import os
+d = {str(folder)!r}
+for n in os.listdir(d):
+    if n.startswith("rank_9") or n.startswith("rank_1"):
+        if int(n.split("_")[1].split(".")[0]) >= 900:
+            os.unlink(os.path.join(d, n))
+"""], os.environ)
+    wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=30,
+             what="alice grown again once her folder is clean")
+    settle(c)
+
+
+def test_a_sealed_job_user_cannot_make_cpusets(agent_cluster, alice_job):
+    """Alice's grown job: Slurm's step folders below it are root's now (v1 gave them to her),
+    so she cannot make a cpuset that holds a borrowed core; nor can she open the node's lock."""
+    import dataclasses
+    c, (a, uid) = agent_cluster, alice_job
+    assert resize_as(c, ALICE, a, "max=node").returncode == 0
+    wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=20, what="alice grown")
+    layout = c.cgroup_layout(NODE)
+    steps = [d for d in layout.job_dir(uid, a).iterdir() if d.is_dir()]
+    assert steps
+    for d in steps:
+        got = run_as(ALICE, ["mkdir", str(d / "mine")], os.environ)
+        assert got.returncode != 0 and "Permission denied" in got.stderr, (d, got)
+    lock = dataclasses.replace(c.agent_config(), node=NODE).lock_file
+    got = run_as(ALICE, ["/usr/bin/python3", "-c", f"open({str(lock)!r})"], os.environ)
+    assert got.returncode != 0 and "PermissionError" in got.stderr, got
+    settle(c)
+
+
+def test_a_users_own_cgroup_tree_is_his_jobs_fault_only(agent_cluster, users, work):
+    """Bob's job (malleable, never lent a core: max=1) nests 1,200 cpusets in its own batch
+    step folder (v1 gives it to him; the agent walked every folder: RecursionError on each
+    restart). The agent reports his job's fault and keeps every cycle; a new job of alice's
+    starts on the node (no drain); when bob's job ends, the Epilog removes what Slurm could
+    not (a job folder left behind would hold its cores against the next job)."""
+    c = agent_cluster
+    seen = len(events(c, OTHER))
+    b = submit_as(c, BOB, work, "bobtree", """
+python3 - "$(cat /proc/self/cpuset)" <<'PYEOF'
+import os, sys
+d = "/sys/fs/cgroup/cpuset" + sys.argv[1]
+cpus, mems = (open(f"{d}/cpuset.{k}").read().strip() for k in ("cpus", "mems"))
+os.chdir(d)
+for i in range(1200):
+    os.mkdir("x")
+    os.chdir("x")
+    if i < 3:
+        open("cpuset.mems", "w").write(mems)
+        open("cpuset.cpus", "w").write(cpus)
+print("nested 1200", flush=True)
+PYEOF
+sleep 120
+""", ["-N1", "-n1", f"-w{OTHER}", "--comment=malleable:min=1,max=1",
+      f"--output={work}/bobtree-%j.out"])
+    out = work / f"bobtree-{b}.out"
+    try:
+        wait_for(lambda: out.exists() and "nested 1200" in out.read_text(), timeout=60,
+                 what="bob's tree made", show=lambda: out.exists() and out.read_text())
+        wait_for(lambda: any(e["event"] == "job-fault" and f"job {b}:" in e["error"]
+                             for e in events(c, OTHER)[seen:]), timeout=20,
+                 what="bob's job-fault", show=lambda: events(c, OTHER)[seen:][-5:])
+        a_cpus = submit_as(c, ALICE, work, "alicer2", "grep Cpus_allowed_list /proc/self/status\n",
+                           ["-N1", "-n1", f"-w{OTHER}", f"--output={work}/alicer2-%j.out"])
+        a_out = work / f"alicer2-{a_cpus}.out"
+        wait_for(lambda: a_out.exists() and "Cpus_allowed_list" in a_out.read_text(),
+                 timeout=60, what="alice's job ran beside bob's tree")
+        new = events(c, OTHER)[seen:]
+        assert not [e for e in new if e["event"] == "cycle-error"], new
+        settle(c, OTHER)
+    finally:
+        c.client().cancel(b)
+        wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=60, what="bob's end")
+    job_dir = c.cgroup_layout(OTHER).job_dir(uid_of(BOB), b)
+    wait_for(lambda: not job_dir.exists(), timeout=30, what="bob's cgroup tree removed")
+    settle(c, OTHER)

@@ -197,3 +197,25 @@ def test_a_grow_widens_threads_bound_to_the_jobs_former_cores(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_users_deep_tree_below_a_job_folder_is_removed_without_recursion(tmp_path):
+    """What a job user leaves in his v1 step folder (Slurm cannot remove the job folder then,
+    and it would hold its cores): removed bottom-up, iteratively, whatever its depth."""
+    import os
+    from slurm_plugin.cgroups import remove_cgroup_tree
+    job = tmp_path / "job_7"
+    (job / "step_batch").mkdir(parents=True)
+    os.chdir(job / "step_batch")
+    try:
+        for _ in range(1500):
+            os.mkdir("x")
+            os.chdir("x")
+    finally:
+        os.chdir(tmp_path)
+    (job / "link").symlink_to(tmp_path / "outside")
+    (tmp_path / "outside").mkdir()
+    report = remove_cgroup_tree(job, timeout_s=0.1, sleep=lambda s: None)
+    # The link is never followed; a folder holding it (never on cgroupfs) is not removed.
+    assert len(report.removed) == 1501 and [f for f, _ in report.failed] == [job]
+    assert (tmp_path / "outside").is_dir() and not (job / "step_batch").exists()
