@@ -1,0 +1,131 @@
+"""The root CPU one job's input costs the agent per cycle, for each attack a job user can mount
+on his own files and folders (issue: no root cycle spends more than 50 ms of CPU on one job's
+input, whatever it holds). Everything is real files on this machine: the job's record folder,
+and a v1-shaped cgroup tree below the job folder (plain folders: the walk and reads are the
+same syscalls). For each case, the agent's per-job work of one cycle, measured with the thread
+CPU clock: the scan of the job's cgroup folders (``CpusetActuator.scan``), then its records
+through the budgeted reader (``RankReader``), as the observer does; a clean job of one rank
+measured in the same run is the reference.
+
+    python benchmarks/hostile_input_cost.py [--repeat 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from common import RESULTS, machine, save
+
+from malleable_protocol import RankStatus, RunLayout
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
+from slurm_plugin.coscheduler.cgroup_actuator import CpusetActuator
+from slurm_plugin.coscheduler.ranks import InputBudgetExceeded, RankReader
+
+UID, JOB = 4321, 7
+GOOD = RankStatus(pid=10, rank=0, local_rank=0, local_size=1, intra_active=2, intra_pool=2,
+                  inter_active=2, inter_pool=2, steps_per_s={1: 1.0, 2: 2.0})
+
+
+def record(**kw) -> bytes:
+    return json.dumps({**json.loads(GOOD.encode()), **kw}).encode()
+
+
+LISTS = ",".join(str(2 * i) for i in range(700))      # near the 4 KiB field limit, valid
+CASES = {
+    "clean": lambda d, cg: _put(d, "rank_0.json", GOOD.encode()),
+    "unicode digit key": lambda d, cg: _put(d, "rank_0.json", record(steps_per_s={"²": 1})),
+    "1024 cpu-list records": lambda d, cg: [
+        _put(d, f"rank_{r}.json", record(rank=r, allowed_cpus=LISTS, share_cpus=LISTS))
+        for r in range(1024)],
+    "1024 range-bomb records": lambda d, cg: [
+        _put(d, f"rank_{r}.json", record(rank=r, allowed_cpus=("0-65535," * 500)[:4000]))
+        for r in range(1024)],
+    "20000 junk names": lambda d, cg: [_put(d, f"junk_{i}", b"") for i in range(20000)],
+    "1024 deep-json records": lambda d, cg: [
+        _put(d, f"rank_{r}.json", b'{"pid":' * 2000) for r in range(1024)],
+    "1200-deep cgroup tree": lambda d, cg: _nest(cg / "step_0", 1200),
+    "5000 cgroup folders": lambda d, cg: [(cg / "step_0" / f"x{i}").mkdir() for i in range(5000)],
+    "2000 task-named folders": lambda d, cg: [_cg_folder(cg / "step_0" / f"task_{i}")
+                                              for i in range(2000)],
+}
+
+
+def _put(d: Path, name: str, data: bytes) -> None:
+    (d / name).write_bytes(data)
+    os.chown(d / name, UID, UID)
+
+
+def _cg_folder(p: Path) -> None:
+    p.mkdir()
+    (p / "cpuset.cpus").write_text("0-1")
+
+
+def _nest(p: Path, depth: int) -> None:
+    cwd = os.getcwd()
+    os.chdir(p)
+    try:
+        for _ in range(depth):
+            os.mkdir("x")
+            os.chdir("x")
+    finally:
+        os.chdir(cwd)
+
+
+def one_case(name: str, repeat: int) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="malleable-hostile-bench-"))
+    try:
+        run = RunLayout(tmp / "run")
+        d = run.job_dir(JOB)
+        d.mkdir(parents=True)
+        os.chown(d, UID, UID)
+        layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True,
+                                         mount=tmp / "cgroup")
+        cg = layout.job_dir(UID, JOB)
+        for f in (layout.node_dir(), cg.parent, cg, cg / "step_0"):
+            f.mkdir(parents=True, exist_ok=True)
+            (f / "cpuset.cpus").write_text("0-1")
+        CASES[name](d, cg)
+        actuator = CpusetActuator(layout)
+        reader = RankReader(step_of=lambda *a: "step_0")
+        samples, outcome = [], ""
+        for _ in range(repeat):
+            reader.begin_cycle()
+            t0 = time.thread_time()
+            job = actuator.scan()[JOB]
+            try:
+                ranks = reader(run, JOB, UID, layout)
+                outcome = f"{len(ranks)} ranks read"
+            except InputBudgetExceeded:
+                outcome = "budget spent: job held to its allocation"
+            if job.foreign:
+                outcome = "foreign folders: job held to its allocation"
+            samples.append(time.thread_time() - t0)
+        return {"case": name, "cpu_ms_max": round(max(samples) * 1000, 2),
+                "cpu_ms_median": round(sorted(samples)[len(samples) // 2] * 1000, 2),
+                "folders_walked": len(job.folders), "outcome": outcome}
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(tmp)], check=True)  # deep trees
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    rows = [one_case(name, args.repeat) for name in CASES]
+    for r in rows:
+        print(f"{r['case']:28s} {r['cpu_ms_max']:8.2f} ms max  {r['outcome']}")
+    worst = max(r["cpu_ms_max"] for r in rows)
+    clean = next(r for r in rows if r["case"] == "clean")["cpu_ms_max"]
+    save("hostile_input_cost", {"machine": machine(), "repeat": args.repeat, "cases": rows,
+                                "worst_cpu_ms": worst, "clean_cpu_ms": clean,
+                                "goal_cpu_ms": 50})
+    print(f"worst {worst:.1f} ms of root CPU per cycle on one job's input (clean job {clean:.2f} ms)")
+
+
+if __name__ == "__main__":
+    main()
