@@ -1,6 +1,6 @@
 """CPU cost of one reconcile cycle with 64 jobs on a node (goal: under 20 ms of CPU).
 
-The agent's whole cycle is measured, as the agent builds it (hooks.make_reconciler): reading
+The agent's whole cycle is measured, as the agent builds it (node.make_reconciler): reading
 the node's feed (written by the watcher from squeue/sinfo JSON shaped like real Slurm 22.05
 output, records cloned from tests/fixtures), the ledger, the cgroup tree of 64 jobs on tmpfs,
 the policy, the plan and its execution, the offers and the report. Two cases: the feed
@@ -22,7 +22,7 @@ from common import machine, median, percentile, save
 
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.config import AgentConfig
-from slurm_plugin.coscheduler.hooks import make_reconciler
+from slurm_plugin.coscheduler.node import make_reconciler
 from slurm_plugin.coscheduler.model import Policy
 from slurm_plugin.feed import FeedStore
 from slurm_plugin.feed.watcher import build_feeds

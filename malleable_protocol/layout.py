@@ -7,8 +7,10 @@ from pathlib import Path
 
 DEFAULT_RUN_DIR = Path("/run/malleable")
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_STEP_RE = re.compile(r"^step_(\d{1,10}|batch|interactive|extern)$")
-_STATUS_RE = re.compile(r"^rank_(\d{1,9})(?:\.(step_(?:\d{1,10}|batch|interactive|extern)))?\.json$")
+# [0-9], not \d: \d takes any Unicode digit ("step_٣").
+_STEP_RE = re.compile(r"^step_([0-9]{1,10}|batch|interactive|extern)$")
+_STATUS_RE = re.compile(
+    r"^rank_([0-9]{1,9})(?:\.(step_(?:[0-9]{1,10}|batch|interactive|extern)))?\.json$")
 # Slurm's step ids that have names (slurm.h) -> the step's cgroup folder.
 _NAMED_STEPS = {0xfffffffb: "step_batch", 0xfffffffa: "step_interactive",
                 0xfffffffc: "step_extern"}
@@ -17,7 +19,7 @@ _NAMED_STEPS = {0xfffffffb: "step_batch", 0xfffffffa: "step_interactive",
 def check_step_name(name: object) -> str:
     """A step's cgroup folder name as slurmstepd makes it (never a path)."""
     if not isinstance(name, str) or not _STEP_RE.fullmatch(name):
-        raise ValueError(f"invalid step name {name!r}")
+        raise ValueError(f"invalid step name {name!r:.32}")
     return name
 
 
@@ -26,21 +28,21 @@ def step_folder(step_id: str | None) -> str:
     batch script: the batch step)."""
     if step_id is None or step_id == "":
         return "step_batch"
-    if not step_id.isdigit() or int(step_id) >= 2**32:
-        raise ValueError(f"invalid step id {step_id!r}")
+    if not (step_id.isascii() and step_id.isdigit()) or int(step_id) >= 2**32:
+        raise ValueError(f"invalid step id {step_id!r:.32}")
     return _NAMED_STEPS.get(int(step_id), f"step_{int(step_id)}")
 
 
 def check_job_id(job_id: object) -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**32:
-        raise ValueError(f"invalid job id {job_id!r}")
+        raise ValueError(f"invalid job id {job_id!r:.32}")
     return job_id
 
 
 def check_node_name(node: object) -> str:
     """A Slurm node name usable in a file name: no '/', no '..', not empty."""
     if not isinstance(node, str) or not _NODE_RE.fullmatch(node) or ".." in node:
-        raise ValueError(f"invalid node name {node!r}")
+        raise ValueError(f"invalid node name {node!r:.32}")
     return node
 
 
@@ -66,7 +68,7 @@ class RunLayout:
         """``rank_<r>.<step>.json``: ranks of several steps of one job (concurrent sruns) each
         have a rank 0. "{rank}" and "{step}" stay placeholders that each rank fills."""
         if rank != "{rank}" and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-            raise ValueError(f"invalid rank {rank!r}")
+            raise ValueError(f"invalid rank {rank!r:.32}")
         if step is not None and step != "{step}":
             check_step_name(step)
         return f"rank_{rank}.json" if step is None else f"rank_{rank}.{step}.json"

@@ -46,11 +46,17 @@ def decode_json_bounded(raw: bytes, *, max_bytes: int = MAX_RECORD_BYTES,
                         max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     if len(raw) > max_bytes:
         raise ProtocolError(f"record of {len(raw)} bytes (limit {max_bytes})")
+    try:
+        # UTF-8 only: json.loads would take UTF-16/32 bytes too, in which a quote or bracket
+        # byte inside a character fools the byte-level depth check (RecursionError).
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("record is not UTF-8") from None
     if not _depth_ok(raw, max_depth):
         raise ProtocolError(f"record nested deeper than {max_depth}")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except ValueError as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("record is not a JSON object")
@@ -60,14 +66,14 @@ def decode_json_bounded(raw: bytes, *, max_bytes: int = MAX_RECORD_BYTES,
 def _int(d: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ProtocolError(f"bad {key}: {v!r}")
+        raise ProtocolError(f"bad {key}: {v!r:.32}")
     return v
 
 
 def _num(d: Mapping[str, Any], key: str, lo: float, hi: float) -> float:
     v = d.get(key, 0.0)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise ProtocolError(f"bad {key}: {v!r}")
+        raise ProtocolError(f"bad {key}: {v!r:.32}")
     return float(v)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 from pathlib import Path
+from typing import Callable
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -70,8 +72,11 @@ def ensure_private_dir(path: Path, mode: int = 0o755) -> Path:
     return path
 
 
-def write_atomic(folder: Path, name: str, data: bytes, mode: int = 0o644) -> None:
-    """Write ``folder/name`` whole or not at all, in a folder only we can write (checked)."""
+def write_atomic(folder: Path, name: str, data: bytes, mode: int = 0o644, *,
+                 prepare: Callable[[int], None] | None = None) -> None:
+    """Write ``folder/name`` whole or not at all, in a folder only we can write (checked).
+    ``prepare(fd)`` runs on the new file before it takes the name (its owner, group or ACL:
+    the file is never seen under its name with any other)."""
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"bad file name {name!r}")
     dfd = open_dir(folder)
@@ -88,6 +93,8 @@ def write_atomic(folder: Path, name: str, data: bytes, mode: int = 0o644) -> Non
                      mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
+                if prepare is not None:
+                    prepare(f.fileno())
                 f.write(data)
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
@@ -108,7 +115,10 @@ def append_capped(path: Path, text: str, max_bytes: int, mode: int = 0o600) -> N
     path = Path(path)
     fd = os.open(path, flags, mode)
     try:
-        if os.fstat(fd).st_size >= max_bytes:
+        st = os.fstat(fd)
+        if stat.S_IMODE(st.st_mode) & ~mode:   # made by an older version (0644): made private
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
+        if st.st_size >= max_bytes:
             os.close(fd)
             fd = -1
             os.replace(path, path.with_name(path.name + ".1"))
@@ -117,3 +127,56 @@ def append_capped(path: Path, text: str, max_bytes: int, mode: int = 0o600) -> N
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+# A POSIX access ACL as the kernel takes it in the xattr (linux/posix_acl_xattr.h): a version,
+# then (tag, permissions, id) entries sorted by tag.
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_VERSION = 2
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_ACL_NO_ID = 0xFFFFFFFF
+_NO_ACL = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
+
+
+def _acl_owner_and_reader(uid: int) -> bytes:
+    """owner rw-, user:<uid> r--, group ---, mask r--, other ---."""
+    entries = [(_ACL_USER_OBJ, 6, _ACL_NO_ID), (_ACL_USER, 4, uid), (_ACL_GROUP_OBJ, 0, _ACL_NO_ID),
+               (_ACL_MASK, 4, _ACL_NO_ID), (_ACL_OTHER, 0, _ACL_NO_ID)]
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def _primary_gid(uid: int) -> int | None:
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return None
+
+
+def share_read_with(fd: int, uid: int, *,
+                    primary_gid: Callable[[int], int | None] = _primary_gid) -> str:
+    """Let user ``uid`` (and nobody else but us) read the file we own and just created, without
+    letting them change it: they never own it (an owner can chmod). Returns how:
+
+    - ``"acl"``: mode 0600 plus a POSIX ACL entry ``user:<uid>:r--`` (group and others none):
+      exactly that user, whatever groups it shares with others.
+    - ``"group"``: the filesystem has no ACLs: group = the user's primary group, mode 0640. Other
+      members of that group can read it too (private on sites with a group per user).
+    - ``"owner"``: neither (no ACLs, no passwd entry for ``uid``): 0600, only we read it.
+    - ``"self"``: ``uid`` is us already.
+    """
+    os.fchmod(fd, 0o600)
+    if uid == os.geteuid():
+        return "self"
+    try:
+        os.setxattr(fd, _ACL_XATTR, _acl_owner_and_reader(uid))
+        return "acl"
+    except OSError as exc:
+        if exc.errno not in _NO_ACL:
+            raise
+    gid = primary_gid(uid)
+    if gid is None:
+        return "owner"
+    os.fchown(fd, -1, gid)
+    os.fchmod(fd, 0o640)
+    return "group"

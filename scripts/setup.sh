@@ -18,8 +18,11 @@ VENV="${MALLEABLE_VENV:-$REPO/.venv}"
 CACHE="${MALLEABLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/malleable}"
 WHEELS="$CACHE/wheels"
 
+# lua5.1: the interpreter of the Lua slurmctld embeds (Debian's links liblua5.1), for the unit
+# tests that run job_submit.lua.
 APT_PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
-              openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv python3-dev)
+              openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv python3-dev
+              lua5.1)
 # The environment every cluster user's jobs run in: on Debian's own Python, in a folder every
 # user can read (root's home, where a developer's Python may live, is not).
 SITE_VENV="${MALLEABLE_SITE_VENV:-/opt/malleable/venv}"
@@ -77,7 +80,7 @@ done_step
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 PY_DEPS=("$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setuptools
-         pytest pytest-timeout matplotlib scikit-learn prometheus-client)
+         pytest pytest-timeout hypothesis matplotlib scikit-learn prometheus-client)
 # Installed distributions are checked by their metadata: importing TensorFlow takes ~10 s here.
 have_versions() {
   "$VENV/bin/python" - "$@" <<'PYEOF'

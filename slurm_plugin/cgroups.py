@@ -435,14 +435,16 @@ def _folders_below(root: Path, max_folders: int) -> list[Path]:
 
 
 def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int = 100_000,
+                       kill: bool = True,
                        sleep: Callable[[float], None] = time.sleep) -> RemovalReport:
-    """Kill what still runs in ``root`` and below, then remove the folders bottom-up (at most
-    ``max_folders``: what is left is reported as failed)."""
+    """Kill what still runs in ``root`` and below (with ``kill``), then remove the folders
+    bottom-up (at most ``max_folders``: what is left is reported as failed). Without ``kill``
+    a folder still in use is left at once (reported)."""
     report = RemovalReport(removed=[], killed_pids=[], failed=[])
     if not root.is_dir() or root.is_symlink():
         return report
     folders = list(reversed(_folders_below(root, max_folders)))      # children first
-    for folder in folders:
+    for folder in folders if kill else ():
         freezer_state = folder / "freezer.state"
         if freezer_state.exists():
             try:
@@ -465,7 +467,7 @@ def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int 
             except FileNotFoundError:
                 break
             except OSError as exc:  # busy: killed tasks not reaped yet
-                if time.monotonic() > deadline:
+                if not kill or time.monotonic() > deadline:
                     report.failed.append((folder, str(exc)))
                     break
                 for pid in _read_pids(folder):

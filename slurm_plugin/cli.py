@@ -90,7 +90,8 @@ def _agent_cmd(args: argparse.Namespace) -> int:
         overrides["policy"] = Policy(args.policy)
     config = AgentConfig.from_json(Path(args.config).read_text())
     config = dataclasses.replace(config, **overrides)
-    return run_agent(config, once=args.once, metrics_port=args.metrics_port)
+    return run_agent(config, once=args.once, metrics_port=args.metrics_port,
+                     metrics_addr=args.metrics_addr, metrics_retry_s=args.metrics_retry)
 
 
 def _watcher_cmd(args: argparse.Namespace) -> int:
@@ -153,7 +154,7 @@ def _containers_cmd(args: argparse.Namespace) -> int:
 
 def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.config import AgentConfig
-    from .coscheduler.hooks import install
+    from .coscheduler.install import install
     from .coscheduler.model import Policy
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
                          run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
@@ -202,12 +203,21 @@ def _client(args: argparse.Namespace):
     return CliSlurmClient()
 
 
-def _status_cmd(args: argparse.Namespace) -> int:
-    from .coscheduler.status import collect_problems, collect_status, format_table
+def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
+    """Root sees every job and each node's problems; anyone else (PrivateData=jobs) only his
+    own jobs, and only where the feed is readable to him: else exit 2 with what to do."""
+    from .coscheduler.status import (FeedUnreadable, check_feed, collect_problems,
+                                     collect_status, format_table)
     from .feed import FeedStore
+    uid = os.geteuid() if uid is None else uid
     store = FeedStore(Path(args.feed_dir))
-    rows = collect_status(store, only_malleable=not args.all)
-    problems = collect_problems(store)
+    try:
+        check_feed(store)
+    except FeedUnreadable as exc:
+        print(f"malleable status: {exc}", file=sys.stderr)
+        return 2
+    rows = collect_status(store, only_malleable=not args.all, uid=None if uid == 0 else uid)
+    problems = collect_problems(store) if uid == 0 else []
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
@@ -273,6 +283,36 @@ def _sbatch_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return port
+
+
+def _ip_address(text: str) -> str:
+    """An address to bind (IPv4 or IPv6, no host name: what is served where is not left to a
+    resolver)."""
+    import ipaddress
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -300,7 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--node", help="this node's Slurm name (default: from the config)")
     ag.add_argument("--policy", choices=POLICIES)
     ag.add_argument("--once", action="store_true", help="one reconcile cycle, then exit")
-    ag.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    ag.add_argument("--metrics-port", type=_port,
+                    help="serve Prometheus metrics on ADDR:PORT (a port below 1024: no job "
+                         "user can take it first; if it is taken, the agent runs on and "
+                         "retries)")
+    ag.add_argument("--metrics-addr", type=_ip_address, default="127.0.0.1",
+                    help="the address the metrics are served on (default %(default)s; a "
+                         "central Prometheus needs the node's own)")
+    ag.add_argument("--metrics-retry", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                    help="seconds between attempts to bind a taken metrics port "
+                         "(default %(default)s)")
     ag.set_defaults(func=_agent_cmd)
 
     co = sub.add_parser("containers", help="the co-scheduler for Docker containers labelled "
@@ -347,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")
     sb.set_defaults(func=_sbatch_cmd)
 
-    st = sub.add_parser("status", help="malleable jobs: cores and threads per node")
+    st = sub.add_parser("status", help="malleable jobs: cores and threads per node (root: "
+                        "every user's; the feed is root's, like PrivateData=jobs)")
     st.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
                                                          "/run/malleable/feed"))
     st.add_argument("--all", action="store_true", help="rigid jobs too")

@@ -123,7 +123,7 @@ def install_cluster_hooks(spec: ClusterSpec, policy: Policy) -> ClusterSpec:
     """What `malleable install-slurm-hooks` does on a real cluster, below the cluster folder:
     returns the spec with its hook slots filled."""
     from ..coscheduler.config import AgentConfig
-    from ..coscheduler.hooks import install, prepare_node_folders
+    from ..coscheduler.install import install, prepare_node_folders
     from ..feed.store import FeedStore
     config = AgentConfig.under(spec.paths.root, policy=policy, slurm_conf=spec.paths.slurm_conf)
     paths = install(hooks_dir(spec), config)

@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..cgroups import LayoutUnknown, SlurmCgroupLayout
 from .config import AgentConfig
-from .hooks import make_reconciler, node_layout
+from .node import make_reconciler, node_layout
 
 log = logging.getLogger("malleable.agent")
 
@@ -35,7 +35,21 @@ def await_layout(config: AgentConfig, *, wait_s: float,
             sleep(1.0)
 
 
+def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", *,
+                  retry_s: float = 5.0):
+    """Metrics of ``rec``'s cycles on ``addr:port``: serving at once if the port is free, else
+    retried in the background (``MetricsServer``); never raises for a taken port, so a user
+    who binds it first cannot keep the agent from reconciling. Returns the server (``stop``)."""
+    from .metrics import AgentMetrics, MetricsServer
+    metrics = AgentMetrics(config.node)
+    server = MetricsServer(metrics, port, addr, retry_s=retry_s)
+    server.start()
+    rec.on_cycle = metrics.observe
+    return server
+
+
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
+              metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
               layout_wait_s: float = 30.0) -> int:
     """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -52,11 +66,9 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
         for failure in result.failures:
             print(f"error: {failure}", file=sys.stderr)
         return 1 if result.failures else 0
+    server = None
     if metrics_port is not None:
-        from .metrics import AgentMetrics
-        metrics = AgentMetrics(config.node)
-        metrics.serve(metrics_port)
-        rec.on_cycle = metrics.observe
+        server = start_metrics(config, rec, metrics_port, metrics_addr, retry_s=metrics_retry_s)
     config.pid_file.write_text(str(os.getpid()))
     stop = threading.Event()
     wake = threading.Event()
@@ -66,6 +78,8 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     try:
         rec.run(stop.is_set, wake)
     finally:
+        if server is not None:
+            server.stop()
         try:
             if config.pid_file.read_text() == str(os.getpid()):
                 config.pid_file.unlink()

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Mapping
 
 from malleable_protocol import RunLayout
 
-from .model import Policy
+from .model import Policy, SiteLimits
 
 _PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount", "slurm_conf")
 
@@ -26,6 +27,34 @@ class AgentConfig:
     shrink_wait_s: float = 0.5    # how long a shrink waits for ranks to park before narrowing
     prolog_lock_timeout_s: float = 3.0    # a cycle holds the lock for ms: longer is a hang
     max_cpus: int | None = None   # the site's limit on a job's cores per node (max=node too)
+    # Cores above its allocation one job may hold on a node, whatever its user asks (cpus=,
+    # min=, max=) or claims (steps/s, weight=); None: no limit, 0: no lending. 8: a lone job
+    # still takes every idle core of a small node; on a large one a single user's word wins at
+    # most 8 (sites whose jobs ask for a share of their cores and grow, raise it).
+    max_borrowed_cpus: int | None = 8
+    # The largest weight= (lend-idle) that counts for a job: per Slurm partition, else
+    # max_weight. The user's weight= is only a wish within what the site allows (1: ignored).
+    max_weight: int = 1
+    partition_max_weight: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def bad_weight(w: object) -> bool:
+            return isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100
+        b = self.max_borrowed_cpus
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+            raise ValueError(f"max_borrowed_cpus must be a whole number >= 0 or null, not {b!r}")
+        if bad_weight(self.max_weight):
+            raise ValueError(f"max_weight must be 1 to 100, not {self.max_weight!r}")
+        if not isinstance(self.partition_max_weight, Mapping) or any(
+                not isinstance(k, str) or bad_weight(v)
+                for k, v in self.partition_max_weight.items()):
+            raise ValueError("partition_max_weight maps partition names to weights 1 to 100")
+
+    @property
+    def limits(self) -> SiteLimits:
+        """What the policy bounds the jobs' own words with (``NodeSnapshot.limits``)."""
+        return SiteLimits(max_borrowed_cpus=self.max_borrowed_cpus, max_weight=self.max_weight,
+                          partition_max_weight=dict(self.partition_max_weight))
 
     @classmethod
     def under(cls, base: Path, *, node: str = "(set by SLURMD_NODENAME or --node)",

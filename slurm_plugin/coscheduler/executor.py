@@ -10,6 +10,7 @@ cores. Every outcome is returned, none is dropped.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import signal
 import time
@@ -17,11 +18,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from malleable_protocol import ProtocolError, RunLayout, Target, rank_share
-from malleable_protocol.safe_io import ensure_private_dir, write_atomic
+from malleable_protocol.safe_io import ensure_private_dir, share_read_with, write_atomic
 
 from .cgroup_actuator import ActuatorError, CpusetActuator
 from .model import Action, ActionKind, NodeSnapshot, Plan, RankView
+from .procs import signal_verified
 from .ranks import PidCheck, in_job_cgroup, read_job_ranks
+
+log = logging.getLogger("malleable.agent")
 
 _ORDER = {ActionKind.SHRINK: 0, ActionKind.MOVE: 1, ActionKind.REALIGN: 2, ActionKind.GROW: 3}
 
@@ -47,10 +51,12 @@ def _announced(a: Action, job) -> bool:
 
 
 class PlanExecutor:
+    _told_sharing: set[str] = set()     # fallbacks of _write_target already logged
+
     def __init__(self, node: str, layout: RunLayout, actuator: CpusetActuator, *,
                  shrink_wait_s: float = 0.5, read_ranks: Callable = read_job_ranks,
                  check_pid: PidCheck = in_job_cgroup,
-                 send_signal: Callable[[int, int], None] = os.kill,
+                 send_signal: Callable[[int, int, Callable[[int], bool]], bool] = signal_verified,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.node = node
@@ -139,16 +145,28 @@ class PlanExecutor:
         return Outcome(a, OutcomeStatus.APPLIED, latency_ms=round((self._clock() - t0) * 1000, 3))
 
     def _write_target(self, a: Action) -> None:
+        """The job's target on this node, readable by root and the job's user alone (its ranks
+        read it as that user) and writable by root alone: root owns it (a user who owned it could
+        chmod it), mode 0600, and a POSIX ACL entry gives the job's uid read access, not its
+        group (a group such as "users" is shared by strangers). Where the filesystem has no
+        ACLs: group = the user's primary group, 0640 (said once in the log); without a passwd
+        entry either: root only (the ranks then follow their cgroup allowance alone)."""
         folder = ensure_private_dir(self.layout.targets_dir)
         target = Target(cpus=a.after, generation=time.time_ns() // 1000)
-        write_atomic(folder, RunLayout.target_name(a.job_id, self.node), target.encode())
+        how = []
+        write_atomic(folder, RunLayout.target_name(a.job_id, self.node), target.encode(), 0o600,
+                     prepare=lambda fd: how.append(share_read_with(fd, a.uid)))
+        if how and how[0] in ("group", "owner") and how[0] not in PlanExecutor._told_sharing:
+            PlanExecutor._told_sharing.add(how[0])
+            log.warning("targets in %s: no POSIX ACLs there, so job %d's target is %s", folder,
+                        a.job_id, "readable by its user's primary group too (mode 0640)"
+                        if how[0] == "group" else "root's alone (its user has no passwd entry)")
 
     def _signal(self, a: Action, ranks: tuple[RankView, ...]) -> None:
+        def still_in_job(pid: int) -> bool:   # the job user's, in the job, checked again
+            return self._check_pid(pid, a.job_id, self.actuator.layout, a.uid)
+
         for r in ranks:
-            # Checked again just before: the pid must still be the job user's, in the job.
-            if not self._check_pid(r.pid, a.job_id, self.actuator.layout, a.uid):
-                continue
-            try:
-                self._send_signal(r.pid, signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                pass
+            # send_signal(pid, sig, check): the check and the signal reach one process, never
+            # a pid's next owner (procs.signal_verified: a pidfd opened before the check).
+            self._send_signal(r.pid, signal.SIGUSR1, still_in_job)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from malleable_protocol import check_job_id, check_node_name, format_cpu_list, parse_cpu_list
 from malleable_protocol.layout import check_step_name
-from malleable_protocol.records import decode_json_bounded
+from malleable_protocol.records import ProtocolError, decode_json_bounded
 from malleable_protocol.safe_io import ensure_private_dir, read_bounded, write_atomic
 
 MAX_LEDGER_BYTES = 4 << 20
@@ -66,19 +66,24 @@ class Ledger:
 
     @classmethod
     def decode(cls, raw: bytes) -> "Ledger":
+        """Raises ProtocolError only (``load`` starts anew on it)."""
         d = decode_json_bounded(raw, max_bytes=MAX_LEDGER_BYTES, max_depth=3)
         led = cls()
-        for k, v in (d.get("allocations") or {}).items():
-            led.allocations[check_job_id(int(k))] = Allocation(int(v["uid"]),
-                                                               parse_cpu_list(v["cpus"]))
-        for k, t in (d.get("starting") or {}).items():
-            led.starting[check_job_id(int(k))] = float(t)
-        for k, t in (d.get("ended") or {}).items():
-            led.ended[check_job_id(int(k))] = float(t)
-        for k, v in (d.get("fences") or {}).items():
-            job, _, step = k.partition("/")
-            led.fences[(check_job_id(int(job)), check_step_name(step))] = Fence(
-                check_step_name(step), int(v["pid"]), float(v["since"]))
+        try:
+            for k, v in (d.get("allocations") or {}).items():
+                led.allocations[check_job_id(int(k))] = Allocation(int(v["uid"]),
+                                                                   parse_cpu_list(v["cpus"]))
+            for k, t in (d.get("starting") or {}).items():
+                led.starting[check_job_id(int(k))] = float(t)
+            for k, t in (d.get("ended") or {}).items():
+                led.ended[check_job_id(int(k))] = float(t)
+            for k, v in (d.get("fences") or {}).items():
+                job, _, step = k.partition("/")
+                led.fences[(check_job_id(int(job)), check_step_name(step))] = Fence(
+                    check_step_name(step), int(v["pid"]), float(v["since"]))
+        # A list where a map belongs has no .items(); int(Infinity) and float(10**400) overflow.
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ProtocolError(f"bad ledger: {exc}") from None
         return led
 
 

@@ -1,8 +1,17 @@
-"""The agent's Prometheus metrics, served on loopback only."""
+"""The agent's Prometheus metrics, served on loopback unless told otherwise (``--metrics-addr``).
+
+Any user of the node can bind a port first. The agent's port being taken never stops it:
+``MetricsServer`` logs the failure, counts it and retries in the background until it binds.
+"""
 from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+log = logging.getLogger("malleable.agent.metrics")
 
 
 class AgentMetrics:
@@ -21,9 +30,13 @@ class AgentMetrics:
         self.unverified = Gauge("malleable_unverified_jobs", "Jobs running here whose cgroup "
                                 "folder is not where the node's layout says",
                                 ["node"], registry=self.registry)
+        self.bind_failures = Counter("malleable_metrics_bind_failures_total",
+                                     "Failed attempts to bind the metrics port (another "
+                                     "process held it)", ["node"], registry=self.registry)
         self._jobs: set[str] = set()
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Bind now or raise (``OSError``); see ``MetricsServer`` for an agent that must not."""
         start_http_server(port, addr=addr, registry=self.registry)
 
     def observe(self, result) -> None:
@@ -45,3 +58,85 @@ class AgentMetrics:
             for kind in ("slurm", "current"):
                 self.cores.remove(self.node, gone, kind)
         self._jobs = seen
+
+
+class MetricsServer:
+    """Serves ``metrics`` on ``addr:port``. ``start`` tries once at once; if the port cannot be
+    had (a user bound it first, a previous agent still holds it) it says so in the log, counts
+    it (``bind_failures`` here, ``malleable_metrics_bind_failures_total`` once served) and
+    tries again every ``retry_s`` in a daemon thread until it binds or ``stop`` is called. No
+    thread is started before ``start``."""
+
+    LOG_EVERY = 60
+
+    def __init__(self, metrics: AgentMetrics, port: int, addr: str = "127.0.0.1", *,
+                 retry_s: float = 5.0,
+                 serve: Callable[..., object] = start_http_server):
+        if retry_s <= 0:
+            raise ValueError(f"retry_s must be positive, not {retry_s}")
+        self.metrics = metrics
+        self.port = port
+        self.addr = addr
+        self.retry_s = retry_s
+        self.bind_failures = 0
+        self._serve = serve
+        self._server = None
+        self._stop = threading.Event()
+        self._bound = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self._bound.is_set()
+
+    def wait_bound(self, timeout: float | None = None) -> bool:
+        return self._bound.wait(timeout)
+
+    def try_bind(self) -> bool:
+        """One attempt; True once serving."""
+        if self.bound:
+            return True
+        try:
+            served = self._serve(self.port, addr=self.addr, registry=self.metrics.registry)
+        except OSError as exc:
+            self.bind_failures += 1
+            self.metrics.bind_failures.labels(self.metrics.node).inc()
+            if self.bind_failures % self.LOG_EVERY != 1 and self.LOG_EVERY > 1:
+                return False      # said on the first failure and every LOG_EVERY-th after
+            log.error("cannot serve metrics on %s:%d (%s; failure %d): retrying every %g s; "
+                      "the agent runs on without them", self.addr, self.port,
+                      exc.strerror or exc, self.bind_failures, self.retry_s)
+            return False
+        # prometheus_client >= 0.20 returns (server, thread); older ones None.
+        self._server = served[0] if isinstance(served, tuple) else None
+        self._bound.set()
+        if self.bind_failures:
+            log.warning("serving metrics on %s:%d after %d failed attempt(s)", self.addr,
+                        self.port, self.bind_failures)
+        return True
+
+    def start(self) -> bool:
+        """Bind now if the port is free, else keep trying in the background. Never raises for
+        a taken port. True when serving already."""
+        if self.try_bind():
+            return True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._retry, name="malleable-metrics-bind",
+                                            daemon=True)
+            self._thread.start()
+        return False
+
+    def _retry(self) -> None:
+        while not self._stop.wait(self.retry_s):
+            if self.try_bind():
+                return
+
+    def stop(self) -> None:
+        """Stops retrying and serving (the port is free again)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -72,6 +72,7 @@ class JobView:
     # Why the job's own input (records, folders) cannot be believed this cycle: it is then
     # held to exactly its allocation, and every other job goes on (the failure boundary).
     fault: str | None = None
+    partition: str = ""                        # Slurm's partition (the feed's; admin-set)
 
     @property
     def malleable(self) -> bool:
@@ -159,6 +160,33 @@ def split_among_steps(cpus: frozenset[int], ranks_per_step: Mapping[str, int]
 
 
 @dataclass(frozen=True)
+class SiteLimits:
+    """What the site's settings (``AgentConfig``) bound of the jobs' own words. The defaults
+    here bound nothing (the pure policy and the simulator); the agent's config sets them."""
+
+    # Cores above its allocation one job may hold on the node, whatever it asks (cpus=, min=)
+    # or claims (steps/s, weight=). None: no limit; 0: no lending.
+    max_borrowed_cpus: int | None = None
+    # The largest weight= that counts, in a partition not in ``partition_max_weight``. None:
+    # the job's weight counts as given.
+    max_weight: int | None = None
+    partition_max_weight: Mapping[str, int] = field(default_factory=dict)
+
+    def weight(self, job: "JobView") -> int:
+        """The job's weight as the site lets it count: its own weight=, at most its
+        partition's maximum (an admin's setting, never the user's)."""
+        cap = self.partition_max_weight.get(job.partition, self.max_weight)
+        own = job.spec.weight if job.spec is not None else 1
+        return max(1, own if cap is None else min(own, cap))
+
+    def borrow_ceiling(self, job: "JobView") -> int | None:
+        """The most cores the job may hold on the node (None: no limit of the site's)."""
+        if self.max_borrowed_cpus is None:
+            return None
+        return len(job.allocation) + max(0, self.max_borrowed_cpus)
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     node: str
     cpus: frozenset[int]                       # every core of the node Slurm may hand out
@@ -170,6 +198,7 @@ class NodeSnapshot:
     # Jobs Slurm runs here whose cgroup folder is not where the node's layout says: their cores
     # cannot be verified (cgroups.misplaced_jobs). The Prolog refuses to start a job then.
     problems: tuple[str, ...] = ()
+    limits: SiteLimits = SiteLimits()          # the site's bounds on what jobs ask and claim
 
     def job(self, job_id: int) -> JobView:
         return next(j for j in self.jobs if j.job_id == job_id)
@@ -240,6 +269,9 @@ def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
             cap = min(cap, snapshot.max_cpus)
         if len(target) > max(cap, len(job.allocation)):
             raise PlanInvariantError(f"job {job.job_id} above its maximum")
+        ceiling = snapshot.limits.borrow_ceiling(job)
+        if ceiling is not None and len(target) > ceiling:
+            raise PlanInvariantError(f"job {job.job_id} above the site's borrowing limit")
         if snapshot.pending_starts and not target <= job.allocation:
             raise PlanInvariantError(f"job {job.job_id} holds lent cores while a job starts")
         if len(target) < min(job.spec.min_cpus, len(job.allocation)):

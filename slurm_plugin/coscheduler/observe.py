@@ -13,7 +13,7 @@ from malleable_protocol import RunLayout
 from ..feed.model import NodeFeed, Offers
 from .cgroup_actuator import CgroupJob, CpusetActuator
 from .ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
-from .model import JobView, NodeSnapshot, RankView
+from .model import JobView, NodeSnapshot, RankView, SiteLimits
 from ..cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
 from .ranks import read_job_ranks
 
@@ -27,13 +27,15 @@ class FeedSource(Protocol):
 
 class NodeObserver:
     def __init__(self, node: str, layout: RunLayout, feed: FeedSource, actuator: CpusetActuator,
-                 *, max_cpus: int | None = None, read_ranks: Callable = read_job_ranks,
+                 *, max_cpus: int | None = None, limits: SiteLimits = SiteLimits(),
+                 read_ranks: Callable = read_job_ranks,
                  wall: Callable[[], float] = time.time,
                  cpuset_of: Callable[[int], str | None] = process_cpuset,
                  stepds: Callable[[], list[StepdProcess]] = slurmstepd_processes,
                  placement_check_s: float = 5.0):
         self.node = node
         self.max_cpus = max_cpus
+        self.limits = limits          # the site's bounds on what jobs ask and claim
         self.layout = layout
         self.feed = feed
         self.actuator = actuator
@@ -76,7 +78,10 @@ class NodeObserver:
     def observe(self, ledger: Ledger) -> NodeSnapshot:
         """The node now. Updates ``ledger`` (first-seen allocations, start markers resolved)."""
         feed = self.feed.read_node(self.node)
-        found = self.actuator.scan()
+        # A folder of a job whose Epilog ran is no job (a user's cpusets kept Slurm from
+        # removing it): its cores are free.
+        scanned = self.actuator.scan()
+        found = {j: cg for j, cg in scanned.items() if j not in ledger.ended}
         fenced = self._resolve_fences(ledger, found)
         views: list[JobView] = []
         for job_id, cg in sorted(found.items()):
@@ -102,6 +107,7 @@ class NodeObserver:
                 allocation=alloc, current=cg.cpus, spec=spec,
                 requested=fj.requested if fj is not None else None, ranks=ranks,
                 nodes=len(nodes), fenced=job_id in fenced, fault=fault,
+                partition=fj.partition if fj is not None else "",
                 steps=tuple(sorted({rel.split("/", 1)[0] for rel in cg.folders})),
                 peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1
                 else None)
@@ -125,11 +131,11 @@ class NodeObserver:
             if now - since > STARTING_EXPIRY_S:
                 del ledger.starting[job_id]
         for job_id, since in list(ledger.ended.items()):
-            if job_id not in listed or now - since > STARTING_EXPIRY_S:
-                del ledger.ended[job_id]     # the feed has caught up
+            if job_id not in scanned and (job_id not in listed or now - since > STARTING_EXPIRY_S):
+                del ledger.ended[job_id]     # the feed has caught up, its folder is gone
         return NodeSnapshot(node=self.node, cpus=self.node_cpus(feed) | held,
                             jobs=tuple(views), pending_starts=tuple(sorted(ledger.starting)),
-                            max_cpus=self.max_cpus,
+                            max_cpus=self.max_cpus, limits=self.limits,
                             problems=self._misplaced([v.job_id for v in views
                                                       if not v.has_folder]))
 

@@ -12,11 +12,27 @@
    guarantee: its owner gets those cores back before anyone borrows them.
 4. Actions: what changes for each job, with each rank's thread target (the protocol's split),
    and each step's block of cores when ranks of several steps share the node.
+
+What a job's user says (weight=, min=/max=/cpus= in the Comment, the steps/s of its own status
+records) is bounded by what the site and the agent know (``NodeSnapshot.limits``, from
+``AgentConfig``): a weight counts only up to its partition's maximum (the site's table; 1 where
+the site set nothing), no job holds more than ``max_borrowed_cpus`` cores above its allocation
+whatever it asks or claims (8 where the site set nothing), and a claimed gain per core counts
+at most as linear scaling from the job's own rate at its allocation (``LINEAR_GAIN``, always):
+a lie about steps/s wins no more than saying nothing (assumed linear) would.
 """
 from __future__ import annotations
 
 from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, Policy, Reason,
                     check_plan)
+
+
+# The most one more core can be credited with, in core-equivalents (the job's own steps/s per
+# allocated core): linear scaling. A job that claims more (superlinear, or a made-up jump such as
+# {1: 1, 2: 1e8}) is counted as linear, so its own numbers never beat an honest linear job of the
+# same allocation (ties go as before: fewest cores per allocated core, then lowest id). No slack:
+# any would let a claim win every tie with an honest linear job.
+LINEAR_GAIN = 1.0
 
 
 def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> tuple[int, int]:
@@ -26,6 +42,9 @@ def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> t
     lo = min(job.spec.min_cpus, n_node)
     hi = max(lo, job.spec.max_on(n_node))
     alloc = len(job.allocation)
+    ceiling = snapshot.limits.borrow_ceiling(job)
+    if ceiling is not None:   # the site's limit on borrowing: for min= and cpus= too
+        lo, hi = min(lo, ceiling), min(hi, ceiling)
     if snapshot.pending_starts:
         # The reclaim: the allocation is the only guarantee while cores are unknown.
         return min(lo, alloc), min(hi, alloc)
@@ -86,8 +105,13 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
 
     The trust boundary: the steps/s come from the jobs' own status records, which their users
     can write. They only decide how cores nobody was allocated are shared; a job's own
-    allocation is never taken for another on the strength of a claimed rate, so a job that
-    lies can win idle cores, not other jobs' cores."""
+    allocation is never taken for another on the strength of a claimed rate. And a claimed gain
+    counts at most as linear scaling from the job's own rate at its allocation (``LINEAR_GAIN``):
+    a claim of superlinear scaling counts as linear, so a liar ties an honest linear job of the
+    same allocation (the idle cores are shared) and wins nothing over a job that reports nothing
+    (assumed linear). What a claim of linear scaling can still win from an honest sublinear
+    job is bounded by the site's ``max_borrowed_cpus`` (``_bounds``); checking the claims
+    against the CPU time the job really used is not done here."""
     counts = {j.job_id: max(bounds[j.job_id][0], min(len(j.allocation), bounds[j.job_id][1]))
               for j in jobs}
     alloc = {j.job_id: max(1, len(j.allocation)) for j in jobs}
@@ -101,7 +125,8 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
             return None
         pts, n = points[jid], counts[jid]
         per_core = max(estimated_rate(pts, alloc[jid]) / alloc[jid], 1e-9)
-        gain = round((estimated_rate(pts, n + 1) - estimated_rate(pts, n)) / per_core, 9)
+        gain = (estimated_rate(pts, n + 1) - estimated_rate(pts, n)) / per_core
+        gain = round(min(gain, LINEAR_GAIN), 9)   # a claim above linear counts as linear
         return (gain, -n / alloc[jid]) if gain > 0 else None
 
     # Only the job that got the last core changes its worth: the others are kept.
@@ -148,8 +173,8 @@ def target_counts(snapshot: NodeSnapshot, policy: Policy, *, peer_cap: bool = Tr
         base = {j.job_id: max(len(j.allocation), bounds[j.job_id][0]) for j in flexible}
         free -= sum(base[j.job_id] - len(j.allocation) for j in flexible)
         caps = {j.job_id: max(bounds[j.job_id][1], base[j.job_id]) for j in flexible}
-        filled = _water_fill(base, caps, {j.job_id: j.spec.weight for j in flexible},
-                             max(0, free))
+        weights = {j.job_id: snapshot.limits.weight(j) for j in flexible}   # the site's cap
+        filled = _water_fill(base, caps, weights, max(0, free))
         for j in flexible:
             counts[j.job_id] = filled[j.job_id]
             if counts[j.job_id] > len(j.allocation):

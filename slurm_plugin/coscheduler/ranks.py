@@ -14,19 +14,9 @@ from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
 from ..cgroups import SlurmCgroupLayout, process_cpuset
 from .model import RankView
+from .procs import process_uid
 
 MAX_RANK_FILES = 1024
-
-
-def process_uid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f.read(8192).splitlines():
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def job_step_of(pid: int, job_id: int, cgroups: SlurmCgroupLayout, uid: int) -> str | None:

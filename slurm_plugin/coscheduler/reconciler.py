@@ -132,6 +132,7 @@ class Reconciler:
         ledger = self.ledger.load()
         if starting_job is not None:
             ledger.starting[starting_job] = self._wall()
+            ledger.ended.pop(starting_job, None)     # a requeued job starts again
         if fence is not None:
             ledger.fences[(fence[0], fence[1].step)] = fence[1]
         result.snapshot = self.observer.observe(ledger)

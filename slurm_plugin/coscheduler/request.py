@@ -17,7 +17,7 @@ from dataclasses import dataclass
 PREFIX = "malleable:"
 MAX_VALUE = 4096
 NODE = "node"
-_ITEM = re.compile(r"^(min|max|weight|cpus)=([0-9]{1,4}|node)$")
+_ITEM = re.compile(r"(min|max|weight|cpus)=([0-9]{1,4}|node)")
 
 
 class RequestError(ValueError):
@@ -62,9 +62,10 @@ def _items(text: str, allowed: set[str]) -> dict[str, str]:
         return {}
     items: dict[str, str] = {}
     for part in body.split(","):
-        m = _ITEM.match(part)
+        m = _ITEM.fullmatch(part)      # not match: "$" also matches before a final newline
         if not m:
-            raise RequestError(f"malformed item {part!r}: want min=N, max=N|node, weight=N or cpus=N")
+            raise RequestError(f"malformed item {part!r:.32}: want min=N, max=N|node, weight=N "
+                               "or cpus=N")
         key, value = m[1], m[2]
         if key not in allowed:
             raise RequestError(f"{key}= is not allowed here (allowed: {', '.join(sorted(allowed))})")

@@ -1,7 +1,12 @@
 """``malleable status``: per malleable job and node, Slurm's cores, the current cores, the
 bounds, each rank's active threads and steps/s. It reads only the feed folder (the watcher's
 view of Slurm and each node agent's report): it works wherever that folder is mounted, and
-costs slurmctld nothing."""
+costs slurmctld nothing.
+
+Slurm's PrivateData=jobs: a user sees only his own jobs. The feed holds every user's, so it is
+root's alone (``feed.store``): ``malleable status`` run by anyone else cannot read it and says so
+(``FeedUnreadable``); where a site lets others read it anyway, a user other than root is shown
+only the rows of his own jobs (``uid``) and no node's problems."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -27,7 +32,23 @@ class StatusRow:
         return asdict(self)
 
 
-def collect_status(store: FeedStore, *, only_malleable: bool = True) -> list[StatusRow]:
+class FeedUnreadable(Exception):
+    """This user may not read the feed (anyone but root)."""
+
+
+def check_feed(store: FeedStore) -> None:
+    try:
+        store.check_readable()
+    except PermissionError as exc:
+        raise FeedUnreadable(
+            f"cannot read the feed at {store.feed_dir} ({exc.strerror or exc}): it holds every "
+            "user's jobs, so only root may read it; run `malleable status` as root (or through "
+            "a sudo rule your site gives), or see your own jobs with squeue") from None
+
+
+def collect_status(store: FeedStore, *, only_malleable: bool = True,
+                   uid: int | None = None) -> list[StatusRow]:
+    """Every malleable job's rows (``uid`` None: root's view), or only those of ``uid``'s jobs."""
     rows = []
     for node in store.node_names():
         feed = store.read_node(node)
@@ -36,7 +57,7 @@ def collect_status(store: FeedStore, *, only_malleable: bool = True) -> list[Sta
         report = store.read_report(node)
         seen = {j.job_id: j for j in report.jobs} if report is not None else {}
         for job in feed.jobs:
-            if only_malleable and job.spec is None:
+            if only_malleable and job.spec is None or uid is not None and job.uid != uid:
                 continue
             r = seen.get(job.job_id)
             bounds = "-" if job.spec is None else \

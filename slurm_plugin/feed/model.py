@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -13,6 +14,25 @@ from ..coscheduler.request import MalleableSpec, RequestError, parse_submit
 
 MAX_FEED_BYTES = 1 << 20
 MAX_JOBS_PER_NODE = 4096
+# A Slurm partition name as the feed carries it (the site's weight table is keyed by it).
+_PARTITION = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+
+
+def partition_name(text: str) -> str:
+    """``text`` if it is a partition name the feed carries, else "" (no partition: the site's
+    default weight limit applies, never a partition's)."""
+    return text if _PARTITION.fullmatch(text) else ""
+
+
+_JOB_KEY = re.compile(r"[0-9]{1,10}")       # [0-9]: "²".isdigit() is True, int("²") fails
+
+
+def _node(d: Mapping) -> str:
+    """A record's node name, refused with ProtocolError (check_node_name's is a ValueError)."""
+    try:
+        return check_node_name(d.get("node"))
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -26,12 +46,13 @@ class FeedJob:
     nodes: tuple[str, ...] = ()           # every node of the job
     spec: MalleableSpec | None = None     # None: not malleable (bounds from AdminComment)
     requested: int | None = None          # cpus=K from Comment
+    partition: str = ""                   # the partition it runs in ("": not known)
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "uid": self.uid, "user": self.user,
                 "allocation": format_cpu_list(self.allocation), "nodes": list(self.nodes),
                 "spec": None if self.spec is None else self.spec.normal_form(),
-                "requested": self.requested}
+                "requested": self.requested, "partition": self.partition}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "FeedJob":
@@ -43,10 +64,13 @@ class FeedJob:
             uid = d["uid"]
             if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
                 raise ProtocolError("bad uid")
+            partition = d.get("partition", "")      # "": a feed from before it was carried
+            if not isinstance(partition, str) or partition_name(partition) != partition:
+                raise ProtocolError("bad partition")
             return cls(job_id=check_job_id(d["job_id"]), uid=uid, user=str(d.get("user", ""))[:64],
                        allocation=parse_cpu_list(str(d["allocation"])),
                        nodes=tuple(check_node_name(n) for n in d.get("nodes", [])[:65536]),
-                       spec=spec, requested=req)
+                       spec=spec, requested=req, partition=partition)
         except (KeyError, TypeError, RequestError, ValueError) as exc:
             raise ProtocolError(f"bad feed job: {exc}") from None
 
@@ -79,9 +103,10 @@ class NodeFeed:
                 isinstance(cpus, bool) or not isinstance(cpus, int) or not 0 < cpus <= 65536:
             raise ProtocolError("bad node feed")
         updated = d.get("updated", 0.0)
-        if isinstance(updated, bool) or not isinstance(updated, (int, float)):
+        if isinstance(updated, bool) or not isinstance(updated, (int, float)) or \
+                not 0 <= updated <= 1e12:       # float() of a 400-digit int overflows
             raise ProtocolError("bad node feed time")
-        return cls(node=check_node_name(d.get("node")), cpus=cpus,
+        return cls(node=_node(d), cpus=cpus,
                    jobs=tuple(FeedJob.from_dict(j) for j in jobs if isinstance(j, dict)),
                    updated=float(updated))
 
@@ -107,10 +132,11 @@ class Offers:
             raise ProtocolError("bad offers")
         out = {}
         for k, v in per.items():
-            if not k.isdigit() or isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 65536:
+            if not (_JOB_KEY.fullmatch(k) and 0 < int(k) < 2**32) or isinstance(v, bool) or \
+                    not isinstance(v, int) or not 0 < v <= 65536:
                 raise ProtocolError("bad offer")
-            out[check_job_id(int(k))] = v
-        return cls(node=check_node_name(d.get("node")), per_rank=out)
+            out[int(k)] = v
+        return cls(node=_node(d), per_rank=out)
 
 
 @dataclass(frozen=True)
@@ -146,6 +172,6 @@ class NodeReport:
                                    steps_per_s=tuple(float(v) for v in j["steps_per_s"][:4096]))
                          for j in d.get("jobs", [])[:MAX_JOBS_PER_NODE])
             problems = tuple(str(p)[:1024] for p in d.get("problems", [])[:MAX_JOBS_PER_NODE])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:   # int(inf) overflows
             raise ProtocolError(f"bad node report: {exc}") from None
-        return cls(node=check_node_name(d.get("node")), jobs=jobs, problems=problems)
+        return cls(node=_node(d), jobs=jobs, problems=problems)

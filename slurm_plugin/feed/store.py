@@ -5,15 +5,22 @@
     <feed_dir>/offers/<node>.json   Offers, written by the node's agent when they change
     <feed_dir>/reports/<node>.json  NodeReport, the node's jobs as its agent sees them
     <feed_dir>/events               lines appended by slurmctld's hooks; the watcher wakes on it
+
+It holds every user's jobs (ids, users, cores), which Slurm's PrivateData=jobs hides from other
+users: the folders are root's alone (0700) and the files 0600. ``feed_dir`` itself is 0711:
+slurmctld's hooks, which may run as a SlurmUser other than root, reach ``events`` by name
+without listing anything; ``events`` keeps the owner the site gave it (SlurmUser) and loses
+any access for others. ``malleable status`` is therefore root's (it refuses anyone else).
 """
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from malleable_protocol import ProtocolError, check_node_name
-from malleable_protocol.safe_io import ensure_private_dir, read_bounded, write_atomic
+from malleable_protocol.safe_io import ensure_private_dir, open_dir, read_bounded, write_atomic
 
 from .model import MAX_FEED_BYTES, NodeFeed, NodeReport, Offers
 
@@ -33,6 +40,24 @@ def _stamp(path: Path) -> FeedStamp | None:
     except OSError:
         return None
     return FeedStamp(st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+FEED_DIR_MODE = 0o711     # traversed by SlurmUser to append to events; listed by root only
+PRIVATE_DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def _private_dir(path: Path, mode: int = PRIVATE_DIR_MODE) -> Path:
+    """A folder of ours that nobody else writes (``ensure_private_dir``), with exactly ``mode``
+    (an older version's 0755 folder is narrowed)."""
+    ensure_private_dir(path)
+    fd = open_dir(path)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return path
 
 
 class FeedStore:
@@ -57,24 +82,55 @@ class FeedStore:
         return self.feed_dir / "events"
 
     def prepare(self) -> None:
-        """Make the folders (root's, nobody else writes there) and the event file."""
-        for d in (self.feed_dir, self.nodes_dir, self.offers_dir, self.reports_dir):
-            ensure_private_dir(d)
-        self.events_file.touch(exist_ok=True)
+        """Make the folders (root's, nobody else writes or reads there) and the event file."""
+        _private_dir(self.feed_dir, FEED_DIR_MODE)
+        for d in (self.nodes_dir, self.offers_dir, self.reports_dir):
+            _private_dir(d)
+        self.prepare_events()
+
+    def prepare_events(self) -> None:
+        """The event file: made 0600 if missing; one that exists keeps its owner and group (a
+        site gives it to SlurmUser) and loses any access for others."""
+        fd = os.open(self.events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
+                     os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode & 0o007:
+                os.fchmod(fd, mode & 0o770)
+        finally:
+            os.close(fd)
 
     # --- writers (root) ----------------------------------------------------------------------
 
     def write_node(self, feed: NodeFeed) -> None:
-        write_atomic(ensure_private_dir(self.nodes_dir), f"{check_node_name(feed.node)}.json", feed.encode())
+        write_atomic(_private_dir(self.nodes_dir), f"{check_node_name(feed.node)}.json",
+                     feed.encode(), FILE_MODE)
 
     def write_offers(self, offers: Offers) -> None:
-        write_atomic(ensure_private_dir(self.offers_dir), f"{check_node_name(offers.node)}.json", offers.encode())
+        write_atomic(_private_dir(self.offers_dir), f"{check_node_name(offers.node)}.json",
+                     offers.encode(), FILE_MODE)
 
     def write_report(self, report: NodeReport) -> None:
-        write_atomic(ensure_private_dir(self.reports_dir), f"{check_node_name(report.node)}.json", report.encode())
+        write_atomic(_private_dir(self.reports_dir), f"{check_node_name(report.node)}.json",
+                     report.encode(), FILE_MODE)
 
     def read_report(self, node: str) -> NodeReport | None:
         return self._read(self.reports_dir / f"{check_node_name(node)}.json", NodeReport.decode)
+
+    def check_readable(self) -> None:
+        """Raises ``PermissionError`` when this process may not read the feed (anyone but root,
+        see the module's docstring); a feed not made yet is no error."""
+        try:
+            names = sorted(n for n in os.listdir(self.nodes_dir) if n.endswith(".json"))
+        except FileNotFoundError:
+            return
+        try:
+            if names:
+                read_bounded(self.nodes_dir / names[0], MAX_FEED_BYTES)
+        except PermissionError:
+            raise
+        except OSError:
+            pass       # replaced meanwhile, or bad: the readers say so
 
     def node_names(self) -> list[str]:
         """The nodes the watcher has published."""

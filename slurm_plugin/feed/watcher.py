@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from malleable_protocol.runner import CommandError
 from ..slurm import Node, SlurmClient
 from ..slurm.parsers import SlurmParseError
 from ..coscheduler.request import spec_and_request
-from .model import FeedJob, NodeFeed
+from .model import FeedJob, NodeFeed, partition_name
 from .store import FeedStore
 
 log = logging.getLogger("malleable.watcher")
@@ -53,7 +54,8 @@ def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeF
             if node in per_node and cpus:
                 per_node[node].append(FeedJob(job_id=job.job_id, uid=job.uid, user=job.user,
                                               allocation=cpus, nodes=tuple(job.nodes),
-                                              spec=spec, requested=requested))
+                                              spec=spec, requested=requested,
+                                              partition=partition_name(job.partition)))
     return {n.name: NodeFeed(node=n.name, cpus=n.cpus,
                              jobs=tuple(sorted(per_node[n.name], key=lambda j: j.job_id)),
                              updated=updated)
@@ -106,9 +108,17 @@ class ClusterWatcher:
     def _rotate_events(self) -> None:
         path = self.store.events_file
         try:
-            if path.stat().st_size > self.config.events_max_bytes:
+            st = path.stat()
+            if st.st_size > self.config.events_max_bytes:
                 os.replace(path, path.with_name("events.1"))
-                path.touch()
+                # The new one as the old: its owner (SlurmUser appends to it), nothing for others.
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o600)
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o770)
+                finally:
+                    os.close(fd)
         except OSError:
             pass
 

@@ -13,20 +13,33 @@ class SlurmParseError(ValueError):
     pass
 
 
+# What a malformed record raises on its way: a list where a map belongs has no .get(), and
+# int() of a JSON Infinity overflows.
+_RECORD_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OverflowError)
+
+
+def _brief(value: object) -> str:
+    """At most 200 characters of ``value`` for a message: the output holds users' text."""
+    text = str(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _load_json(text: str, what: str, key: str) -> dict:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"{what} did not print JSON: {exc}") from exc
+    # ValueError: a number of over 4300 digits; RecursionError: nesting deeper than Python's stack.
+    except (ValueError, RecursionError) as exc:
+        raise SlurmParseError(f"{what} did not print JSON: {_brief(exc)}") from None
     if not isinstance(data, dict):
         raise SlurmParseError(f"{what} printed JSON that is not an object")
     errors = data.get("errors") or []
     if errors:
-        raise SlurmParseError(f"{what} reported errors: {errors}")
+        raise SlurmParseError(f"{what} reported errors: {_brief(errors)}")
     if not isinstance(data.get(key), list):
         # An empty list would read as "no jobs" or "no nodes": a format this code does not know
         # must fail loudly instead (Slurm 23.02's sinfo --json groups nodes, for one).
-        raise SlurmParseError(f"{what} printed no '{key}' list (keys: {', '.join(sorted(data))})")
+        raise SlurmParseError(f"{what} printed no '{key}' list "
+                              f"(keys: {_brief(', '.join(sorted(data)))})")
     return data
 
 
@@ -92,8 +105,9 @@ def parse_squeue_json(text: str) -> list[Job]:
                 admin_comment=str(j.get("admin_comment", "") or ""),
                 cores=_allocated_cores(j),
             ))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SlurmParseError(f"unexpected job record in squeue --json: {exc}") from exc
+        except _RECORD_ERRORS as exc:
+            raise SlurmParseError(f"unexpected job record in squeue --json: {_brief(exc)}") \
+                from None
     return jobs
 
 
@@ -120,8 +134,8 @@ def parse_nodes_json(text: str, what: str = "sinfo --json") -> list[Node]:
                 hostname=str(n.get("hostname", "")),
                 port=_number(n.get("port", 0)),
             ))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SlurmParseError(f"unexpected node record in {what}: {exc}") from exc
+        except _RECORD_ERRORS as exc:
+            raise SlurmParseError(f"unexpected node record in {what}: {_brief(exc)}") from None
     return nodes
 
 
@@ -147,14 +161,14 @@ def parse_scontrol_ping(text: str) -> bool:
 def parse_sbatch_parsable(text: str) -> int:
     """``sbatch --parsable`` prints "JOBID" or "JOBID;CLUSTER"."""
     first = text.strip().split(";", 1)[0]
-    if not first.isdigit():
-        raise SlurmParseError(f"sbatch --parsable printed {text.strip()!r}, not a job id")
+    if not (first.isascii() and first.isdigit() and len(first) <= 10):   # "²".isdigit()
+        raise SlurmParseError(f"sbatch --parsable printed {text.strip()!r:.32}, not a job id")
     return int(first)
 
 
 def parse_slurm_version(text: str) -> tuple[int, int]:
     """(major, minor) from ``sinfo --version`` ("slurm-wlm 22.05.8", "slurm 24.11.5")."""
-    m = re.search(r"(\d+)\.(\d+)", text)
+    m = re.search(r"(?<![0-9])([0-9]{1,9})\.([0-9]{1,9})", text)   # int() of 4301 digits fails
     if not m:
-        raise SlurmParseError(f"cannot read the Slurm version from {text.strip()!r}")
+        raise SlurmParseError(f"cannot read the Slurm version from {text.strip()!r:.32}")
     return int(m[1]), int(m[2])

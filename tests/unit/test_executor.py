@@ -37,7 +37,8 @@ def executor(tmp_path, actuator, calls, ranks_after=None):
         return ranks_after or ()
     return PlanExecutor("n1", RunLayout(tmp_path), actuator, shrink_wait_s=0.05,
                         read_ranks=read_ranks, check_pid=lambda *a: True,
-                        send_signal=lambda pid, sig: calls.append(("signal", pid, sig)))
+                        send_signal=lambda pid, sig, check: check(pid) and not
+                        calls.append(("signal", pid, sig)))
 
 
 def test_a_failed_shrink_cancels_the_grow_that_needed_its_cores(tmp_path):
@@ -96,7 +97,7 @@ def test_ranks_that_never_park_cost_one_bounded_wait_whatever_the_number_of_jobs
                                                         if j.job_id == job_id)
     ex = PlanExecutor("n1", RunLayout(tmp_path), FakeActuator(), shrink_wait_s=0.5,
                       read_ranks=stubborn, check_pid=lambda *a: True,
-                      send_signal=lambda pid, sig: None, clock=lambda: now[0], sleep=sleep)
+                      send_signal=lambda pid, sig, check: False, clock=lambda: now[0], sleep=sleep)
     out = ex.execute(plan, snap)
     assert all(o.status is OutcomeStatus.APPLIED for o in out)
     assert now[0] <= 0.51          # one shared wait, not 8 x 0.5 s

@@ -1,0 +1,61 @@
+"""``malleable install-slurm-hooks``: what a site installs for the co-scheduler (the node
+Prolog and Epilog, the controller's event hook, job_submit.lua, agent.json, the SPANK plugin
+and its plugstack.conf line), and the protocol's folders on a node."""
+from __future__ import annotations
+
+import string
+import sys
+from importlib import resources
+from pathlib import Path
+
+from malleable_protocol.safe_io import ensure_private_dir
+
+from .. import spank
+from ..feed.store import FeedStore
+from .config import AgentConfig
+from .request import MAX_VALUE
+
+
+def _template(name: str) -> string.Template:
+    return string.Template(resources.files("slurm_plugin").joinpath("templates", name).read_text())
+
+
+def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) -> dict[str, Path]:
+    """Render job_submit.lua, the node Prolog and Epilog, the controller's event hook
+    (PrologSlurmctld and EpilogSlurmctld), agent.json and plugstack.conf into ``dest``, and
+    build the SPANK plugin (malleable_spank.so) there. The hooks run ``python`` isolated (-I):
+    it must have this package installed (a venv, a .pth file), never found from a cwd or
+    PYTHONPATH."""
+    dest.mkdir(parents=True, exist_ok=True)
+    names = ("job_submit.lua", "prolog.sh", "epilog.sh", "ctld_event.sh", "agent.json",
+             "plugstack.conf")
+    paths = {name: dest / name for name in names}
+    paths[spank.LIBRARY] = spank.build(dest)
+    paths["plugstack.conf"].write_text(spank.plugstack_line(
+        paths[spank.LIBRARY], python=python, config=paths["agent.json"]))
+    events = FeedStore(config.feed_dir).events_file
+    paths["agent.json"].write_text(config.to_json())
+    paths["job_submit.lua"].write_text(_template("job_submit.lua.tmpl").substitute(
+        max_value=config.max_cpus or MAX_VALUE, events_file=events))
+    paths["ctld_event.sh"].write_text(_template("ctld_event.sh.tmpl").substitute(
+        events_file=events))
+    for hook in ("prolog.sh", "epilog.sh"):
+        paths[hook].write_text(render_hook(hook, python=python, config=paths["agent.json"]))
+    for hook in ("prolog.sh", "epilog.sh", "ctld_event.sh"):
+        paths[hook].chmod(0o755)
+    return paths
+
+
+def render_hook(name: str, *, python: str, config: Path) -> str:
+    """The node's Prolog or Epilog (``prolog.sh``, ``epilog.sh``)."""
+    return _template(f"{name}.tmpl").substitute(python=python, config=config)
+
+
+def prepare_node_folders(config: AgentConfig) -> None:
+    """The protocol's folders on a node, root's: the run folder readable by all; jobs/ and
+    targets/ reachable by name but not listable (0711: which jobs run here is nobody else's
+    business); the state folder root's alone (0700)."""
+    ensure_private_dir(config.run_dir).chmod(0o755)
+    for folder in (config.layout.jobs_dir, config.layout.targets_dir):
+        ensure_private_dir(folder).chmod(0o711)
+    ensure_private_dir(config.state_dir).chmod(0o700)

@@ -1,0 +1,50 @@
+"""The node's composition root: the one place where a node's settings, its discovered Slurm
+cgroup layout, its cpuset actuator and its reconciler are made, for the agent (``agent.py``)
+and the hooks alike (``hooks.py``, ``safety.py``)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..cgroups import SlurmCgroupLayout, discover_layout
+from ..feed.store import FeedStore
+from .cgroup_actuator import CpusetActuator, fault_hook
+from .config import AgentConfig
+from .executor import PlanExecutor
+from .ledger import LedgerFile
+from .observe import NodeObserver
+from .ranks import RankReader
+from .reconciler import Reconciler
+
+
+def load_config(path: Path) -> AgentConfig:
+    """agent.json, for the node slurmd names (SLURMD_NODENAME) when it runs a hook."""
+    node = os.environ.get("SLURMD_NODENAME")
+    overrides = {"node": node} if node else {}
+    return AgentConfig.from_json(path.read_text(), **overrides)
+
+
+def node_layout(config: AgentConfig) -> SlurmCgroupLayout:
+    """The node's Slurm cgroup layout, discovered (``LayoutUnknown`` when it cannot be)."""
+    return discover_layout(config.node, slurm_conf=config.slurm_conf, mount=config.cgroup_mount)
+
+
+def make_actuator(config: AgentConfig, layout: SlurmCgroupLayout | None = None) -> CpusetActuator:
+    return CpusetActuator(layout or node_layout(config),
+                          before_write=fault_hook(os.environ.get("MALLEABLE_FAULT")))
+
+
+def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None) -> Reconciler:
+    """The node's reconciler; ``layout`` None: discovered from the node. Its observer and
+    executor share one budgeted reader of the ranks' records (``RankReader``), renewed by the
+    reconciler each cycle."""
+    actuator = make_actuator(config, layout)
+    store = FeedStore(config.feed_dir)
+    reader = RankReader()
+    observer = NodeObserver(config.node, config.layout, store, actuator,
+                            max_cpus=config.max_cpus, limits=config.limits, read_ranks=reader)
+    executor = PlanExecutor(config.node, config.layout, actuator,
+                            shrink_wait_s=config.shrink_wait_s, read_ranks=reader)
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    return Reconciler(config, observer, executor, LedgerFile(config.state_dir, config.node),
+                      store, rank_reader=reader)
