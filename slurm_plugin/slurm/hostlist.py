@@ -14,34 +14,49 @@ def _split_top_level(expr: str) -> list[str]:
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced brackets in hostlist {expr!r}")
+                raise ValueError(f"unbalanced brackets in hostlist {expr[:64]!r}")
         if ch == "," and depth == 0:
             parts.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
     if depth != 0:
-        raise ValueError(f"unbalanced brackets in hostlist {expr!r}")
+        raise ValueError(f"unbalanced brackets in hostlist {expr[:64]!r}")
     parts.append("".join(cur))
     return [p for p in parts if p]
 
 
-def _expand_one(item: str) -> list[str]:
-    m = _BRACKET.match(item)
-    if not m:
-        if "[" in item or "]" in item:
-            raise ValueError(f"malformed hostlist item {item!r}")
-        return [item]
-    names = []
-    for rng in m["ranges"].split(","):
-        lo, sep, hi = rng.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"malformed range {rng!r} in {item!r}")
-        width = len(lo)  # keep zero padding: gpu[01-03]
-        for i in range(int(lo), int(hi if sep else lo) + 1):
-            for rest in _expand_one(m["suffix"]) if m["suffix"] else [""]:
-                names.append(f"{m['prefix']}{i:0{width}d}{rest}")
-    return names
+MAX_NAMES = 1 << 16     # more nodes than any cluster has: a larger expansion is refused
+_GROUP = re.compile(r"\[([^\[\]]+)\]")
+
+
+def _expand_one(item: str, budget: int) -> list[str]:
+    """The names of one item ("gpu[01-03]x[1-2]"), left to right without recursion; at most
+    ``budget`` of them (ValueError beyond)."""
+    names = [""]
+    pos = 0
+    for m in _GROUP.finditer(item):
+        literal = item[pos:m.start()]
+        if "[" in literal or "]" in literal:
+            raise ValueError(f"malformed hostlist item {item[:64]!r}")
+        numbers: list[str] = []
+        for rng in m[1].split(","):
+            lo, sep, hi = rng.partition("-")
+            if not (lo.isascii() and lo.isdigit() and len(lo) <= 9) or \
+                    (sep and not (hi.isascii() and hi.isdigit() and len(hi) <= 9)):
+                raise ValueError(f"malformed range {rng[:32]!r} in {item[:64]!r}")
+            first, last = int(lo), int(hi if sep else lo)
+            if (last - first + 1) * len(names) + len(numbers) * len(names) > budget:
+                raise ValueError(f"hostlist {item[:64]!r} names more than {MAX_NAMES} nodes")
+            numbers += [f"{i:0{len(lo)}d}" for i in range(first, last + 1)]  # keeps gpu[01-03]
+        if len(numbers) * len(names) > budget:
+            raise ValueError(f"hostlist {item[:64]!r} names more than {MAX_NAMES} nodes")
+        names = [f"{n}{literal}{i}" for n in names for i in numbers]
+        pos = m.end()
+    tail = item[pos:]
+    if "[" in tail or "]" in tail:
+        raise ValueError(f"malformed hostlist item {item[:64]!r}")
+    return [f"{n}{tail}" for n in names]
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -50,5 +65,5 @@ def expand_hostlist(expr: str) -> list[str]:
         return []
     out: list[str] = []
     for item in _split_top_level(expr):
-        out.extend(_expand_one(item))
+        out.extend(_expand_one(item, MAX_NAMES - len(out)))
     return out
