@@ -45,6 +45,7 @@ class CgroupJob:
     cpus: frozenset[int]
     folders: dict[str, frozenset[int]]          # Slurm's step folders (relative path) -> CPUs
     foreign: tuple[str, ...] = ()               # others (the first few), never walked nor written
+    unsealed: bool = False                      # a Slurm folder below it is not root's (v1)
 
     def in_line(self, step_cpus: Mapping[str, frozenset[int]] | None = None) -> bool:
         return all(cpus == folder_cpus(rel, self.cpus, step_cpus)
@@ -101,6 +102,16 @@ def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str,
     return out, tuple(foreign)
 
 
+def _any_users(folders: list[str]) -> bool:
+    for folder in folders:
+        try:
+            if os.lstat(folder).st_uid != 0:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class CpusetActuator:
     def __init__(self, layout: SlurmCgroupLayout,
                  before_write: Callable[[int, str], None] | None = None):
@@ -123,7 +134,8 @@ class CpusetActuator:
         found: dict[int, CgroupJob] = {}
         for uid, parent in self.layout.job_parents():
             try:
-                names = [d for d in os.listdir(parent) if d.startswith("job_") and d[4:].isdigit()]
+                names = [d for d in os.listdir(parent)
+                         if d.startswith("job_") and d[4:].isascii() and d[4:].isdigit()]
             except OSError:
                 continue
             for name in names:
@@ -133,7 +145,8 @@ class CpusetActuator:
                     continue   # being made or removed
                 below, foreign = walk_job(self.layout, top)
                 folders = {f[len(top) + 1:]: read_cpus(f) or frozenset() for f in below}
-                found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders, foreign)
+                found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders, foreign,
+                                                 unsealed=_any_users(below))
         return found
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],
@@ -175,6 +188,9 @@ class CpusetActuator:
                 self._write(f, desired[f])
         if old[top] < cpus:
             self._widen_masks(folders, old[top], desired)
+
+    def seal_job(self, uid: int, job_id: int) -> None:
+        self.seal(str(self.layout.job_dir(uid, job_id)))
 
     def seal(self, top: str) -> None:
         """Make every Slurm folder below the job folder ``top`` root's: on v1 slurmstepd gives

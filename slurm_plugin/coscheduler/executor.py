@@ -93,6 +93,12 @@ class PlanExecutor:
                 for a in pending:
                     done[a.job_id] = Outcome(a, OutcomeStatus.CANCELLED, "cyclic core exchange")
                 break
+        for job in snapshot.jobs:
+            if job.unsealed and job.job_id not in done:     # a grow seals as it applies
+                try:
+                    self.actuator.seal_job(job.uid, job.job_id)
+                except OSError:
+                    pass       # a folder that went; the next cycle looks again
         return [done[a.job_id] for a in sorted(plan.actions,
                                                 key=lambda a: (_ORDER[a.kind], a.job_id))]
 

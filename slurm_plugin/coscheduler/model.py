@@ -72,6 +72,9 @@ class JobView:
     # Why the job's own input (records, folders) cannot be believed this cycle: it is then
     # held to exactly its allocation, and every other job goes on (the failure boundary).
     fault: str | None = None
+    # It holds borrowed cores and a folder below it became its user's again (v1: slurmstepd
+    # made a task folder): the executor gives it back to root this cycle.
+    unsealed: bool = False
     partition: str = ""                        # Slurm's partition (the feed's; admin-set)
 
     @property

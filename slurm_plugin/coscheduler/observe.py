@@ -107,6 +107,7 @@ class NodeObserver:
                 allocation=alloc, current=cg.cpus, spec=spec,
                 requested=fj.requested if fj is not None else None, ranks=ranks,
                 nodes=len(nodes), fenced=job_id in fenced, fault=fault,
+                unsealed=cg.unsealed and not cg.cpus <= alloc,
                 partition=fj.partition if fj is not None else "",
                 steps=tuple(sorted({rel.split("/", 1)[0] for rel in cg.folders})),
                 peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1

@@ -140,6 +140,14 @@ def test_borrowed_cores_only_to_a_sealed_job_without_foreign_folders(v1):
     act.apply(0, 7, frozenset({0, 1, 2}), allocation=frozenset({0, 1}))
     assert (job / "step_0").stat().st_uid == 0 and (job / "step_0" / "task_0").stat().st_uid == 0
     assert read_cpus(job / "step_0" / "task_0") == {0, 1, 2}
+    assert not act.scan()[7].unsealed
+    (job / "step_0" / "task_1").mkdir()      # slurmstepd's next task folder: the user's again
+    (job / "step_0" / "task_1" / "cpuset.cpus").write_text("0-2")
+    os.chown(job / "step_0" / "task_1", 4242, 4242)
+    assert act.scan()[7].unsealed
+    act.seal_job(0, 7)                        # the executor does it in the same cycle
+    assert not act.scan()[7].unsealed and (job / "step_0" / "task_1").stat().st_uid == 0
+    (job / "step_0" / "task_1" / "cpuset.cpus").write_text("0-1")
     (job / "step_0" / "task_0" / "mine").mkdir()        # made before the seal (a race)
     (job / "step_0" / "task_0" / "mine" / "cpuset.cpus").write_text("0")
     writes = len(kernel.writes)
