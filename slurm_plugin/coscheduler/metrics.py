@@ -30,6 +30,9 @@ class AgentMetrics:
         self.unverified = Gauge("malleable_unverified_jobs", "Jobs running here whose cgroup "
                                 "folder is not where the node's layout says",
                                 ["node"], registry=self.registry)
+        self.faults = Gauge("malleable_job_faults", "Jobs held to their allocation this cycle "
+                            "for their own input (records over budget, folders Slurm did not "
+                            "make)", ["node"], registry=self.registry)
         self.bind_failures = Counter("malleable_metrics_bind_failures_total",
                                      "Failed attempts to bind the metrics port (another "
                                      "process held it)", ["node"], registry=self.registry)
@@ -48,6 +51,7 @@ class AgentMetrics:
         if result.snapshot is None or result.plan is None:
             return
         self.unverified.labels(self.node).set(len(result.snapshot.problems))
+        self.faults.labels(self.node).set(len(result.snapshot.faults))
         seen = set()
         for job in result.snapshot.jobs:
             jid = str(job.job_id)

@@ -153,3 +153,19 @@ def test_the_node_lock_is_roots_alone(tmp_path):
     with pytest.raises(OSError):
         with node_lock(tmp_path / "link.lock", 1.0):
             pass
+
+
+def test_job_faults_are_counted_in_the_metrics():
+    from slurm_plugin.coscheduler.metrics import AgentMetrics
+    from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Policy
+    from slurm_plugin.coscheduler.policy import decide
+    from slurm_plugin.coscheduler.reconciler import CycleResult
+    S = frozenset
+    jobs = (JobView(5, UID, "u", S({0}), S({0}), spec=MalleableSpec(1, None), fault="over budget"),
+            JobView(6, UID, "u", S({1}), S({1}), spec=MalleableSpec(1, None)))
+    snap = NodeSnapshot("n1", S(range(4)), jobs)
+    metrics = AgentMetrics("n1")
+    metrics.observe(CycleResult(snapshot=snap, plan=decide(snap, Policy.LEND_IDLE)))
+    assert metrics.registry.get_sample_value("malleable_job_faults", {"node": "n1"}) == 1
+    assert metrics.registry.get_sample_value("malleable_job_cores",
+                                             {"node": "n1", "job": "5", "kind": "current"}) == 1
