@@ -88,10 +88,13 @@ def read_job_ranks(layout: RunLayout, job_id: int, uid: int, cgroups: SlurmCgrou
     """The records of ``job_id``'s ranks that run on the node of ``cgroups``, each with its
     step; bad ones are skipped."""
     out = []
+    steps: dict[int, str | None] = {}      # each pid checked once, however many records name it
     for st in _read_records(layout, job_id, uid, charge):
         if charge is not None:
             charge(0)        # the pid checks below read /proc: they count too
-        step = step_of(st.pid, job_id, cgroups, uid)
+        if st.pid not in steps:
+            steps[st.pid] = step_of(st.pid, job_id, cgroups, uid)
+        step = steps[st.pid]
         if step is not None:
             out.append(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
                                 local_size=st.local_size, intra_active=st.intra_active,
@@ -137,10 +140,10 @@ class RankReader:
             nbytes += n
             used = cpu + self._cpu_clock() - t0
             if nbytes > self.max_bytes or used > self.max_cpu_s:
+                # The same words every cycle: the event log records a fault when it changes.
                 raise InputBudgetExceeded(
-                    f"job {job_id}: its records cost {nbytes} bytes and {used * 1000:.1f} ms "
-                    f"of CPU this cycle (budget {self.max_bytes} bytes, "
-                    f"{self.max_cpu_s * 1000:.0f} ms)")
+                    f"job {job_id}: its records cost more than their budget this cycle "
+                    f"({self.max_bytes // 1024} KiB, {self.max_cpu_s * 1000:.0f} ms of CPU)")
 
         charge(0)
         try:

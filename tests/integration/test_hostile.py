@@ -141,8 +141,15 @@ os.mkfifo(d + "/rank_8.json")
 os.mkdir(d + "/rank_9.json")
 open(d + "/rank_10.json", "w").write('{{"pid":' * 50000)
 open(d + "/rank_11.json", "wb").write(b"x" * (1 << 20))
-for i in range(20000):
-    open(d + f"/junk_{{i}}", "w").close()
+junk = 0
+for i in range(20000):       # the folder's own tmpfs stops it at its inode limit (ENOSPC)
+    try:
+        open(d + f"/junk_{{i}}", "w").close()
+        junk += 1
+    except OSError:
+        break
+for i in range(16):          # room again for the ranks' own records (a full folder is his)
+    os.unlink(d + f"/junk_{{i}}")
 def attempt(name, f):
     try:
         f(); out[name] = "done"
@@ -155,10 +162,13 @@ attempt("link in targets", lambda: os.symlink("/etc/shadow",
         {str(c.run_layout.targets_dir / "x.json")!r}))
 attempt("replace own target", lambda: os.unlink({str(c.run_layout.target_file(a, NODE))!r}))
 print(json.dumps(out))
+print(junk)
 """
     got = run_as(ALICE, ["/usr/bin/python3", "-c", plant], os.environ)
     assert got.returncode == 0, got.stderr
-    assert json.loads(got.stdout) == {"mkdir next job folder": "EACCES",
+    result, junk = got.stdout.splitlines()
+    assert 1000 < int(junk) < 20000          # its folder's inode limit, 2,048 in all
+    assert json.loads(result) == {"mkdir next job folder": "EACCES",
                                       "write a target": "EACCES", "link in targets": "EACCES",
                                       "replace own target": "EACCES"}
     # The owner resizes; the agent reads the hostile folder every cycle and must go on.
@@ -418,6 +428,9 @@ def test_hostile_records_hold_only_their_own_job(agent_cluster, alice_job, work)
     plant = f"""
 import json, os
 d = {str(folder)!r}
+for n in os.listdir(d):       # an earlier attack's junk: this one needs the folder's inodes
+    if n.startswith("junk_"):
+        os.unlink(os.path.join(d, n))
 r = json.load(open(d + "/" + sorted(n for n in os.listdir(d) if n.startswith("rank_"))[0]))
 bad = dict(r, steps_per_s={{"\\u00b2": 1}}, rank=900)
 open(d + "/rank_900.step_0.json", "w").write(json.dumps(bad))
@@ -434,27 +447,31 @@ print(made)
 """
     got = run_as(ALICE, ["/usr/bin/python3", "-c", plant], os.environ)
     assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "1024"
     wait_for(lambda: any(e["event"] == "job-fault" and f"job {a}:" in e["error"]
                          for e in events(c)[seen:]), timeout=20, what="alice's job-fault",
              show=lambda: events(c)[seen:][-5:])
     wait_for(lambda: len(cores(c, a, uid)) == 1, timeout=20, what="alice held to her allocation")
     b_cpus = rigid_job_runs(c, work, "bobr2")
-    assert not b_cpus & cores(c, a, uid)
     new = events(c)[seen:]
+    assert not b_cpus & cores(c, a, uid), (got.stdout, new[-12:])
     assert not [e for e in new if e["event"] == "cycle-error"], new
     assert not [e for e in new if e.get("status") == "failed"], new
     print(f"\n{got.stdout.strip()} hostile records planted; alice at {sorted(cores(c, a, uid))}"
           f" (its allocation), bob ran on {sorted(b_cpus)}")
-    run_as(ALICE, ["/usr/bin/python3", "-c", f"""
+    cleaned = run_as(ALICE, ["/usr/bin/python3", "-c", f"""
 import os
 d = {str(folder)!r}
 for n in os.listdir(d):
-    if n.startswith("rank_9") or n.startswith("rank_1"):
-        if int(n.split("_")[1].split(".")[0]) >= 900:
-            os.unlink(os.path.join(d, n))
+    if n.startswith("rank_") and n.endswith(".step_0.json") and int(n[5:].split(".")[0]) >= 900:
+        os.unlink(os.path.join(d, n))
 """], os.environ)
+    assert cleaned.returncode == 0, cleaned.stderr
+    ledger = c.paths.root / "agent" / f"ledger-{NODE}.json"
     wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=30,
-             what="alice grown again once her folder is clean")
+             what="alice grown again once her folder is clean",
+             show=lambda: (cores(c, a, uid), events(c)[-6:], ledger.read_text(),
+                           sorted(os.listdir(folder))[:20]))
     settle(c)
 
 
