@@ -18,9 +18,11 @@ from typing import Callable
 
 import psutil
 
+from malleable_protocol.cgroupfs import parse_mountinfo
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 
 from .. import cgroups
+from ..coscheduler.jobfs import unmount_job_fs
 from ..coscheduler.model import Policy
 from ..slurm import CliSlurmClient, Job, Node
 from . import daemons
@@ -370,8 +372,22 @@ class LocalCluster:
             for root in self._cgroup_roots(node):
                 report = cgroups.remove_cgroup_tree(root)
                 problems += [f"cgroup {path} not removed: {why}" for path, why in report.failed]
+        problems += self._unmount_job_folders()
         if not problems and self.paths.daemons_file.exists():
             self.paths.daemons_file.unlink()
+        return problems
+
+    def _unmount_job_folders(self) -> list[str]:
+        """The tmpfs of each job folder whose Epilog never ran (a job cut short by down)."""
+        jobs = str(self.run_layout.jobs_dir) + "/"
+        with open("/proc/self/mountinfo") as f:
+            points = [m.point for m in parse_mountinfo(f.read()) if m.point.startswith(jobs)]
+        problems = []
+        for point in points:
+            try:
+                unmount_job_fs(Path(point))
+            except (OSError, CommandError) as exc:
+                problems.append(f"job folder {point} not unmounted: {exc}")
         return problems
 
     def _cgroup_roots(self, node: str) -> list[Path]:

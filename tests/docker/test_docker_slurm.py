@@ -12,11 +12,26 @@ from pathlib import Path
 from malleable_protocol import RunLayout, parse_cpu_list
 from sbatch_templates import render
 
-from ..integration.helpers import job_cpus_shell, rank_statuses, wait_for
+from ..integration.helpers import job_cpus_shell, wait_for
 
 PROGRAM = Path(__file__).parent.parent / "programs" / "train_until.py"
 SLURM_OF_SUITE = {"bookworm": "22.05", "trixie": "24.11"}
 VENV = "/opt/malleable/venv/bin"
+# The ranks' records of a job folder, as JSON (CPU lists as sorted ids), read in a node.
+READ_RANKS = """
+import glob, json, sys
+from malleable_protocol import parse_cpu_list
+out = []
+for f in sorted(glob.glob(sys.argv[1] + "/rank_*.json")):
+    try:
+        d = json.load(open(f))
+    except (OSError, ValueError):
+        continue
+    for key in ("allowed_cpus", "share_cpus"):
+        d[key] = sorted(parse_cpu_list(d.get(key, "")))
+    out.append(d)
+print(json.dumps(out))
+"""
 MALLEABLE = (f"{VENV}/malleable",)     # the command in the node containers
 
 
@@ -86,7 +101,11 @@ def test_coscheduler_grows_reclaims_resizes_and_threads_follow(docker_slurm, job
     layout = RunLayout(c.host_dir / "malleable")
 
     def rank():
-        return next(iter(rank_statuses(layout.job_dir(a)).values()), None)
+        # Read in the node: the job's folder is a tmpfs the node's Prolog mounted there.
+        got = c.exec(node, [f"{VENV}/python", "-c", READ_RANKS,
+                            c.to_container(layout.job_dir(a))], check=False)
+        ranks = json.loads(got.stdout) if got.returncode == 0 else []
+        return ranks[0] if ranks else None
 
     def a_out():
         p = jobs_dir / "a.out"
