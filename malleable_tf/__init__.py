@@ -41,11 +41,14 @@ import threading
 from pathlib import Path
 
 from . import allowance
-from .runtime import (DEFAULT_SIGNALS, Action, MalleableError, NotInitialized, Runtime, Split,
-                      ThreadState, parse_signal_spec)
+from .control import DEFAULT_SIGNALS, Action, parse_signal_spec
+from .runtime import MalleableError, NotInitialized, Runtime, Split
+from .state import ThreadState
 from ._native import NativeBuildError
 from malleable_protocol import step_folder
 
+# The API, and its one front door: users import these from ``malleable_tf``, never from the
+# modules that define them (tests/unit/test_package_edges.py checks every importer).
 __all__ = ["init", "set_threads", "threads", "step", "shutdown", "runtime", "ThreadState", "Action",
            "MalleableError", "NotInitialized", "NativeBuildError"]
 

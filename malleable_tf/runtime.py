@@ -9,7 +9,8 @@ them to the intra-op thread count in force. Nothing starts in the constructor: `
 starts the Python watcher thread, the native poller and the step sampler.
 
 The parts it wires together: ``control`` (signals, the target file, the watcher thread),
-``allowance.AllowanceFollower`` (what the allowance is now) and ``telemetry`` (the status record).
+``allowance.AllowanceFollower`` (what the allowance is now) and ``telemetry`` (the status record);
+what it reports is a ``state.ThreadState``. The API's front door is the package, not this module.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -28,8 +28,8 @@ from . import allowance as allow
 from . import control
 from . import telemetry
 from ._native import INTER, INTRA, NativeLib
-# Re-exported: malleable_tf and its users import these from here.
-from .control import DEFAULT_SIGNALS, Action, parse_signal_spec  # noqa: F401
+from .control import Action
+from .state import ThreadState
 
 log = logging.getLogger("malleable_tf")
 
@@ -49,17 +49,6 @@ class Split(enum.Enum):
     ACTIVE = "active"  # as many as active intra-op threads: Eigen kernels and Shard()
     EIGEN = "eigen"    # Eigen kernels only; Shard() splits by the pool size
     POOL = "pool"      # by the pool size, whatever is active (parking alone)
-
-
-@dataclass(frozen=True)
-class ThreadState:
-    intra_active: int
-    intra_pool: int
-    inter_active: int
-    inter_pool: int
-    allowed_cpus: frozenset[int]
-    share_cpus: frozenset[int]
-    following: bool
 
 
 def thread_ids(pid: int | str = "self") -> list[int]:

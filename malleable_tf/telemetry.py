@@ -13,13 +13,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from malleable_protocol import RankStatus, ResizeEvent
 from malleable_protocol.records import MAX_THREAD_COUNTS
 
-if TYPE_CHECKING:
-    from .runtime import ThreadState
+from .state import ThreadState
 
 log = logging.getLogger("malleable_tf")
 

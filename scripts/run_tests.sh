@@ -9,7 +9,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 KERAS3_TESTS=(tests/integration/test_malleable_tf.py tests/unit/test_allowance.py
               tests/unit/test_runtime_logic.py tests/unit/test_run.py
-              tests/unit/test_package_edges.py tests/unit/test_step_windows.py)
+              tests/unit/test_package_edges.py tests/unit/test_step_windows.py
+              tests/unit/test_horovod_guard.py)
 
 check() {   # name, pytest's exit code
   if [ "$2" -eq 5 ]; then

@@ -3,9 +3,10 @@ from pathlib import Path
 
 import pytest
 
+from malleable_tf import Action
 from malleable_tf.allowance import (Allowance, expand_tasks_per_node, local_rank_and_size,
                                     parse_proc_cgroup, parse_quota, share_of)
-from malleable_tf.runtime import Action, parse_signal_spec
+from malleable_tf.control import parse_signal_spec
 from malleable_tf.telemetry import MAX_THREAD_COUNTS, StepRate
 
 

@@ -2,6 +2,8 @@
 in the user's job and never import the root daemon's package; the protocol imports nothing of
 the project and nothing outside the standard library."""
 import ast
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,3 +41,163 @@ def test_the_check_can_fail():
     # The scan sees a real import edge: slurm_plugin does import the protocol.
     edges = imported_modules("slurm_plugin")
     assert any("malleable_protocol" in n for names in edges.values() for n in names)
+
+
+# --- inside malleable_tf: no import cycle, and one front door for the API ---------------------
+
+def module_level_imports(package_dir: Path, package: str) -> dict[str, set[str]]:
+    """The package's own modules each module imports when it is imported: every import
+    statement outside a function or class, under ``if TYPE_CHECKING:`` and ``try:`` too (a
+    cycle a type checker walks is a cycle). An edge to the package itself counts: a submodule
+    that the package imports at its top and that imports the package would see it half-made."""
+    modules = {package if p.name == "__init__.py" else f"{package}.{p.stem}": p
+               for p in package_dir.glob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def top_level(body):
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield node
+            elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    yield from top_level(getattr(node, field, []) or [])
+
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in top_level(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        here = here.rpartition(".")[0]
+                    base = f"{here}.{base}" if base else here
+                targets = [f"{base}.{a.name}" for a in node.names]
+            edges |= {t for t in map(resolve, targets) if t is not None and t != name}
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}   # 1: on the path, 2: done
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_malleable_tf_modules_import_each_other_without_a_cycle():
+    graph = module_level_imports(ROOT / "malleable_tf", "malleable_tf")
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    # ThreadState has a module of its own; both its users import it from there.
+    assert "malleable_tf.state" in graph["malleable_tf.runtime"]
+    assert "malleable_tf.state" in graph["malleable_tf.telemetry"]
+    assert graph["malleable_tf.state"] == set()
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+    # The cycle the package had: runtime imports telemetry, telemetry imports runtime's
+    # ThreadState under TYPE_CHECKING.
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .runtime import Runtime\n")
+    (pkg / "runtime.py").write_text("from . import telemetry\nclass ThreadState: pass\n")
+    (pkg / "telemetry.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .runtime import ThreadState\n"
+        "def later():\n    from . import runtime\n")
+    assert find_cycle(module_level_imports(pkg, "pkg")) == ["pkg.runtime", "pkg.telemetry",
+                                                            "pkg.runtime"]
+    (pkg / "telemetry.py").write_text("def later():\n    from .runtime import ThreadState\n")
+    assert find_cycle(module_level_imports(pkg, "pkg")) is None   # a call-time import is no edge
+
+
+def test_each_malleable_tf_module_imports_first_in_a_fresh_interpreter():
+    """Each module imported first in an interpreter of its own (the ones that import TensorFlow
+    at their top, keras.py, are left to the graph check: seconds each)."""
+    for path in sorted((ROOT / "malleable_tf").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.Import) and any(a.name == "tensorflow" for a in n.names)
+               for n in tree.body):
+            continue
+        name = "malleable_tf" if path.name == "__init__.py" else f"malleable_tf.{path.stem}"
+        done = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"import {name}: {done.stderr}"
+
+
+def public_api() -> set[str]:
+    tree = ast.parse((ROOT / "malleable_tf" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("malleable_tf/__init__.py has no __all__")
+
+
+FRONT_DOOR_DIRS = ("malleable_tf", "launcher", "tests", "benchmarks", "scripts",
+                   "sbatch_templates", "slurm_plugin", "docs")
+
+
+DOC_IMPORT = re.compile(r"from[ \t]+malleable_tf\.(\w+)[ \t]+import[ \t]+\(?([\w \t,]+)")
+
+
+def back_doors(paths, api: set[str]) -> list[str]:
+    """Imports of an API name from a module of malleable_tf (code, and code lines in docs)."""
+    bad = []
+    for path in paths:
+        text = path.read_text(errors="replace")
+        if path.suffix == ".py":
+            found = [(n.module, [a.name for a in n.names]) for n in ast.walk(ast.parse(text))
+                     if isinstance(n, ast.ImportFrom) and n.level == 0
+                     and (n.module or "").startswith("malleable_tf.")]
+        else:
+            found = [(f"malleable_tf.{m}", names.split(",")) for m, names in DOC_IMPORT.findall(text)]
+        for module, names in found:
+            wrong = api & {n.strip() for n in names}
+            if wrong:
+                bad.append(f"{path}: from {module} import {sorted(wrong)}")
+    return bad
+
+
+def test_the_api_has_one_front_door():
+    """The API (``malleable_tf.__all__``) is imported from ``malleable_tf`` everywhere in the
+    repository, code and docs: never from the module that defines a name or imports it."""
+    api = public_api()
+    import malleable_tf
+    assert all(hasattr(malleable_tf, n) for n in api)
+    paths = [ROOT / "README.md"] + [p for d in FRONT_DOOR_DIRS
+                                    for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md")]
+    bad = back_doors(paths, api)
+    assert not bad, "import these from malleable_tf: " + "; ".join(bad)
+    # runtime.py re-exports nothing of control's any more.
+    import malleable_tf.runtime as runtime_module
+    assert not hasattr(runtime_module, "parse_signal_spec")
+    assert not hasattr(runtime_module, "DEFAULT_SIGNALS")
+
+
+def test_the_front_door_check_can_fail(tmp_path):
+    code, doc = tmp_path / "t.py", tmp_path / "d.md"
+    code.write_text("from malleable_tf.runtime import (Action,\n    MalleableError)\n"
+                    "from malleable_tf.runtime import Runtime\n")
+    doc.write_text("    from malleable_tf.state import ThreadState\n")
+    assert back_doors([code, doc], public_api()) == [
+        f"{code}: from malleable_tf.runtime import ['Action', 'MalleableError']",
+        f"{doc}: from malleable_tf.state import ['ThreadState']"]

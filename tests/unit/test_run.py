@@ -9,7 +9,7 @@ import pytest
 
 import malleable_tf
 from malleable_tf import run as runner
-from malleable_tf.runtime import Action, MalleableError
+from malleable_tf import Action, MalleableError
 
 
 def parse(args, files=("t.py",), modules=("pkg",)):

@@ -5,7 +5,8 @@ mechanism is tested on real TensorFlow in tests/integration/test_malleable_tf.py
 """
 import pytest
 
-from malleable_tf.runtime import Action, NotInitialized, Runtime
+from malleable_tf import Action, NotInitialized
+from malleable_tf.runtime import Runtime
 
 
 class FakeLib:
