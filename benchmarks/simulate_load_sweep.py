@@ -8,7 +8,7 @@ offered load of the generated workload (runtimes capped at ``--max-runtime-h``),
 order (``--orders``: the same order in every regime, static included) and the share of its cores
 a malleable job asks Slurm for (``--asks``; static jobs ask for their size, as plain TensorFlow
 users do), and reports static's makespan, the fluid lower bound and each policy's makespan and
-mean completion.
+mean response.
 
     python benchmarks/simulate_load_sweep.py [--nodes 1000 --cores 64 --jobs 50000]
         [--loads 1.2,2,3,4] [--seeds 1] [--asks 0.25] [--orders fcfs] [--name NAME]
@@ -32,7 +32,8 @@ from slurm_plugin.simulator import (QueueOrder, SimPolicy, Simulation, WorkloadM
                                     generate)
 
 POLICIES = (SimPolicy.STATIC, SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
-KEPT = ("makespan_s", "mean_completion_s", "utilisation", "resizes", "wall_s")
+KEPT = ("makespan_s", "mean_response_s", "p95_wait_s", "mean_bounded_slowdown", "utilisation",
+        "resizes", "wall_s")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -52,13 +53,13 @@ def plot(rows: list[dict], path: Path) -> None:
             axes[0].plot(loads, [r[p.value]["makespan_s"] / r["static"]["makespan_s"] for r in rs],
                          marker="o", label=p.value if seed == seeds[0] else None,
                          color="C0" if p is SimPolicy.LEND_IDLE else "C1")
-            axes[1].plot(loads, [r[p.value]["mean_completion_s"] / r["static"]["mean_completion_s"]
+            axes[1].plot(loads, [r[p.value]["mean_response_s"] / r["static"]["mean_response_s"]
                                  for r in rs], marker="o",
                          label=p.value if seed == seeds[0] else None,
                          color="C0" if p is SimPolicy.LEND_IDLE else "C1")
     axes[0].axhline(0.75, color="grey", lw=0.8, ls=":", label="goal: 0.75 of static")
     axes[0].set_ylabel("makespan / static's")
-    axes[1].set_ylabel("mean completion / static's")
+    axes[1].set_ylabel("mean response / static's")
     for ax in axes:
         ax.set_xlabel("offered load")
         ax.axhline(1.0, color="grey", lw=0.8)
@@ -87,7 +88,7 @@ def plot_orders(rows: list[dict], path: Path) -> None:
         at = {(r["queue_order"], r["malleable_ask"]): r for r in rows if r["offered_load"] == load}
         ref = at[("fcfs", asks[0])]["static"] if ("fcfs", asks[0]) in at else \
             at[(orders[0], asks[0])]["static"]
-        for row, metric in enumerate(("makespan_s", "mean_completion_s")):
+        for row, metric in enumerate(("makespan_s", "mean_response_s")):
             ax = axes[row][col]
             for b, (name, ask) in enumerate(bars):
                 vals = [at[(o, ask if ask is not None else asks[0])][name][metric] / ref[metric]
@@ -101,7 +102,7 @@ def plot_orders(rows: list[dict], path: Path) -> None:
                               linestyles="--", label="fluid bound" if i == 0 else None)
                 ax.axhline(0.75, color="grey", lw=0.8, ls=":", label="goal: 0.75")
             ax.set_xticks([i + 0.4 - width / 2 for i in range(len(orders))], orders, fontsize=8)
-            ax.set_ylabel(("makespan" if row == 0 else "mean completion") +
+            ax.set_ylabel(("makespan" if row == 0 else "mean response") +
                           " / fcfs static's")
             ax.set_title(f"offered load {load}", fontsize=9)
             ax.axhline(1.0, color="grey", lw=0.8)
@@ -152,8 +153,12 @@ def main() -> None:
                                  "static": summarise(static)}
                     for policy in POLICIES[1:]:
                         row[policy.value] = summarise(Simulation(
-                            policy.submitted(jobs, ask), nodes=args.nodes, cores=args.cores,
-                            policy=policy, queue_order=order).run())
+                            policy.submitted(jobs, ask, args.cores), nodes=args.nodes,
+                            cores=args.cores, policy=policy, queue_order=order).run())
+                    # The same asks without an agent: the agent's own effect is against it.
+                    row[SimPolicy.STATIC_ASK.value] = summarise(Simulation(
+                        SimPolicy.STATIC_ASK.submitted(jobs, ask, args.cores), nodes=args.nodes,
+                        cores=args.cores, policy=SimPolicy.STATIC_ASK, queue_order=order).run())
                     st = row["static"]["makespan_s"]
                     row["bound_vs_static"] = round(row["lower_bound_makespan_s"] / st, 3)
                     for p in POLICIES[1:]:
@@ -161,14 +166,16 @@ def main() -> None:
                         r["makespan_vs_static"] = round(r["makespan_s"] / st, 3)
                         r["makespan_vs_bound"] = round(r["makespan_s"] /
                                                        row["lower_bound_makespan_s"], 3)
-                        r["mean_completion_vs_static"] = round(
-                            r["mean_completion_s"] / row["static"]["mean_completion_s"], 3)
+                        r["mean_response_vs_static"] = round(
+                            r["mean_response_s"] / row["static"]["mean_response_s"], 3)
+                        r["mean_response_vs_static_ask"] = round(
+                            r["mean_response_s"] / row["static-ask"]["mean_response_s"], 3)
                     rows.append(row)
                     print(f"seed {seed} load {load} {order.value} ask {ask}: static "
                           f"{st:.0f} s, bound/static {row['bound_vs_static']}  " + "  ".join(
                               f"{p.value} {row[p.value]['makespan_vs_static']} (bound x"
-                              f"{row[p.value]['makespan_vs_bound']}, mean completion "
-                              f"{row[p.value]['mean_completion_vs_static']})"
+                              f"{row[p.value]['makespan_vs_bound']}, mean response "
+                              f"{row[p.value]['mean_response_vs_static']})"
                               for p in POLICIES[1:]), flush=True)
     save(args.name, {"benchmark": "makespan against offered load and queue order, simulated "
                                   "at scale", "machine": machine(),

@@ -228,34 +228,63 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
-    from .simulator import QueueOrder, SimPolicy, Simulation, WorkloadModel, generate, parse_swf
+    from .simulator import (Backfill, QueueOrder, SimPolicy, Simulation, Workload, WorkloadModel,
+                            closed_batch, generate, read_swf, swf_workload)
+    from .simulator.metrics import ratios
     if args.swf:
-        jobs = parse_swf(Path(args.swf).read_text(errors="replace"), cores=args.cores,
-                         malleable_fraction=args.malleable_fraction, seed=args.seed)
-        if args.jobs:
-            jobs = jobs[: args.jobs]
+        log = read_swf(Path(args.swf).read_bytes())
+        workload = swf_workload(log, nodes=args.nodes, cores=args.cores,
+                                malleable_fraction=args.malleable_fraction, seed=args.seed,
+                                first=args.jobs or None)
+        if not workload.jobs:
+            dropped = {k: v for k, v in workload.dropped.items() if v}
+            raise ValueError(f"no job of {args.swf} to simulate: {workload.read} job lines "
+                             f"read, dropped {dropped}")
     else:
         model = WorkloadModel(offered_load=args.offered_load,
                               runtime_max_s=args.max_runtime_h * 3600.0)
-        jobs = generate(args.jobs or 1000, args.nodes, args.cores, args.malleable_fraction,
-                        args.seed, model)
+        workload = Workload(tuple(generate(args.jobs or 1000, args.nodes, args.cores,
+                                           args.malleable_fraction, args.seed, model)))
+    jobs = closed_batch(workload.jobs) if args.closed_batch else list(workload.jobs)
     policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
     results = []
+    print(f"{'policy':12s} {'makespan s':>11s} {'bound s':>11s} {'mean resp s':>11s} "
+          f"{'p95 wait s':>11s} {'mean bsld':>9s} {'util':>5s} {'resizes':>8s} {'wall s':>6s}")
     for policy in policies:
-        r = Simulation(policy.submitted(jobs, args.malleable_ask), nodes=args.nodes,
-                       cores=args.cores, policy=policy, backfill_depth=args.backfill_depth,
+        r = Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
+                       cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
+                       backfill_depth=args.backfill_depth,
                        backfill_interval_s=args.backfill_interval,
                        queue_order=QueueOrder(args.queue_order)).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
                    args.malleable_fraction, "malleable_ask": args.malleable_ask,
-                   "workload": args.swf or "generated"}
-        if not args.swf:
+                   "closed_batch": args.closed_batch, "workload": args.swf or "generated",
+                   "jobs_read": workload.read, "jobs_dropped": dict(workload.dropped),
+                   "jobs_adjusted": dict(workload.adjusted)}
+        if args.swf:
+            summary["swf_header"] = log.header.summary()
+        else:
             summary["offered_load"] = args.offered_load
             summary["max_runtime_h"] = args.max_runtime_h
         results.append(summary)
-        print(f"{policy.value:12s} makespan {r.makespan_s:12.0f} s  mean completion "
-              f"{r.mean_completion_s:10.0f} s  utilisation {r.utilisation:.3f}  lower bound "
-              f"{r.lower_bound_makespan_s:12.0f} s  resizes {r.resizes}  wall {r.wall_s:.1f} s")
+        print(f"{policy.value:12s} {r.makespan_s:11.0f} {r.lower_bound_makespan_s:11.0f} "
+              f"{r.mean_response_s:11.0f} {r.p95_wait_s:11.0f} {r.mean_bounded_slowdown:9.2f} "
+              f"{r.utilisation:5.3f} {r.resizes:8d} {r.wall_s:6.1f}")
+    # The total effect (against static at full size) and the agent's own (against the regime
+    # without an agent whose jobs ask for the same).
+    by_policy = {row["policy"]: row for row in results}
+    short = {"makespan_s": "makespan", "mean_response_s": "resp", "p95_response_s": "p95 resp",
+             "mean_wait_s": "wait", "p95_wait_s": "p95 wait", "mean_bounded_slowdown": "bsld"}
+    for policy in policies:
+        row = by_policy[policy.value]
+        for key, base in (("vs_static", SimPolicy.STATIC),
+                          ("vs_same_asks", policy.same_asks_baseline)):
+            if base is None or base is policy or base.value not in by_policy:
+                continue
+            row[key] = ratios(row, by_policy[base.value])
+            if key == "vs_static" or base is not SimPolicy.STATIC:    # each line once
+                print(f"{policy.value:12s} / {base.value:10s} " + "  ".join(
+                    f"{short[m]} {v:.3f}" for m, v in row[key].items() if v is not None))
     if args.json:
         Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results,
                                               indent=2) + "\n")
@@ -404,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status_cmd)
 
-    from .simulator import QueueOrder, WorkloadModel
+    from .simulator import Backfill, QueueOrder, SimPolicy, WorkloadModel
     workload_defaults = WorkloadModel()
     cg = sub.add_parser("cgroups", help="this node's Slurm cgroup layout (discovered), or a "
                         "job's CPUs")
@@ -422,28 +451,44 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--nodes", type=int, default=100)
     sm.add_argument("--cores", type=int, default=64, help="cores per node")
     sm.add_argument("--jobs", type=int, default=0,
-                    help="generated jobs (default 1000), or the first N of the SWF log")
-    sm.add_argument("--swf", help="a Standard Workload Format log instead of a generated load")
+                    help="generated jobs (default 1000), or the first N lines of the SWF log")
+    sm.add_argument("--swf", help="a Standard Workload Format log (.swf, or gzip-compressed "
+                                  ".swf.gz as the Parallel Workloads Archive ships them) instead "
+                                  "of a generated load")
     sm.add_argument("--malleable-fraction", type=float, default=0.5)
     sm.add_argument("--malleable-ask", type=float, default=1.0,
-                    help="a malleable job asks Slurm for this share of its cores (at least 1) "
-                         "and grows from there; static runs every job at its size")
+                    help="a malleable job that fits a node asks Slurm for this share of its "
+                         "cores (at least 1) under static-ask, lend-idle and throughput, and "
+                         "grows from there under the last two; static and cgroup-only run every "
+                         "job at its size")
     sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
                     help="generated: work arriving per unit of capacity while jobs arrive")
     sm.add_argument("--max-runtime-h", type=float,
                     default=workload_defaults.runtime_max_s / 3600.0,
                     help="generated: the longest job's runtime at its allocation, hours")
     sm.add_argument("--policy", default="throughput",
-                    choices=["static", "lend-idle", "throughput", "cgroup-only", "all"])
+                    choices=[p.value for p in SimPolicy] + ["all"],
+                    help="the regime, or all of them side by side (static-ask: malleable jobs "
+                         "ask for --malleable-ask of their size as under lend-idle and "
+                         "throughput, with no agent); with all, each row is also given against "
+                         "static (vs_static) and, where an agent runs, against the regime "
+                         "without one whose jobs ask for the same (vs_same_asks: the agent's "
+                         "own effect)")
     sm.add_argument("--seed", type=int, default=1)
-    sm.add_argument("--backfill-depth", type=int, default=100,
-                    help="queued jobs a backfill pass looks at")
+    sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
+                    choices=[b.value for b in Backfill],
+                    help="Slurm's backfill: conservative (default: every job tested gets a "
+                         "reservation, as Slurm does) or easy (only the first)")
+    sm.add_argument("--backfill-depth", type=int, default=500,
+                    help="queued jobs a backfill pass looks at (Slurm's bf_max_job_test)")
     sm.add_argument("--backfill-interval", type=float, default=30.0,
                     help="seconds between backfill passes (Slurm's bf_interval)")
     sm.add_argument("--queue-order", default="fcfs",
                     choices=[o.value for o in QueueOrder],
                     help="Slurm's queue order in every regime: submission order (default), the "
                          "most cores first (multifactor job size), the longest time limit first")
+    sm.add_argument("--closed-batch", action="store_true",
+                    help="every job submitted at 0 (a closed batch) instead of when it arrives")
     sm.add_argument("--json", help="write the summary (a list with --policy all) here")
     sm.set_defaults(func=_simulate_cmd)
     return parser

@@ -2,27 +2,43 @@
 
 Slurm's part is a stand-in for its two schedulers. The main one runs at every arrival and end:
 queued jobs start in queue order (``QueueOrder``: first come, first served unless a site sets a
-priority), each wherever its allocation fits Slurm's view of a node (best fit: the node with the
-fewest free cores that holds it), until the first that does not fit. The backfill pass runs every ``backfill_interval_s`` (Slurm's bf_interval) while jobs
-wait: the first job that does not fit gets a reservation, the node and time at which it will
-fit by the running jobs' expected ends (start + start-up + runtime at the allocation: what a
-time limit tells Slurm; a job that grew ends sooner), and the next ``backfill_depth`` jobs start
-where they cannot delay it (EASY backfill). Without the reservation wide jobs starve behind a
-stream of narrow ones, in every regime alike. Slurm never sees lent cores: an allocation is
-taken from cores no running job was allocated. The node's part is the agent's: on every node
-where a job started or ended, ``coscheduler.policy.decide`` (the same function the agent runs,
-invariants checked) is given a NodeSnapshot with each job's allocation, its current cores and
-the steps/s it has shown (each core count a job has run at is known exactly once it ran there:
-the telemetry), and each job then holds the cores of the plan. A job first spends its
-``startup_s`` (launch, imports, building the model: measured, and no shorter on more cores),
-then progresses at its speedup curve's rate for the cores its threads use:
+priority) until the first that does not fit. Where a job goes is select/cons_tres's choice as
+this stand-in has it: a job that fits a node gets the node with the fewest free cores that holds
+it (best fit); a wider one takes whole idle nodes, lowest-numbered first, and the rest on the
+node that holds it most tightly, else on the nodes with the most free cores (``select_nodes``):
+Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The backfill pass runs
+every ``backfill_interval_s`` (Slurm's bf_interval) while jobs wait, over the first
+``backfill_depth`` queued jobs (bf_max_job_test), planning with the running jobs' expected ends
+(start + time limit: a log's requested time, else start-up + runtime at the allocation; a job
+that grew ends sooner): conservatively, as Slurm does (each job that cannot start now is
+reserved where it fits earliest, and no job after it may delay it), or EASY (only the first is
+reserved), see ``Backfill``. Slurm never sees lent cores: an allocation is taken from cores no
+running job was allocated.
 
-    static        Slurm's allocation (the agent does nothing; decide is not called)
-    lend-idle     decide(LEND_IDLE): the cores of the plan
-    throughput    decide(THROUGHPUT): the cores of the plan
-    cgroup-only   decide(LEND_IDLE) moves the cgroups, but the threads stay as many as at start
-                  (what `docker update` or a cpuset-only agent gives): rate at
-                  min(cores held, allocation)
+The nodes' part is the agents': on every node where a job started or ended,
+``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
+NodeSnapshot with each job's allocation there, its current cores and the steps/s it has shown
+(each core count a job has run at is known once it ran there: the telemetry), and each job
+then holds the cores of the plan. A job on one node is one process whose threads follow its
+cores; a job on several is an MPI job with a rank per allocated core whose threads follow, and
+each node's agent offers it cores per rank (``Plan.offers``) and gives it no more per rank than
+the smallest offer of its other nodes (``JobView.peer_cap_per_rank``, as the agents read it from
+the feed): its ranks do equal work, so it runs at its slowest rank's pace. A job first spends
+its ``startup_s`` (launch, imports: no shorter on more cores), then progresses at its speedup
+curve's rate for the cores its threads use:
+
+    static        every job asks for its size; Slurm's allocation (no agent: decide is not
+                  called)
+    static-ask    malleable jobs ask for ``malleable_ask`` of their size, as under lend-idle
+                  and throughput, and run on that allocation (no agent): what asking for less
+                  does on its own, apart from the agent's effect
+    cgroup-only   every job asks for its size; decide(LEND_IDLE) moves the cgroups, but the
+                  threads stay as many as at start (what `docker update` or a cpuset-only agent
+                  gives): rate at min(cores held, allocation)
+    lend-idle     malleable jobs ask for ``malleable_ask``; decide(LEND_IDLE): the cores of
+                  the plan
+    throughput    malleable jobs ask for ``malleable_ask``; decide(THROUGHPUT): the cores of
+                  the plan
 """
 from __future__ import annotations
 
@@ -35,31 +51,49 @@ from typing import Callable, Sequence
 
 from ..coscheduler.model import JobView, NodeSnapshot, Policy, RankView
 from ..coscheduler.policy import decide
+from .metrics import bounded_slowdown, percentile
 from .workload import SimJob, ask_share, fluid_lower_bound
 
 
 class SimPolicy(enum.Enum):
+    """The regimes, in the order they are reported: the baselines first."""
+
     STATIC = "static"
+    STATIC_ASK = "static-ask"
+    CGROUP_ONLY = "cgroup-only"
     LEND_IDLE = "lend-idle"
     THROUGHPUT = "throughput"
-    CGROUP_ONLY = "cgroup-only"
 
     @property
     def threads_follow(self) -> bool:
-        """Whether a job's threads grow with its cores (so it may ask Slurm for less)."""
+        """Whether a job's threads grow with its cores."""
         return self in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
 
-    def submitted(self, jobs: Sequence[SimJob], malleable_ask: float) -> list[SimJob]:
-        """The jobs as this regime's users submit them: where threads follow the cores, each
-        malleable job asks Slurm for ``malleable_ask`` of its cores and grows from there; under
-        static and cgroup-only every job asks for its size, as plain TensorFlow users do."""
-        return ask_share(jobs, malleable_ask) if self.threads_follow else list(jobs)
+    @property
+    def asks_less(self) -> bool:
+        """Whether malleable jobs ask Slurm for ``malleable_ask`` of their size."""
+        return self.threads_follow or self is SimPolicy.STATIC_ASK
+
+    def submitted(self, jobs: Sequence[SimJob], malleable_ask: float,
+                  node_cores: int) -> list[SimJob]:
+        """The jobs as this regime's users submit them: each malleable job asking Slurm for
+        ``malleable_ask`` of its cores (``ask_share``) where the regime asks less; under static
+        and cgroup-only every job asks for its size, as plain TensorFlow users do."""
+        return ask_share(jobs, malleable_ask, node_cores) if self.asks_less else list(jobs)
+
+    @property
+    def same_asks_baseline(self) -> "SimPolicy | None":
+        """The regime without an agent whose jobs ask Slurm for the same: against it, what
+        this regime's agent does on its own shows (None: no agent runs)."""
+        if self.agent_policy is None:
+            return None
+        return SimPolicy.STATIC_ASK if self.asks_less else SimPolicy.STATIC
 
     @property
     def agent_policy(self) -> Policy | None:
-        return {SimPolicy.STATIC: None, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
-                SimPolicy.THROUGHPUT: Policy.THROUGHPUT,
-                SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE}[self]
+        return {SimPolicy.STATIC: None, SimPolicy.STATIC_ASK: None,
+                SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
+                SimPolicy.THROUGHPUT: Policy.THROUGHPUT}[self]
 
 
 class QueueOrder(enum.Enum):
@@ -87,6 +121,22 @@ class QueueOrder(enum.Enum):
         return tie
 
 
+class Backfill(enum.Enum):
+    """Slurm's backfill pass (sched/backfill, every bf_interval), in two variants.
+
+    conservative  Slurm's: the queued jobs are tested in queue order, up to bf_max_job_test;
+                  each starts now if it fits without delaying a job tested before it, else it
+                  is reserved at the earliest time it fits, and no job tested after it may
+                  delay that. Like Slurm's node space map, a reservation holds its job's nodes
+                  whole, for its time limit.
+    easy          only the first job that does not fit is reserved (EASY backfill); the jobs
+                  after it start where they cannot delay it, on the cores it leaves.
+    """
+
+    CONSERVATIVE = "conservative"
+    EASY = "easy"
+
+
 class _Queue:
     """Slurm's pending jobs in priority order (a heap: pop the first, push back)."""
 
@@ -107,39 +157,212 @@ class _Queue:
         return heapq.heappop(self._heap)[1]
 
 
+def select_nodes(usable: Sequence[int], need: int, node_cores: int) -> dict[int, int] | None:
+    """Slurm's choice of nodes for a job wider than a node (select/cons_tres, as this stand-in
+    has it): whole idle nodes first, lowest-numbered first; what is left on the one node that
+    holds it with the fewest cores to spare; else on the nodes with the most usable cores first.
+    Each node gives all its cores but the last one, which gives the rest (cons_tres takes every
+    available CPU of the nodes it picks until the job has its count). ``usable``: each node's
+    cores the job may take. None if they are too few."""
+    if sum(usable) < need:
+        return None
+    chosen: dict[int, int] = {}
+    for node, free in enumerate(usable):
+        if need < node_cores:
+            break
+        if free == node_cores:
+            chosen[node] = node_cores
+            need -= node_cores
+    if need == 0:
+        return chosen
+    fits = [(free, node) for node, free in enumerate(usable) if free >= need and node not in chosen]
+    if fits:
+        chosen[min(fits)[1]] = need
+        return chosen
+    for free, node in sorted((-f, n) for n, f in enumerate(usable) if f > 0 and n not in chosen):
+        chosen[node] = min(-free, need)
+        need -= chosen[node]
+        if need == 0:
+            break
+    return chosen
+
+
+def peer_cap(offers: Sequence[int | None], i: int) -> int | None:
+    """The smallest per-rank offer of a job's other nodes (None if none has offered yet): what
+    the agent's observer reads from the feed (``NodeObserver._peer_cap``), here from the offers
+    the simulated agents made."""
+    caps = [o for k, o in enumerate(offers) if k != i and o is not None]
+    return min(caps) if caps else None
+
+
+class _Profile:
+    """One conservative backfill pass's view of the cluster: each node's free cores over time
+    (Slurm's view now, and the cores of each running job back at its expected end) and the
+    reservations made in this pass (whole nodes, for their jobs' time limits). Jobs started in
+    the pass are in the simulation's own state; a node where one started is read again."""
+
+    def __init__(self, free: Sequence[int], ends_on: Sequence[Sequence[tuple[float, int, int]]],
+                 node_cores: int, now: float):
+        self._free, self._ends_on, self.node_cores, self.now = free, ends_on, node_cores, now
+        self.blocks: dict[int, list[tuple[float, float]]] = {}
+        self._steps: dict[int, tuple[list[float], list[int]]] = {}
+        # Per core count asked, the nodes by when they have that many free: built once per
+        # pass, so a node where a job started since appears too early (it is read again).
+        self._by_reach: dict[int, list[tuple[float, int, int]]] = {}
+        self._changed: set[int] = set()
+        self._released: list[tuple[float, int]] | None = None   # for jobs wider than a node
+
+    def steps(self, node: int) -> tuple[list[float], list[int]]:
+        """The node's free cores from now on: (times, free), free non-decreasing."""
+        if node not in self._steps:
+            times, free = [self.now], [self._free[node]]
+            for end, _, cores in self._ends_on[node]:
+                if end <= times[-1]:
+                    free[-1] += cores
+                else:
+                    times.append(end)
+                    free.append(free[-1] + cores)
+            self._steps[node] = (times, free)
+        return self._steps[node]
+
+    def free_at(self, node: int, t: float) -> int:
+        times, free = self.steps(node)
+        return free[bisect.bisect_right(times, t) - 1]
+
+    def reach(self, node: int, need: int) -> float:
+        """When the node first has ``need`` cores free (inf: never)."""
+        times, free = self.steps(node)
+        i = bisect.bisect_left(free, need)
+        return times[i] if i < len(times) else float("inf")
+
+    def clear_from(self, node: int, t: float, length: float) -> float:
+        """The earliest start from ``t`` on whose window of ``length`` no reservation of this
+        pass holds the node."""
+        for start, end in self.blocks.get(node, ()):
+            if end <= t:
+                continue
+            if start >= t + length:
+                break
+            t = end
+        return t
+
+    def earliest_on_one(self, need: int, length: float) -> tuple[float, int]:
+        """The earliest time and the node a job of ``need`` cores (on one node) fits for
+        ``length``; at the same time the node with the fewest free cores now (best fit)."""
+        if need not in self._by_reach:
+            self._by_reach[need] = sorted((self.reach(n, need), self._free[n], n)
+                                          for n in range(len(self._free)))
+        best_t, best_node = float("inf"), -1
+        for reach, _, node in self._by_reach[need]:
+            if reach >= best_t:
+                break     # a node read again only reaches later: none below can beat best
+            if node in self._changed:
+                reach = self.reach(node, need)
+            t = self.clear_from(node, reach, length) if node in self.blocks else reach
+            if t < best_t:
+                best_t, best_node = t, node
+        assert best_node >= 0, "every job fits an empty node"
+        return best_t, best_node
+
+    def earliest_wide(self, need: int, length: float) -> tuple[float, dict[int, int]]:
+        """The earliest time a job wider than a node fits for ``length`` on nodes no
+        reservation holds then, and the nodes ``select_nodes`` picks from what is free then."""
+        if self._released is None:     # every node's releases, in time order
+            self._released = sorted((t, free[i] - free[i - 1]) for n in range(len(self._free))
+                                    for times, free in [self.steps(n)]
+                                    for i, t in enumerate(times) if i)
+        released = self._released
+        total, k = sum(self._free), 0
+        for t in sorted({self.now, *(t for t, _ in released),
+                         *(end for blocks in self.blocks.values() for _, end in blocks)}):
+            while k < len(released) and released[k][0] <= t:
+                total += released[k][1]
+                k += 1
+            if t < self.now or total < need:
+                continue
+            held = {n for n in self.blocks if self.clear_from(n, t, length) != t}
+            if total - sum(self.free_at(n, t) for n in held) < need:
+                continue
+            usable = [0 if n in held else self.free_at(n, t) for n in range(len(self._free))]
+            placement = select_nodes(usable, need, self.node_cores)
+            assert placement is not None
+            return t, placement
+        raise AssertionError("every job fits the empty cluster")
+
+    def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
+        for node in placement:
+            bisect.insort(self.blocks.setdefault(node, []), (start, start + length))
+
+    def started(self, placement: dict[int, int]) -> None:
+        self._released = None
+        for node in placement:
+            self._steps.pop(node, None)
+            self._changed.add(node)
+
+
 @dataclass
 class _Running:
+    """A running job: per node of its allocation (in node order), Slurm's cores there, the
+    cores the agent gives it there, what its rank there has measured and what that node's agent
+    offers it per rank."""
+
     job: SimJob
-    node: int
-    allocation: frozenset[int]
-    current: frozenset[int]
+    nodes: tuple[int, ...]
+    allocation: tuple[frozenset[int], ...]
+    current: list[frozenset[int]]
     remaining: float          # work units left
     since: float              # when remaining was last brought up to date
     ready_at: float           # start-up over: work begins
-    expected_end: float       # Slurm's view: start + start-up + runtime at the allocation
+    expected_end: float       # Slurm's view: start + time limit
     rate: float = 0.0
-    cores_used: int = 0       # cores the job's threads use now
+    cores_used: int = 0       # cores the job's threads use now, over its nodes
     version: int = 0          # bumps on each rate change: older completion events are stale
-    known: dict[int, float] = field(default_factory=dict)   # steps/s by cores, as measured
+    known: list[dict[int, float]] = field(default_factory=list)  # steps/s by cores, per node
+    offers: list[int | None] = field(default_factory=list)        # per rank, per node
+    caps: list[int | None] = field(default_factory=list)          # the peer cap last used
+    index: dict[int, int] = field(default_factory=dict)           # node -> its position
+    # Its ranks per node: a job on one node is one process whose threads follow its cores (a
+    # malleable_tf worker); a job on several is an MPI job with a rank per allocated core
+    # (SWF's processors), each rank's threads following its share.
+    ranks: tuple[int, ...] = (1,)
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.nodes) > 1
+
+    def usage(self, cgroup_only: bool) -> tuple[int, int]:
+        """The cores its threads use, and the width its speed is that of. Where its threads
+        follow, they use the cores of the plan; with cgroups only, never more than the
+        allocation. The ranks of a job on several nodes do equal work, so it runs at its
+        slowest rank's threads on every rank."""
+        if not self.multi_node:
+            used = len(self.current[0])
+            used = min(used, len(self.allocation[0])) if cgroup_only else used
+            return used, used
+        per_node = [min(len(c), len(a)) if cgroup_only else len(c)
+                    for c, a in zip(self.current, self.allocation)]
+        threads = min(u // k for u, k in zip(per_node, self.ranks))
+        return sum(per_node), self.job.cores * threads
 
 
 @dataclass
 class _Reservation:
-    """EASY backfill's one reservation, for the first job that does not fit: on ``node`` from
-    ``start``, with ``spare`` cores beyond it there then. A job may start on that node now only
-    if it is expected to end by ``start`` or fits in the spare cores (which it then uses up)."""
+    """Backfill's reservation for the first job that does not fit: from ``start``, on each of
+    its nodes, ``spare`` cores beyond it. A job may start on such a node now only if it is
+    expected to end by ``start`` or fits in the spare cores (which it then uses up)."""
 
-    node: int
     start: float
-    spare: int
+    spare: dict[int, int]
 
-    def allows(self, node: int, cores: int, expected_end: float) -> bool:
-        return node != self.node or expected_end <= self.start or cores <= self.spare
+    def usable(self, node: int, free: int, expected_end: float) -> int:
+        if expected_end <= self.start or node not in self.spare:
+            return free
+        return min(free, self.spare[node])
 
     def book(self, node: int, cores: int, expected_end: float) -> None:
         """A job started on ``node``: if it still runs at ``start``, it takes spare cores."""
-        if node == self.node and expected_end > self.start:
-            self.spare -= cores
+        if node in self.spare and expected_end > self.start:
+            self.spare[node] -= cores
 
 
 @dataclass(frozen=True)
@@ -150,6 +373,16 @@ class JobResult:
     end_s: float
     cores: int
     malleable: bool
+    nodes: int = 1
+    reference_s: float = 0.0   # start-up and runtime at its requested size (``SimJob``)
+
+    @property
+    def response_s(self) -> float:
+        return self.end_s - self.submit_s
+
+    @property
+    def wait_s(self) -> float:
+        return self.start_s - self.submit_s
 
 
 @dataclass(frozen=True)
@@ -159,45 +392,66 @@ class SimResult:
     cores: int
     jobs: int
     malleable_jobs: int
-    makespan_s: float
-    mean_completion_s: float   # from submit to end (turnaround), the mean over jobs
-    mean_wait_s: float
-    utilisation: float         # core-seconds the jobs' threads used / (cores x makespan)
+    core_seconds: float        # cores the jobs' threads used x seconds (start-up excluded)
+    makespan_s: float          # first submit to last end
     lower_bound_makespan_s: float
+    mean_response_s: float     # submit to end (turnaround)
+    p95_response_s: float
+    mean_wait_s: float         # submit to start
+    p95_wait_s: float
+    mean_bounded_slowdown: float   # metrics.bounded_slowdown, tau = TAU_S
+    utilisation: float         # core_seconds / (cores x makespan)
     queue_order: str
-    resizes: int               # changes of a running job's cores
+    backfill: str
+    resizes: int               # changes of a running job's cores (per node)
     decide_calls: int
     wall_s: float
     per_job: tuple[JobResult, ...] = ()
 
+    @property
+    def mean_completion_s(self) -> float:
+        """The earlier name of ``mean_response_s`` (benchmarks/coscheduling/validate.py)."""
+        return self.mean_response_s
+
     def summary(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "per_job"}
+
+
+# Rounds of offers between a multi-node job's agents settled in one instant: each round
+# replans the nodes whose peer cap changed (offers do not depend on peer caps, so the second
+# round is normally the last).
+PEER_ROUNDS = 3
 
 
 class Simulation:
     """One run. ``clock`` only measures wall_s (injected for tests)."""
 
     def __init__(self, jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
-                 backfill_depth: int = 100, backfill_interval_s: float = 30.0,
-                 queue_order: QueueOrder = QueueOrder.FCFS,
+                 backfill: Backfill = Backfill.CONSERVATIVE, backfill_depth: int = 500,
+                 backfill_interval_s: float = 30.0, queue_order: QueueOrder = QueueOrder.FCFS,
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
-            if not 1 <= j.cores <= cores:
-                raise ValueError(f"job {j.job_id} asks for {j.cores} cores; nodes have {cores}")
+            if not 1 <= j.cores <= nodes * cores:
+                raise ValueError(f"job {j.job_id} asks for {j.cores} cores; the cluster has "
+                                 f"{nodes} x {cores}")
         self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
         self.nodes, self.cores, self.policy = nodes, cores, policy
-        self.backfill_depth = backfill_depth
+        self.backfill = backfill
+        self.backfill_depth = backfill_depth     # Slurm's bf_max_job_test (500 by default)
         self.backfill_interval_s = backfill_interval_s
         self._backfill_due = False     # a backfill pass is queued
+        self._news = True              # a job arrived or ended since the last backfill pass
         self._clock = clock
         self._cpus = frozenset(range(cores))
         self._running: dict[int, _Running] = {}
         self._on_node: list[set[int]] = [set() for _ in range(nodes)]
         self._allocated: list[set[int]] = [set() for _ in range(nodes)]
-        # Nodes by free cores (Slurm's view): best fit is the first non-empty bucket >= need.
+        self._free: list[int] = [cores] * nodes     # Slurm's view: cores no job was allocated
+        self._free_total = nodes * cores
+        # Nodes by free cores: best fit is the first non-empty bucket >= need.
         self._by_free: list[set[int]] = [set() for _ in range(cores + 1)]
         self._by_free[cores] = set(range(nodes))
-        # Per node, (expected end, job, cores) of its running jobs, sorted: the reservation.
+        # Per node, (expected end, job, cores there) of its running jobs, sorted: reservations.
         self._ends_on: list[list[tuple[float, int, int]]] = [[] for _ in range(nodes)]
         self._events: list[tuple] = []
         self._seq = 0
@@ -205,6 +459,8 @@ class Simulation:
         self._starts: dict[int, float] = {}
         self._results: list[JobResult] = []
         self._busy_core_s = 0.0
+        self._dirty: set[int] = set()       # nodes whose agent must plan again this instant
+        self._touched: set[int] = set()     # jobs whose cores changed this instant
         self.resizes = 0
         self.decide_calls = 0
 
@@ -218,24 +474,28 @@ class Simulation:
         t0 = self._clock()
         for j in self.jobs:
             self._push(j.submit_s, 1, j)
-        now = 0.0
+        now, backfill = 0.0, False
         while self._events:
             now, kind, _, payload = heapq.heappop(self._events)
-            backfill = False
             if kind == 0:                          # an end (ends first at equal times)
                 job_id, version = payload
                 r = self._running.get(job_id)
-                if r is None or r.version != version:
-                    continue                       # stale: its rate changed since
-                self._finish(r, now)
+                if r is not None and r.version == version:   # else stale: its rate changed
+                    self._finish(r, now)
+                    self._news = True
             elif kind == 1:
                 self._queue.push(payload)
+                self._news = True
             else:                                  # the periodic backfill pass
                 self._backfill_due = False
-                backfill = True
-            if self._events and self._events[0][0] == now and not backfill:
+                # With no arrival and no end since the last pass, a pass starts nothing: every
+                # job's earliest start is anchored on an end to come (or on now, then it ran).
+                backfill = self._news
+                self._news = False
+            if self._events and self._events[0][0] == now:
                 continue                           # settle every event of this instant first
             self._schedule(now, backfill=backfill)
+            backfill = False
             if self._queue and not self._backfill_due:
                 self._backfill_due = True
                 self._push(now + self.backfill_interval_s, 2, None)
@@ -245,42 +505,104 @@ class Simulation:
         return self._result(self._clock() - t0)
 
     def _schedule(self, now: float, *, backfill: bool = False) -> None:
-        dirty: set[int] = set()
-        while self._queue and self._queue.first().cores <= self._max_free():   # main scheduler
+        while self._queue and self._fits_now(self._queue.first()):   # main scheduler
             job = self._queue.pop()
-            node = self._best_fit(job.cores)
-            self._start(job, node, now)
-            dirty.add(node)
+            self._start(job, self._place(job), now)
         if backfill and self._queue:
-            head = self._queue.pop()
-            reservation = self._reserve(head.cores, now)
             window = [self._queue.pop()
                       for _ in range(min(self.backfill_depth, len(self._queue)))]
-            waiting = []
-            for job in window:
-                end = now + job.expected_s
-                node = self._best_fit(job.cores, reservation, end)
-                if node is None:
-                    waiting.append(job)
-                    continue
-                reservation.book(node, job.cores, end)
-                self._start(job, node, now)
-                dirty.add(node)
-            for job in (head, *waiting):
+            waiting = self._easy(window, now) if self.backfill is Backfill.EASY else \
+                self._conservative(window, now)
+            for job in waiting:
                 self._queue.push(job)
-        for node in sorted(dirty):
-            self._replan(node, now)
+        self._settle_agents(now)
+
+    def _easy(self, window: list[SimJob], now: float) -> list[SimJob]:
+        """EASY backfill over the window (queue order): the first job is reserved, the others
+        start where they cannot delay it. Returns the jobs still waiting."""
+        head, waiting = window[0], [window[0]]
+        reservation = self._reserve(head, now)
+        for job in window[1:]:
+            end = now + job.expected_s
+            placement = self._place(job, reservation, end)
+            if placement is None:
+                waiting.append(job)
+                continue
+            for node, k in placement.items():
+                reservation.book(node, k, end)
+            self._start(job, placement, now)
+        return waiting
+
+    def _conservative(self, window: list[SimJob], now: float) -> list[SimJob]:
+        """Slurm's backfill over the window (queue order): each job starts now where it fits
+        without delaying the reservations before it, else it is reserved at the earliest time
+        it fits. Returns the jobs still waiting."""
+        profile = _Profile(self._free, self._ends_on, self.cores, now)
+        # From each job on, the fewest cores asked by a job on one node, and by a wider one:
+        # once no job left could start now, its reservation changes nothing this pass.
+        least_one, least_wide = [self.cores + 1], [self.nodes * self.cores + 1]
+        for job in reversed(window):
+            one = job.cores <= self.cores
+            least_one.append(min(least_one[-1], job.cores if one else self.cores + 1))
+            least_wide.append(min(least_wide[-1], self.nodes * self.cores + 1 if one
+                                  else job.cores))
+        least_one.reverse()
+        least_wide.reverse()
+        waiting = []
+        for i, job in enumerate(window):
+            if least_one[i] > self._max_free() and least_wide[i] > self._free_total:
+                return waiting + window[i:]
+            length = job.expected_s
+            if job.cores <= self.cores:
+                node = self._best_fit_clear(job.cores, length, profile, now)
+                start, node = (now, node) if node is not None else \
+                    profile.earliest_on_one(job.cores, length)
+                placement = {node: job.cores}
+            else:
+                start, placement = profile.earliest_wide(job.cores, length)
+            # A job past its expected end that still runs (by a rounding error) holds its
+            # cores: a start planned on them waits for its end, at once.
+            if start <= now and all(self._free[n] >= k for n, k in placement.items()):
+                self._start(job, placement, now)
+                profile.started(placement)
+            else:
+                profile.reserve(placement, max(start, now), length)
+                waiting.append(job)
+        return waiting
+
+    def _best_fit_clear(self, need: int, length: float, profile: _Profile,
+                        now: float) -> int | None:
+        """The best-fit node that holds ``need`` cores now and that no reservation of this
+        pass holds within ``length`` from now (None if none): the common case, without the
+        search of every node's future."""
+        for free in range(need, self.cores + 1):
+            for node in self._by_free[free]:
+                if profile.clear_from(node, now, length) == now:
+                    return node
+        return None
 
     # --- Slurm's view -----------------------------------------------------------------------
 
-    def _free(self, node: int) -> int:
-        return self.cores - len(self._allocated[node])
-
     def _max_free(self) -> int:
-        for free in range(self.cores, 0, -1):
-            if self._by_free[free]:
-                return free
-        return 0
+        return next((free for free in range(self.cores, 0, -1) if self._by_free[free]), 0)
+
+    def _fits_now(self, job: SimJob) -> bool:
+        if job.cores <= self.cores:
+            return any(self._by_free[free] for free in range(job.cores, self.cores + 1))
+        return job.cores <= self._free_total
+
+    def _place(self, job: SimJob, reservation: _Reservation | None = None,
+               expected_end: float = 0.0) -> dict[int, int] | None:
+        """Where Slurm starts the job now: cores per node, or None. A job that fits a node
+        gets one (best fit); a wider one, nodes by ``select_nodes``."""
+        if job.cores <= self.cores:
+            node = self._best_fit(job.cores, reservation, expected_end)
+            return None if node is None else {node: job.cores}
+        if job.cores > self._free_total:
+            return None
+        usable: Sequence[int] = self._free if reservation is None else \
+            [reservation.usable(n, f, expected_end) for n, f in enumerate(self._free)]
+        return select_nodes(usable, job.cores, self.cores)
 
     def _best_fit(self, need: int, reservation: _Reservation | None = None,
                   expected_end: float = 0.0) -> int | None:
@@ -289,88 +611,155 @@ class Simulation:
         buckets are sets of ints, iterated in the order CPython keeps them); None if none."""
         for free in range(need, self.cores + 1):
             for node in self._by_free[free]:
-                if reservation is None or reservation.allows(node, need, expected_end):
+                if reservation is None or reservation.usable(node, free, expected_end) >= need:
                     return node
         return None
 
-    def _reserve(self, need: int, now: float) -> _Reservation:
-        """Where and when a job of ``need`` cores will fit by the running jobs' expected ends:
-        the earliest node, and how many cores that node has spare then beyond ``need``."""
-        best: tuple[float, int, int] | None = None   # (time, node, spare cores then)
-        for node in range(self.nodes):
-            free = self._free(node)
-            at = now
-            for end, _, cores in self._ends_on[node]:
-                if free >= need or (best is not None and end >= best[0]):
-                    break
-                free += cores
-                at = max(now, end)
-            if free >= need and (best is None or at < best[0]):
-                best = (at, node, free - need)
-        assert best is not None, "every job fits an empty node"
-        return _Reservation(node=best[1], start=best[0], spare=best[2])
+    def _reserve(self, job: SimJob, now: float) -> _Reservation:
+        """When and where the job will fit by the running jobs' expected ends, and how many
+        cores each of those nodes has spare then beyond it."""
+        if job.cores <= self.cores:
+            best: tuple[float, int, int] | None = None   # (time, node, spare cores then)
+            for node in range(self.nodes):
+                free, at = self._free[node], now
+                for end, _, cores in self._ends_on[node]:
+                    if free >= job.cores or (best is not None and end >= best[0]):
+                        break
+                    free += cores
+                    at = max(now, end)
+                if free >= job.cores and (best is None or at < best[0]):
+                    best = (at, node, free - job.cores)
+            assert best is not None, "every job fits an empty node"
+            return _Reservation(start=best[0], spare={best[1]: best[2]})
+        # Wider than a node: the first instant the cluster has its cores free, on the nodes
+        # select_nodes picks from what is free then.
+        free, total, at = list(self._free), self._free_total, now
+        ends = heapq.merge(*([(end, node, cores) for end, _, cores in lst]
+                             for node, lst in enumerate(self._ends_on)))
+        for end, node, cores in ends:
+            if total >= job.cores and end > at:
+                break
+            free[node] += cores
+            total += cores
+            at = max(now, end)
+        placement = select_nodes(free, job.cores, self.cores)
+        assert placement is not None, "every job fits the empty cluster"
+        return _Reservation(start=at, spare={n: free[n] - k for n, k in placement.items()})
 
     def _take(self, node: int, cpus: frozenset[int], give: bool = False) -> None:
-        self._by_free[self._free(node)].discard(node)
+        self._by_free[self._free[node]].discard(node)
         if give:
             self._allocated[node] -= cpus
+            self._free[node] += len(cpus)
+            self._free_total += len(cpus)
         else:
             self._allocated[node] |= cpus
-        self._by_free[self._free(node)].add(node)
+            self._free[node] -= len(cpus)
+            self._free_total -= len(cpus)
+        self._by_free[self._free[node]].add(node)
 
-    def _start(self, job: SimJob, node: int, now: float) -> None:
-        alloc = frozenset(sorted(self._cpus - self._allocated[node])[: job.cores])
-        self._take(node, alloc)
-        r = _Running(job, node, alloc, alloc, job.work, now, now + job.startup_s,
-                     now + job.expected_s)
+    def _start(self, job: SimJob, placement: dict[int, int], now: float) -> None:
+        nodes = tuple(sorted(placement))
+        allocation = []
+        for node in nodes:
+            alloc = frozenset(sorted(self._cpus - self._allocated[node])[: placement[node]])
+            self._take(node, alloc)
+            allocation.append(alloc)
+        r = _Running(job, nodes, tuple(allocation), list(allocation), job.work, now,
+                     now + job.startup_s, now + job.expected_s,
+                     known=[{} for _ in nodes], offers=[None] * len(nodes),
+                     caps=[None] * len(nodes), index={n: i for i, n in enumerate(nodes)},
+                     ranks=(1,) if len(nodes) == 1 else tuple(placement[n] for n in nodes))
         self._running[job.job_id] = r
-        self._on_node[node].add(job.job_id)
-        bisect.insort(self._ends_on[node], (r.expected_end, job.job_id, job.cores))
+        for node in nodes:
+            self._on_node[node].add(job.job_id)
+            bisect.insort(self._ends_on[node], (r.expected_end, job.job_id, placement[node]))
         self._starts[job.job_id] = now
-        if self.policy.agent_policy is None:
-            self._set_cores(r, alloc, now)   # static: nothing else will ever move it
+        self._dirty.update(nodes)
+        self._touched.add(job.job_id)
 
     def _finish(self, r: _Running, now: float) -> None:
         self._settle(r, now)
         del self._running[r.job.job_id]
-        self._on_node[r.node].discard(r.job.job_id)
-        self._ends_on[r.node].remove((r.expected_end, r.job.job_id, r.job.cores))
-        self._take(r.node, r.allocation, give=True)
+        for node, alloc in zip(r.nodes, r.allocation):
+            self._on_node[node].discard(r.job.job_id)
+            self._ends_on[node].remove((r.expected_end, r.job.job_id, len(alloc)))
+            self._take(node, alloc, give=True)
+        self._dirty.update(r.nodes)
+        self._touched.discard(r.job.job_id)
         self._results.append(JobResult(r.job.job_id, r.job.submit_s, self._starts[r.job.job_id],
-                                       now, r.job.cores, r.job.spec is not None))
-        self._replan(r.node, now)
+                                       now, r.job.cores, r.job.spec is not None, len(r.nodes),
+                                       r.job.reference_s))
 
-    # --- the node's agent -------------------------------------------------------------------
+    # --- the nodes' agents ------------------------------------------------------------------
 
-    def _replan(self, node: int, now: float) -> None:
+    def _settle_agents(self, now: float) -> None:
+        """Every node where a job started or ended plans again (the agent's decide), then the
+        nodes of multi-node jobs whose peer cap moved; each job whose cores changed then runs
+        at its new rate."""
+        if self.policy.agent_policy is not None:
+            pending = sorted(self._dirty)
+            for _ in range(PEER_ROUNDS):
+                moved: set[int] = set()      # multi-node jobs whose offers changed
+                for node in pending:
+                    moved |= self._replan(node, now)
+                pending = sorted({node for jid in moved for i, node in
+                                  enumerate(self._running[jid].nodes)
+                                  if peer_cap(self._running[jid].offers, i)
+                                  != self._running[jid].caps[i]})
+                if not pending:
+                    break
+        self._dirty.clear()
+        for job_id in sorted(self._touched):
+            self._rerate(self._running[job_id], now)
+        self._touched.clear()
+
+    def _replan(self, node: int, now: float) -> set[int]:
+        """The node's agent: decide on a snapshot of its jobs (their ranks here, see
+        ``_Running.ranks``; one rank view stands for them all, its steps/s by the node's
+        cores as JobView counts them), each multi-node malleable job capped by its other nodes'
+        offers per rank. Returns the jobs whose offer here changed."""
         running = [self._running[j] for j in sorted(self._on_node[node])]
-        policy = self.policy.agent_policy
-        if policy is None or not running:
-            return   # static: every job got its allocation when it started
-        snapshot = NodeSnapshot(node=f"n{node}", cpus=self._cpus, jobs=tuple(
-            JobView(job_id=r.job.job_id, uid=1000, user="sim", allocation=r.allocation,
-                    current=r.current, spec=r.job.spec,
-                    ranks=(RankView(pid=1, rank=0, local_rank=0, local_size=1,
-                                    intra_active=len(r.current), steps_per_s=dict(r.known)),))
-            for r in running))
-        self.decide_calls += 1
-        plan = decide(snapshot, policy)
+        if not running:
+            return set()
+        views = []
         for r in running:
-            target = plan.targets[r.job.job_id]
-            if target != r.current or r.rate == 0.0:
-                self._set_cores(r, target, now)
+            i = r.index[node]
+            if r.job.spec is not None and r.multi_node:
+                r.caps[i] = peer_cap(r.offers, i)
+            views.append(JobView(
+                job_id=r.job.job_id, uid=1000, user="sim", allocation=r.allocation[i],
+                current=r.current[i], spec=r.job.spec, nodes=len(r.nodes),
+                peer_cap_per_rank=r.caps[i],
+                ranks=(RankView(pid=1, rank=i, local_rank=0, local_size=r.ranks[i],
+                                intra_active=len(r.current[i]) // r.ranks[i],
+                                steps_per_s=r.known[i]),)))
+        self.decide_calls += 1
+        plan = decide(NodeSnapshot(node=f"n{node}", cpus=self._cpus, jobs=tuple(views)),
+                      self.policy.agent_policy)
+        moved = set()
+        for r in running:
+            i, job_id = r.index[node], r.job.job_id
+            target = plan.targets[job_id]
+            if target != r.current[i]:
+                self._settle(r, now)
+                if r.rate > 0.0:
+                    self.resizes += 1
+                r.current[i] = target
+                self._touched.add(job_id)
+            if r.multi_node and plan.offers.get(job_id) != r.offers[i]:
+                r.offers[i] = plan.offers.get(job_id)
+                moved.add(job_id)
+        return moved
 
-    def _set_cores(self, r: _Running, cpus: frozenset[int], now: float) -> None:
+    def _rerate(self, r: _Running, now: float) -> None:
         self._settle(r, now)
-        if r.rate > 0.0 and cpus != r.current:
-            self.resizes += 1
-        r.current = cpus
-        used = len(cpus)
-        if self.policy is SimPolicy.CGROUP_ONLY:
-            used = min(used, len(r.allocation))   # the threads never grew past their start
-        r.cores_used = used
-        r.rate = r.job.speedup.rate(used)
-        r.known[len(cpus)] = r.rate
+        r.cores_used, width = r.usage(self.policy is SimPolicy.CGROUP_ONLY)
+        if r.multi_node:    # no wider than its fewest nodes, each at its per-node maximum
+            width = min(width, r.job.max_cores(self.cores))
+        r.rate = r.job.speedup.rate(width)
+        for i, cpus in enumerate(r.current):
+            r.known[i][len(cpus)] = r.rate    # what its ranks measure: the job's pace
         r.version += 1
         self._push(max(now, r.ready_at) + r.remaining / r.rate, 0, (r.job.job_id, r.version))
 
@@ -387,22 +776,28 @@ class Simulation:
         res = sorted(self._results, key=lambda r: r.job_id)
         first = min(r.submit_s for r in res)
         makespan = max(r.end_s for r in res) - first
+        response = [r.response_s for r in res]
+        wait = [r.wait_s for r in res]
         return SimResult(
             policy=self.policy.value, nodes=self.nodes, cores=self.cores, jobs=len(res),
-            malleable_jobs=sum(r.malleable for r in res), makespan_s=makespan,
-            mean_completion_s=sum(r.end_s - r.submit_s for r in res) / len(res),
-            mean_wait_s=sum(r.start_s - r.submit_s for r in res) / len(res),
+            malleable_jobs=sum(r.malleable for r in res), core_seconds=self._busy_core_s,
+            makespan_s=makespan,
+            lower_bound_makespan_s=fluid_lower_bound(self.jobs, self.nodes, self.cores),
+            mean_response_s=sum(response) / len(res), p95_response_s=percentile(response, 95),
+            mean_wait_s=sum(wait) / len(res), p95_wait_s=percentile(wait, 95),
+            mean_bounded_slowdown=sum(bounded_slowdown(r.response_s, r.reference_s)
+                                      for r in res) / len(res),
             utilisation=(self._busy_core_s / (self.nodes * self.cores * makespan)
                          if makespan else 0.0),
-            lower_bound_makespan_s=fluid_lower_bound(self.jobs, self.nodes, self.cores),
-            queue_order=self._queue.order.value,
+            queue_order=self._queue.order.value, backfill=self.backfill.value,
             resizes=self.resizes, decide_calls=self.decide_calls, wall_s=wall_s,
             per_job=tuple(res))
 
 
 def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
-             backfill_depth: int = 100, backfill_interval_s: float = 30.0,
+             backfill: Backfill = Backfill.CONSERVATIVE, backfill_depth: int = 500,
+             backfill_interval_s: float = 30.0,
              queue_order: QueueOrder = QueueOrder.FCFS) -> SimResult:
-    return Simulation(jobs, nodes=nodes, cores=cores, policy=policy,
+    return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
                       queue_order=queue_order).run()

@@ -1,15 +1,17 @@
 """What the simulator runs: jobs with a speedup curve, generated or read from a Standard Workload
-Format file. Pure: no clock, no I/O beyond reading the SWF text handed in."""
+Format log (swf.py). Pure: no clock, no I/O."""
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import enum
 import math
 import random
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol, Sequence
 
 from ..coscheduler.request import MalleableSpec
+from .swf import CANCELLED, PARTIAL_STATUSES, SWFLog, SWFRecord
 
 
 class Speedup(Protocol):
@@ -60,28 +62,45 @@ class Measured:
 class SimJob:
     job_id: int
     submit_s: float
-    cores: int                        # Slurm's allocation on its node (single-node jobs)
+    cores: int                        # what it asks Slurm for, in all (over its nodes)
     runtime_s: float                  # at its allocation, after start-up
     speedup: Speedup
     spec: MalleableSpec | None = None  # None: rigid
     startup_s: float = 0.0            # before any work: launch, imports (no faster on more cores)
+    time_limit_s: float | None = None  # what backfill sees; None: start-up + runtime (exact)
+    # Start-up and runtime at the size its user would ask for in full (``ask_share`` sets it):
+    # what bounded slowdown divides by, the same in every regime.
+    at_size_s: float | None = None
 
     @property
     def expected_s(self) -> float:
-        """Start-up and runtime at its allocation: what its time limit tells Slurm."""
-        return self.startup_s + self.runtime_s
+        """Its time limit: how long Slurm expects it to hold its allocation."""
+        return self.time_limit_s if self.time_limit_s is not None else \
+            self.startup_s + self.runtime_s
+
+    @property
+    def reference_s(self) -> float:
+        """Start-up and runtime at its requested size (bounded slowdown's denominator)."""
+        return self.at_size_s if self.at_size_s is not None else self.startup_s + self.runtime_s
 
     @property
     def work(self) -> float:
         """Work units: what the job must get done (rate x seconds)."""
         return self.runtime_s * self.speedup.rate(self.cores)
 
+    def fewest_nodes(self, node_cores: int) -> int:
+        return -(-self.cores // node_cores)
+
     def max_cores(self, node_cores: int) -> int:
-        return self.cores if self.spec is None else max(self.cores,
-                                                        self.spec.max_on(node_cores))
+        """The widest it runs: on its fewest nodes, each at its per-node maximum."""
+        if self.spec is None:
+            return self.cores
+        return max(self.cores, self.fewest_nodes(node_cores) * self.spec.max_on(node_cores))
 
     def min_cores(self, node_cores: int) -> int:
-        return self.cores if self.spec is None else min(self.spec.min_cpus, self.cores)
+        if self.spec is None:
+            return self.cores
+        return min(self.fewest_nodes(node_cores) * self.spec.min_cpus, self.cores)
 
 
 @dataclass(frozen=True)
@@ -135,62 +154,129 @@ def generate(n_jobs: int, nodes: int, cores: int, malleable_fraction: float, see
     return out
 
 
-class SWFError(ValueError):
-    pass
+class DropReason(enum.Enum):
+    """Why a line of a log is not simulated (the first that applies, in this order)."""
+
+    # A checkpointed or swapped job's partial execution: its summary line is the job.
+    PARTIAL_EXECUTION = "partial_execution_record"
+    CANCELLED_BEFORE_START = "cancelled_before_start"  # status 5 and no run time
+    NO_RUNTIME = "no_runtime"                # run time unknown (-1)
+    NO_SUBMIT_TIME = "no_submit_time"
+    NO_PROCESSORS = "no_processors"          # neither requested nor allocated processors known
+    WIDER_THAN_CLUSTER = "wider_than_cluster"
 
 
-def parse_swf(text: str, *, cores: int, malleable_fraction: float = 0.0, seed: int = 0,
-              model: WorkloadModel = WorkloadModel()) -> list[SimJob]:
-    """Jobs of a Standard Workload Format log: field 1 job number, 2 submit time, 4 run time,
-    5 allocated processors (8, requested processors, where 5 is -1). Lines starting with ';' are
-    the header. Jobs that did not run (run time or processors <= 0) are left out; processors above
-    ``cores`` are capped to one node (this simulator places single-node jobs). A speedup curve
-    and, for ``malleable_fraction`` of the jobs, malleability are drawn as in ``generate``."""
+class Adjustment(enum.Enum):
+    """What a simulated job of a log took from elsewhere than its own field."""
+
+    TIME_LIMIT_FROM_RUNTIME = "time_limit_from_runtime"    # no requested time: the run time
+    TIME_LIMIT_RAISED_TO_RUNTIME = "time_limit_raised_to_runtime"   # it ran past its limit
+    PROCESSORS_FROM_ALLOCATED = "processors_from_allocated"   # no requested processors
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The jobs to simulate, and what became of the rest: every line of a log is either a job
+    here or counted once in ``dropped``."""
+
+    jobs: tuple[SimJob, ...]
+    dropped: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {r.value: 0 for r in DropReason})
+    adjusted: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {a.value: 0 for a in Adjustment})
+
+    @property
+    def read(self) -> int:
+        return len(self.jobs) + sum(self.dropped.values())
+
+
+def _drop_reason(rec: SWFRecord, capacity: int) -> DropReason | None:
+    if rec.status in PARTIAL_STATUSES:
+        return DropReason.PARTIAL_EXECUTION
+    if rec.status == CANCELLED and rec.run_s <= 0:
+        return DropReason.CANCELLED_BEFORE_START
+    if rec.run_s < 0:
+        return DropReason.NO_RUNTIME     # 0 is a run under half a second: it ran
+    if rec.submit_s < 0:
+        return DropReason.NO_SUBMIT_TIME
+    procs = rec.requested_procs if rec.requested_procs > 0 else rec.allocated_procs
+    if procs <= 0:
+        return DropReason.NO_PROCESSORS
+    if procs > capacity:
+        return DropReason.WIDER_THAN_CLUSTER
+    return None
+
+
+def swf_workload(log: SWFLog, *, nodes: int, cores: int, malleable_fraction: float = 0.0,
+                 seed: int = 0, model: WorkloadModel = WorkloadModel(),
+                 first: int | None = None) -> Workload:
+    """The jobs of a log (its ``first`` lines, or all) on ``nodes`` x ``cores``: submitted when
+    the log says, asking for the requested processors (field 8; the allocated ones, field 5,
+    where it is unknown), running for the log's run time, with the requested time (field 9) as
+    the time limit backfill plans with (the run time where none was requested, or where the job
+    ran past it). A speedup curve and, for ``malleable_fraction`` of the jobs, malleability are
+    drawn as in ``generate``."""
     rng = random.Random(seed)
+    dropped = {r.value: 0 for r in DropReason}
+    adjusted = {a.value: 0 for a in Adjustment}
     jobs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith(";"):
+    for rec in log.records[:first]:
+        reason = _drop_reason(rec, nodes * cores)
+        if reason is not None:
+            dropped[reason.value] += 1
             continue
-        fields = line.split()
-        if len(fields) < 8:
-            raise SWFError(f"line {lineno}: {len(fields)} fields, an SWF line has 18")
-        try:
-            job, submit, run = int(fields[0]), float(fields[1]), float(fields[3])
-            procs = int(fields[4]) if int(fields[4]) > 0 else int(fields[7])
-        except ValueError as exc:
-            raise SWFError(f"line {lineno}: {exc}") from None
-        if run <= 0 or procs <= 0:
-            continue
-        size = min(cores, procs)
+        procs = rec.requested_procs
+        if procs <= 0:
+            procs = rec.allocated_procs
+            adjusted[Adjustment.PROCESSORS_FROM_ALLOCATED.value] += 1
+        limit = rec.requested_time_s
+        if limit <= 0:
+            limit = rec.run_s
+            adjusted[Adjustment.TIME_LIMIT_FROM_RUNTIME.value] += 1
+        elif limit < rec.run_s:
+            limit = rec.run_s
+            adjusted[Adjustment.TIME_LIMIT_RAISED_TO_RUNTIME.value] += 1
         curve = Amdahl(rng.uniform(*model.serial_fraction), rng.uniform(*model.comm))
         spec = None
         if rng.random() < malleable_fraction:
-            spec = MalleableSpec(min_cpus=1, max_cpus=min(cores, size * model.malleable_max_factor))
-        jobs.append(SimJob(job, submit, size, run, curve, spec))
-    if not jobs:
-        raise SWFError("no job that ran in this SWF text")
-    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+            spec = MalleableSpec(min_cpus=1,
+                                 max_cpus=min(cores, procs * model.malleable_max_factor))
+        jobs.append(SimJob(rec.job, rec.submit_s, procs, rec.run_s, curve, spec,
+                           time_limit_s=limit))
+    return Workload(tuple(sorted(jobs, key=lambda j: (j.submit_s, j.job_id))), dropped, adjusted)
 
 
-def ask_share(jobs: Iterable[SimJob], share: float) -> list[SimJob]:
-    """The same jobs, each malleable one asking Slurm for ``share`` of its cores (rounded down, at
-    least its min and 1) and growing from there: a smaller guarantee that Slurm can place sooner
-    and pack tighter, with the same work and the same maximum. Rigid jobs are unchanged."""
+def ask_share(jobs: Iterable[SimJob], share: float, node_cores: int) -> list[SimJob]:
+    """The same jobs, each malleable one that fits a node asking Slurm for ``share`` of its
+    cores (rounded down, at least its min and 1) and growing from there: a smaller guarantee
+    that Slurm can place sooner and pack tighter, with the same work and the same maximum, and a
+    time limit longer in proportion. Rigid jobs are unchanged, and so are jobs wider than a
+    node: their nodes are full, so no agent could grow them back (their node count would have
+    to grow)."""
     if not 0.0 < share <= 1.0:
         raise ValueError("the share a malleable job asks for is in (0, 1]")
     out = []
     for j in jobs:
-        if j.spec is None or share == 1.0:
+        if j.spec is None or share == 1.0 or j.cores > node_cores:
             out.append(j)
             continue
         ask = min(j.cores, max(1, j.spec.min_cpus, math.floor(j.cores * share)))
         # The maximum stays what it was: at least the size the job would have asked for.
         spec = j.spec if j.spec.max_cpus is None else \
             dataclasses.replace(j.spec, max_cpus=max(j.cores, j.spec.max_cpus))
-        out.append(dataclasses.replace(j, cores=ask, runtime_s=j.work / j.speedup.rate(ask),
-                                       spec=spec))
+        runtime = j.work / j.speedup.rate(ask)
+        limit, before = j.time_limit_s, j.startup_s + j.runtime_s
+        if limit is not None and before > 0:
+            limit *= (j.startup_s + runtime) / before   # the same margin over a longer run
+        out.append(dataclasses.replace(j, cores=ask, runtime_s=runtime, spec=spec,
+                                       time_limit_s=limit, at_size_s=j.reference_s))
     return out
+
+
+def closed_batch(jobs: Iterable[SimJob]) -> list[SimJob]:
+    """The same jobs all submitted at once, at 0 (a closed batch, as DMR is evaluated): the
+    queue then holds them in their order (submission order breaks ties: the log's)."""
+    return [dataclasses.replace(j, submit_s=0.0) for j in jobs]
 
 
 def time_cost_frontier(speedup: Speedup, lo: int, hi: int) -> tuple[tuple[float, float], ...]:
@@ -252,7 +338,8 @@ def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int,
     def feasible(end: float) -> bool:
         suffix = 0.0
         for k in range(len(jobs) - 1, -1, -1):
-            suffix += works[k] * _least_cost_within(fronts[k], (end - ready[k]) / works[k])
+            if works[k] > 0:     # a log's run time of 0 (under half a second) costs nothing
+                suffix += works[k] * _least_cost_within(fronts[k], (end - ready[k]) / works[k])
             if jobs[k].submit_s + suffix / capacity > end * (1 + 1e-12):
                 return False
         return True

@@ -1,13 +1,13 @@
 """The simulator (pure): speedup curves, the scheduler stand-in, the agent's decide driving the
-cores, the fluid lower bound, SWF parsing."""
+cores, the fluid lower bound (SWF logs: test_simulator_swf.py)."""
 from __future__ import annotations
 
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import (Amdahl, Measured, QueueOrder, SimJob, SimPolicy, Simulation,
-                                    ask_share, fluid_lower_bound, generate, parse_swf, simulate)
-from slurm_plugin.simulator.workload import SWFError, time_cost_frontier
+from slurm_plugin.simulator import (Amdahl, Backfill, Measured, QueueOrder, SimJob, SimPolicy,
+                                    Simulation, ask_share, fluid_lower_bound, generate, simulate)
+from slurm_plugin.simulator.workload import time_cost_frontier
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 
@@ -88,14 +88,18 @@ def test_a_wide_job_is_not_starved_by_narrow_ones_behind_it():
     wide = SimJob(2, 1.0, 4, 10.0, LINEAR)        # needs the whole node: reserved at 100
     long_ = SimJob(3, 2.0, 2, 200.0, LINEAR)      # fits now but would end at 202: waits
     short = SimJob(4, 3.0, 2, 50.0, LINEAR)       # ends at 53, before the reservation
-    r = {j.job_id: j for j in one_node([first, wide, long_, short], SimPolicy.STATIC).per_job}
+    def easy(jobs, cores=4):
+        return {j.job_id: j for j in simulate(jobs, nodes=1, cores=cores, policy=SimPolicy.STATIC,
+                                              backfill=Backfill.EASY,
+                                              backfill_interval_s=1.0).per_job}
+
+    r = easy([first, wide, long_, short])
     assert r[4].start_s == pytest.approx(3.0)
     assert r[2].start_s == pytest.approx(100.0) and r[2].end_s == pytest.approx(110.0)
     assert r[3].start_s == pytest.approx(110.0)
     # On a node with room beside the reservation, the long job may use the spare cores.
     # 6 cores: the wide job is reserved at 100 with 2 cores to spare, which the long one takes.
-    r6 = {j.job_id: j for j in one_node([SimJob(1, 0.0, 4, 100.0, LINEAR), wide, long_],
-                                        SimPolicy.STATIC, cores=6).per_job}
+    r6 = easy([SimJob(1, 0.0, 4, 100.0, LINEAR), wide, long_], cores=6)
     assert r6[3].start_s == pytest.approx(2.0) and r6[2].start_s == pytest.approx(100.0)
 
 
@@ -160,14 +164,14 @@ def test_a_malleable_job_may_ask_for_less_and_keeps_its_work_and_maximum():
     mall = SimJob(1, 0.0, 8, 100.0, curve, MalleableSpec(min_cpus=1, max_cpus=32))
     rigid = SimJob(2, 0.0, 8, 100.0, curve)
     small_max = SimJob(3, 0.0, 8, 100.0, curve, MalleableSpec(min_cpus=3, max_cpus=8))
-    a, b, c = ask_share([mall, rigid, small_max], 0.25)
+    a, b, c = ask_share([mall, rigid, small_max], 0.25, 64)
     assert (a.cores, a.max_cores(64), a.min_cores(64)) == (2, 32, 1)
     assert a.work == pytest.approx(mall.work) and a.runtime_s > mall.runtime_s
     assert b == rigid
     assert (c.cores, c.max_cores(64), c.min_cores(64)) == (3, 8, 3)   # never below its min
-    assert ask_share([mall], 1.0) == [mall]
+    assert ask_share([mall], 1.0, 64) == [mall]
     with pytest.raises(ValueError):
-        ask_share([mall], 0.0)
+        ask_share([mall], 0.0, 64)
     # Asking for a quarter, alone on a node, it still grows to its maximum.
     alone = one_node([a], SimPolicy.LEND_IDLE, cores=32).per_job[0]
     assert alone.end_s == pytest.approx(mall.work / curve.rate(32))
@@ -207,32 +211,6 @@ def test_bad_input_is_refused():
         generate(0, 1, 8, 0.5, 1)
 
 
-SWF = """; Version: 2.2
-; Computer: an example in the Standard Workload Format (18 fields per job)
-; MaxProcs: 128
-1 0 5 3600 16 -1 -1 16 7200 -1 1 3 1 -1 1 -1 -1 -1
-2 60 0 -1 8 -1 -1 8 600 -1 0 3 1 -1 1 -1 -1 -1
-3 120 10 600 -1 -1 -1 4 900 -1 1 4 1 -1 1 -1 -1 -1
-4 180 3 100 128 -1 -1 128 200 -1 1 4 1 -1 1 -1 -1 -1
-"""
-
-
-def test_swf_jobs_that_ran_with_processors_capped_to_a_node():
-    jobs = parse_swf(SWF, cores=64)
-    assert [(j.job_id, j.submit_s, j.cores, j.runtime_s) for j in jobs] == [
-        (1, 0.0, 16, 3600.0), (3, 120.0, 4, 600.0), (4, 180.0, 64, 100.0)]
-    assert all(j.spec is None for j in jobs)
-    half = parse_swf(SWF, cores=64, malleable_fraction=1.0)
-    assert all(j.spec is not None and j.spec.max_cpus <= 64 for j in half)
-
-
-@pytest.mark.parametrize("text,message", [
-    ("1 0 5\n", "fields"), ("x 0 5 10 1 -1 -1 1\n", "line 1"), ("; only a header\n", "no job")])
-def test_bad_swf_text_is_a_clear_error(text, message):
-    with pytest.raises(SWFError, match=message):
-        parse_swf(text, cores=8)
-
-
 def test_the_command_line_writes_the_summary(tmp_path, capsys):
     from slurm_plugin.cli import main
     out = tmp_path / "out.json"
@@ -240,16 +218,12 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
                  "--seed", "4", "--json", str(out)]) == 0
     import json
     rows = json.loads(out.read_text())
-    assert [r["policy"] for r in rows] == ["static", "lend-idle", "throughput", "cgroup-only"]
+    assert [r["policy"] for r in rows] == ["static", "static-ask", "cgroup-only", "lend-idle",
+                                           "throughput"]
     for r in rows:
-        assert {"makespan_s", "mean_completion_s", "utilisation", "lower_bound_makespan_s",
+        assert {"makespan_s", "mean_response_s", "utilisation", "lower_bound_makespan_s",
                 "wall_s"} <= set(r)
         assert r["makespan_s"] >= r["lower_bound_makespan_s"] > 0 and r["jobs"] == 100
-    swf = tmp_path / "log.swf"
-    swf.write_text(SWF)
-    assert main(["simulate", "--swf", str(swf), "--nodes", "1", "--cores", "64",
-                 "--policy", "lend-idle", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["jobs"] == 3
     assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
                  "--seed", "4", "--malleable-ask", "0.5", "--json", str(out)]) == 0
     asked = {r["policy"]: r for r in json.loads(out.read_text())}
@@ -257,6 +231,8 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
     # Static and cgroup-only run every job at its size whatever the ask; the others do not.
     for p in ("static", "cgroup-only"):
         assert asked[p]["makespan_s"] == pytest.approx(base[p]["makespan_s"])
+    assert base["static-ask"]["makespan_s"] == pytest.approx(base["static"]["makespan_s"])
+    assert asked["static-ask"]["mean_response_s"] != base["static"]["mean_response_s"]
     assert asked["lend-idle"]["malleable_ask"] == 0.5
     assert "lend-idle" in capsys.readouterr().out
     assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy",
