@@ -521,8 +521,12 @@ sleep 120
       f"--output={work}/bobtree-%j.out"])
     out = work / f"bobtree-{b}.out"
     try:
-        wait_for(lambda: out.exists() and "nested 1200" in out.read_text(), timeout=60,
-                 what="bob's tree made", show=lambda: out.exists() and out.read_text())
+        hooks_log = c.paths.root / "agent" / f"hooks-{OTHER}.log"
+        wait_for(lambda: out.exists() and "nested 1200" in out.read_text(), timeout=120,
+                 what="bob's tree made",
+                 show=lambda: (out.exists() and out.read_text()[-500:], c.client().job(b).state,
+                               [n for n in c.client().nodes() if n.name == OTHER],
+                               hooks_log.exists() and hooks_log.read_text()[-1500:]))
         wait_for(lambda: any(e["event"] == "job-fault" and f"job {b}:" in e["error"]
                              for e in events(c, OTHER)[seen:]), timeout=20,
                  what="bob's job-fault", show=lambda: events(c, OTHER)[seen:][-5:])
