@@ -342,8 +342,18 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _version() -> str:
+    """The installed distribution's version (a checkout run without installing: unknown)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("malleable-hpc")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     cl = sub.add_parser("cluster", help="the local Slurm mini-cluster")
     cl.add_argument("action", choices=["up", "down", "status", "env"])

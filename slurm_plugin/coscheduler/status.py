@@ -37,6 +37,11 @@ class FeedUnreadable(Exception):
 
 
 def check_feed(store: FeedStore) -> None:
+    """Raises ``FeedUnreadable`` when there is no feed folder at all (a wrong ``--feed-dir``
+    showed an empty table and exit 0) or when this process may not read it."""
+    if not store.feed_dir.is_dir():
+        raise FeedUnreadable(f"no feed folder at {store.feed_dir}: give the watcher's "
+                             "--feed-dir (agent.json's feed_dir)")
     try:
         store.check_readable()
     except PermissionError as exc:

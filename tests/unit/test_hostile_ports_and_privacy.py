@@ -346,3 +346,20 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
     assert os.waitstatus_to_exitcode(status) == 2, err
     assert "only root may read it" in err
     assert not _can_read_as(JOB_UID, 65534, store.nodes_dir / "n1.json")
+
+
+def test_status_of_a_feed_folder_that_is_not_there_is_an_error(tmp_path, capsys):
+    """A wrong --feed-dir printed an empty table and exited 0."""
+    from slurm_plugin.cli import main
+    assert main(["status", "--feed-dir", str(tmp_path / "missing")]) == 2
+    assert "no feed folder at" in capsys.readouterr().err
+
+
+def test_the_command_tells_its_version(capsys):
+    from importlib.metadata import version
+
+    from slurm_plugin.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"malleable {version('malleable-hpc')}"
