@@ -51,8 +51,6 @@ def _announced(a: Action, job) -> bool:
 
 
 class PlanExecutor:
-    _told_sharing: set[str] = set()     # fallbacks of _write_target already logged
-
     def __init__(self, node: str, layout: RunLayout, actuator: CpusetActuator, *,
                  shrink_wait_s: float = 0.5, read_ranks: Callable = read_job_ranks,
                  check_pid: PidCheck = in_job_cgroup,
@@ -60,6 +58,7 @@ class PlanExecutor:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.node = node
+        self._told_sharing: set[str] = set()     # fallbacks of _write_target already logged
         self.layout = layout
         self.actuator = actuator
         self.shrink_wait_s = shrink_wait_s
@@ -162,8 +161,8 @@ class PlanExecutor:
         how = []
         write_atomic(folder, RunLayout.target_name(a.job_id, self.node), target.encode(), 0o600,
                      prepare=lambda fd: how.append(share_read_with(fd, a.uid)))
-        if how and how[0] in ("group", "owner") and how[0] not in PlanExecutor._told_sharing:
-            PlanExecutor._told_sharing.add(how[0])
+        if how and how[0] in ("group", "owner") and how[0] not in self._told_sharing:
+            self._told_sharing.add(how[0])
             log.warning("targets in %s: no POSIX ACLs there, so job %d's target is %s", folder,
                         a.job_id, "readable by its user's primary group too (mode 0640)"
                         if how[0] == "group" else "root's alone (its user has no passwd entry)")

@@ -35,7 +35,7 @@ from .ledger import Fence, LedgerFile
 from .node import load_config, make_reconciler, node_layout
 from .procs import agent_pid, is_agent, lock_holder, process_uid, signal_verified
 from .reconciler import MAX_LOG_BYTES, CycleResult, Reconciler, node_lock
-from .safety import held_by_others, lent_cores, outside_allocation
+from .safety import lent_cores, step_start_problems
 
 
 def _note(config: AgentConfig, text: str) -> None:
@@ -83,7 +83,7 @@ def _verdict(config: AgentConfig, what: str, t0: float, result: CycleResult,
     reported, not a reason to refuse: the tree check says whether it left anything unsafe.
     Every problem goes to the hooks log and to stderr (slurmd's log)."""
     ms = (time.monotonic() - t0) * 1000
-    reported = [f for f in result.failures if f not in result.errors]
+    reported = result.action_failures
     if reported:
         _note(config, f"{what}: reported, not refused: {'; '.join(reported)}")
     problems = result.errors + problems
@@ -126,8 +126,7 @@ def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> i
     rec = make_reconciler(config)
     result = _hook_cycle(config, rec, what, fence=(job_id, fence))
     return _verdict(config, what, t0, result,
-                    outside_allocation(config, job_id, rec.observer.actuator) +
-                    held_by_others(config, job_id, rec.observer.actuator))
+                    step_start_problems(config, job_id, rec.observer.actuator))
 
 
 def _remove_job_files(config: AgentConfig, job_id: int, uid: int) -> list[str]:

@@ -50,11 +50,15 @@ class CycleResult:
         return [o for o in self.outcomes if o.status is OutcomeStatus.APPLIED]
 
     @property
+    def action_failures(self) -> list[str]:
+        """The actions that were not applied (each one job's)."""
+        return [f"job {o.action.job_id} {o.action.kind.value} {o.status.value}: {o.error}"
+                for o in self.outcomes if o.status is not OutcomeStatus.APPLIED]
+
+    @property
     def failures(self) -> list[str]:
         """Every failure of this cycle, of the cycle or of one action."""
-        return self.errors + [f"job {o.action.job_id} {o.action.kind.value} {o.status.value}: "
-                              f"{o.error}" for o in self.outcomes
-                              if o.status is not OutcomeStatus.APPLIED]
+        return self.errors + self.action_failures
 
 
 @contextmanager

@@ -5,6 +5,7 @@ import os
 import resource
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,11 @@ needs_root = pytest.mark.skipif(not ROOT, reason="root ignores folder modes; cho
 ME = os.geteuid()
 
 
-def deep(folder_fd: int, depth: int, name: str = "d", *, readonly_every: int = 0) -> None:
-    """``depth`` nested folders below ``folder_fd``, made through descriptors (no path is
-    ever longer than one name), some made 0500 once filled."""
-    fd = os.dup(folder_fd)
+def deep(top: Path, depth: int, name: str = "d", *, readonly_every: int = 0) -> None:
+    """The folder ``top`` with ``depth`` nested folders below it, made through descriptors (no
+    path is ever longer than one name), some made 0500 once filled."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     opened = []
     try:
         for level in range(depth):
@@ -65,10 +67,7 @@ def test_the_job_folder_is_private_to_its_user_even_when_requeued(tmp_path):
 
 def test_a_tree_5000_deep_goes_with_a_few_descriptors_open(tmp_path):
     top = tmp_path / "job_1"
-    top.mkdir()
-    tfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    deep(tfd, 5000)
-    os.close(tfd)
+    deep(top, 5000)
     pfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # Descriptors numbered past (the highest now open + 4) cannot be had: a removal that
@@ -133,10 +132,7 @@ def test_a_fifo_is_unlinked_never_opened(tmp_path):
 @needs_root
 def test_folders_the_user_made_read_only_go(tmp_path):
     top = tmp_path / "job_5"
-    top.mkdir()
-    tfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    deep(tfd, 40, readonly_every=7)
-    os.close(tfd)
+    deep(top, 40, readonly_every=7)
     (top / "ro").mkdir()
     (top / "ro" / "f").write_text("x")
     (top / "ro").chmod(0o500)
@@ -147,10 +143,7 @@ def test_folders_the_user_made_read_only_go(tmp_path):
 
 def test_over_budget_it_stops_reports_and_the_next_call_goes_on(tmp_path):
     top = tmp_path / "job_6"
-    top.mkdir()
-    tfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    deep(tfd, 300)
-    os.close(tfd)
+    deep(top, 300)
     for i in range(700):
         (top / f"f{i}").write_bytes(b"")
     out = remove(tmp_path, "job_6", owner=ME, budget=200)
