@@ -32,6 +32,8 @@ class WatcherConfig:
     layout_refresh_s: float = 300.0  # the nodes' layout (sinfo) is re-read this often
     event_check_s: float = 0.05      # how often the (local) event file is looked at
     event_settle_s: float = 0.02     # a burst of events is one poll
+    event_min_gap_s: float = 0.25    # events make it poll at most this often (a user's loop
+                                     # of updates costs slurmctld at most 4 polls a second)
     events_max_bytes: int = 1 << 20  # the event file is rotated past this
 
 
@@ -129,7 +131,9 @@ class ClusterWatcher:
         backoff = self.config.resync_s
         while not stop():
             events = self.store.events_stamp()
-            if events != last_events or self._clock() - last_poll >= backoff:
+            since = self._clock() - last_poll
+            if (events != last_events and since >= self.config.event_min_gap_s) or \
+                    since >= backoff:
                 if events != last_events:
                     self._sleep(self.config.event_settle_s)
                 last_events = self.store.events_stamp()

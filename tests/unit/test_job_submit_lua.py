@@ -61,16 +61,17 @@ def run_lua(tmp_path: Path, body: str) -> tuple[list[str], list[str]]:
     return out.stdout.split(), lines
 
 
-def test_an_owners_update_wakes_the_watcher_at_most_once_per_second(tmp_path):
+def test_every_owners_update_wakes_the_watcher_two_in_one_second_included(tmp_path):
+    """A resize right after another (same second) must not wait for the watcher's resync: a
+    CI run's grow took over 10 s when the hook kept one line per job per second."""
     printed, lines = run_lua(tmp_path, f"""
 modify(7, {OWNER}, {OWNER})
-modify(7, {OWNER}, {OWNER})     -- the same second: accepted, no second line
-modify(7, {OWNER}, {OWNER}, "malleable:cpus=2")
+modify(7, {OWNER}, {OWNER}, "malleable:cpus=2")     -- the same second: its own line
 T = 1001
 modify(7, {OWNER}, {OWNER})
 """)
-    assert printed == ["0", "0", "0", "0"]          # every update accepted (slurm.SUCCESS)
-    assert lines == ["1000 update 7", "1001 update 7"]
+    assert printed == ["0", "0", "0"]               # every update accepted (slurm.SUCCESS)
+    assert lines == ["1000 update 7", "1000 update 7", "1001 update 7"]
 
 
 def test_another_users_update_is_left_to_slurm_and_wakes_nothing(tmp_path):
@@ -88,29 +89,24 @@ def test_root_wakes_the_watcher_for_any_job(tmp_path):
     assert lines == ["1000 update 9"]
 
 
-def test_lines_per_second_are_capped_and_the_jobs_table_stays_bounded(tmp_path):
+def test_lines_per_second_are_capped(tmp_path):
     """A user with thousands of jobs updating them all, second after second: at most RATE_MAX
-    lines a second, and the table of noted jobs never past NOTED_MAX."""
+    lines a second, and every second gets its lines again."""
     printed, lines = run_lua(tmp_path, f"""
-local may = upvalue(upvalue(slurm_job_modify, "note_event"), "may_note")
-local most = 0
 for second = 1, 200 do
    T = 1000 + second
    for j = 1, 60 do
       modify(second * 100 + j, {OWNER}, {OWNER})
    end
-   local n = upvalue(may, "noted_count")
-   if n > most then most = n end
 end
-print("most", most, upvalue(may, "NOTED_MAX"), upvalue(may, "RATE_MAX"))
+print("rate", upvalue(upvalue(upvalue(slurm_job_modify, "note_event"), "may_note"), "RATE_MAX"))
 """)
-    most, noted_max, rate_max = (int(x) for x in printed[-3:])
-    assert len(lines) == 200 * rate_max and rate_max < 60
-    assert noted_max - rate_max < most <= noted_max      # it filled, then was purged
-    per_second = {}
+    rate_max = int(printed[-1])
+    assert rate_max < 60 and len(lines) == 200 * rate_max
+    per_second: dict[str, int] = {}
     for line in lines:
         per_second[line.split()[0]] = per_second.get(line.split()[0], 0) + 1
-    assert max(per_second.values()) == rate_max
+    assert set(per_second.values()) == {rate_max} and len(per_second) == 200
 
 
 def test_refusals_and_the_submit_grammar_are_unchanged(tmp_path):

@@ -168,6 +168,30 @@ def test_watcher_polls_on_events_and_on_resync_only(tmp_path):
     assert client.calls.count("squeue") == 4, client.calls
 
 
+def test_a_loop_of_events_makes_the_watcher_poll_at_most_every_min_gap(tmp_path):
+    """A user updating his job in a loop appends a line every 50 ms (the hook allows 50 a second):
+    the watcher polls slurmctld at most once per event_min_gap_s, and still within that gap of
+    the first event."""
+    client = CountingClient()
+    store = FeedStore(tmp_path)
+    now = [0.0]
+
+    def sleep(dt):
+        now[0] += dt
+        if 1.0 <= now[0] < 3.0:            # 2 s of a line every tick
+            with open(store.events_file, "a") as f:
+                f.write("1 update 5\n")
+
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path, resync_s=10.0, event_check_s=0.05,
+                                     event_min_gap_s=0.25),
+                       client, store, clock=lambda: now[0], sleep=sleep)
+    w.run(lambda: now[0] > 4.0)
+    polls = client.calls.count("squeue")
+    # t=0, then events from t=1 to 3: at most 2 s / 0.25 s + 1 polls, and many fewer than
+    # the ~28 ticks that saw a new line.
+    assert 1 + 4 <= polls <= 1 + 9, client.calls
+
+
 def test_every_feed_record_survives_its_own_bounds():
     from slurm_plugin.feed import JobReport, NodeReport
     rep = NodeReport("n1", (JobReport(3, S({0, 1}), (2, 1), (4.5, 3.0)),))
