@@ -115,8 +115,10 @@ PATHS = {
     "signal pinned": ControlPath("signal", True,
                                  lambda c, r: r.update(pin=True) or ["--no-follow"], _signal,
                                  lambda c: {"MALLEABLE_TF_SIGNALS": SIGNAL_SPEC}),
+    # _target sends SIGUSR1, as when the README's numbers were taken: the worker must map it.
     "target file": ControlPath("target", True, lambda c, r: [], _target,
-                               lambda c: {"MALLEABLE_TF_TARGET": str(c.scratch / "target_{pid}.json")}),
+                               lambda c: {"MALLEABLE_TF_TARGET": str(c.scratch / "target_{pid}.json"),
+                                          "MALLEABLE_TF_SIGNALS": "USR1=reload"}),
     "cpuset": ControlPath("cpuset", True, _cpuset_args,
                           lambda c, w, r: r["cpuset"].set_cpus(cpu_list(c.n))),
     "affinity": ControlPath("affinity", True, lambda c, r: [],

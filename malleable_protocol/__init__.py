@@ -19,10 +19,10 @@ rank's thread target with it, and each rank takes its share of its allowance wit
 from .cpulist import format_cpu_list, parse_cpu_list
 from .layout import RunLayout, check_job_id, check_node_name, step_folder
 from .records import (MAX_RECORD_BYTES, ProtocolError, RankStatus, ResizeEvent, Target,
-                      decode_json_bounded)
+                      decode_json_bounded, is_reload_signal)
 from .share import rank_share, threads_per_rank
 
 __all__ = ["format_cpu_list", "parse_cpu_list", "RunLayout", "check_job_id", "check_node_name",
            "step_folder",
            "MAX_RECORD_BYTES", "ProtocolError", "RankStatus", "ResizeEvent", "Target",
-           "decode_json_bounded", "rank_share", "threads_per_rank"]
+           "decode_json_bounded", "is_reload_signal", "rank_share", "threads_per_rank"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from signal import SIGRTMAX, SIGRTMIN, SIGUSR1, SIGUSR2
 from typing import Any, Mapping
 
 from .cpulist import format_cpu_list, parse_cpu_list
@@ -75,6 +76,14 @@ def _num(d: Mapping[str, Any], key: str, lo: float, hi: float) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise ProtocolError(f"bad {key}: {v!r:.32}")
     return float(v)
+
+
+def is_reload_signal(signo: object) -> bool:
+    """Whether ``signo`` may be a rank's reload signal, the one the agent sends it to say "look
+    again": SIGUSR1, SIGUSR2 or a real-time signal. Whatever a record says, root sends nothing else
+    (no SIGKILL, no SIGTERM)."""
+    return isinstance(signo, int) and not isinstance(signo, bool) and (
+        signo in (SIGUSR1, SIGUSR2) or SIGRTMIN <= signo <= SIGRTMAX)
 
 
 def _cpus(d: Mapping[str, Any], key: str) -> frozenset[int]:
@@ -150,8 +159,14 @@ class RankStatus:
     resizes: int = 0
     last_resize: ResizeEvent | None = None
     updated: float = 0.0
+    # The signal the rank takes as "look again" (its handler installed before it says so: a
+    # real-time signal's default action ends the process); None: send none, it polls. A record
+    # without the field is from a runtime that took SIGUSR1.
+    reload_signal: int | None = int(SIGUSR1)
 
     def encode(self) -> bytes:
+        if self.reload_signal is not None and not is_reload_signal(self.reload_signal):
+            raise ProtocolError(f"bad reload_signal: {self.reload_signal!r:.32}")
         d = asdict(self)
         d["allowed_cpus"] = format_cpu_list(self.allowed_cpus)
         d["share_cpus"] = format_cpu_list(self.share_cpus)
@@ -190,6 +205,9 @@ class RankStatus:
         if not isinstance(node, str) or len(node) > 64:
             raise ProtocolError("bad node")
         local_size = _int(d, "local_size", 1, MAX_THREADS)
+        reload_signal = d.get("reload_signal", int(SIGUSR1))
+        if reload_signal is not None and not is_reload_signal(reload_signal):
+            raise ProtocolError(f"bad reload_signal: {reload_signal!r:.32}")
         return cls(pid=_int(d, "pid", 1, 2**22), rank=_int(d, "rank", 0, 2**24),
                    local_rank=_int(d, "local_rank", 0, local_size - 1), local_size=local_size,
                    intra_active=_int(d, "intra_active", 1, MAX_THREADS),
@@ -199,4 +217,5 @@ class RankStatus:
                    allowed_cpus=_cpus(d, "allowed_cpus"), share_cpus=_cpus(d, "share_cpus"),
                    steps_per_s=clean, steps=_int(d, "steps", 0, 2**62) if "steps" in d else 0,
                    resizes=_int(d, "resizes", 0, 2**62) if "resizes" in d else 0,
-                   last_resize=event, updated=_num(d, "updated", 0, 1e12))
+                   last_resize=event, updated=_num(d, "updated", 0, 1e12),
+                   reload_signal=reload_signal)

@@ -8,16 +8,19 @@
 The pools are created at their largest size (``max_threads``, default: the CPUs this process
 may use) and idle threads are "parked" to run with fewer. By default the active threads follow
 the process's CPU allowance (affinity mask, cpuset cgroup, CPU quota), split among the ranks
-that share the node, and a control signal (SIGUSR1 by default) makes the runtime look at once.
+that share the node, and a control signal (SIGRTMIN+3 by default: SIGUSR1 is the job script's
+own, ``sbatch --signal=B:USR1@60`` being the common checkpoint idiom) makes the runtime look at
+once.
 
-Environment: MALLEABLE_TF_STATUS (status record path; may hold {rank}, {local_rank}, {pid},
-{job}, {node}, {step}), MALLEABLE_TF_TARGET (the co-scheduler's ``malleable_protocol.Target``, the cores the
-job holds on this node, re-read on a reload signal and once a second; the same placeholders),
-MALLEABLE_TF_SIGNALS ("USR1=reload,USR2=intra-down"), MALLEABLE_TF_MAX_THREADS (a number or "node"),
-MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_SPLIT (active: kernels
-split work as many ways as there are active intra-op threads, the default; eigen: only Eigen
-kernels do; pool: kernels split by the pool size), MALLEABLE_TF_ALLOWANCE=cgroup to take
-the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
+Environment (read once, into ``malleable_tf.settings.Settings``): MALLEABLE_TF_STATUS (status
+record path; may hold {rank}, {local_rank}, {pid}, {job}, {node}, {step}), MALLEABLE_TF_TARGET
+(the co-scheduler's ``malleable_protocol.Target``, the cores the job holds on this node, re-read
+on a reload signal and once a second; the same placeholders), MALLEABLE_TF_SIGNALS
+("RTMIN+3=reload,USR2=intra-down"; USR1, USR2, RTMIN+n, RTMAX-n), MALLEABLE_TF_MAX_THREADS (a
+number or "node"), MALLEABLE_TF_FOLLOW=0 to stop following the allowance, MALLEABLE_TF_SPLIT
+(active: kernels split work as many ways as there are active intra-op threads, the default;
+eigen: only Eigen kernels do; pool: kernels split by the pool size), MALLEABLE_TF_ALLOWANCE=cgroup
+to take the cpuset cgroup alone as the allowance (what malleable-srun sets: Slurm binds each task's
 mask at launch, and that mask does not widen when the co-scheduler grows the cpuset),
 MALLEABLE_TF_COUNT_STEPS=0 to stop counting each Keras optimizer's apply_gradients as a step,
 MALLEABLE_TF_PIN=allowance to pin the threads to the whole allowance instead of the rank's share
@@ -40,12 +43,11 @@ import sys
 import threading
 from pathlib import Path
 
-from . import allowance
-from .control import DEFAULT_SIGNALS, Action, parse_signal_spec
-from .runtime import MalleableError, NotInitialized, Runtime, Split
+from .control import Action
+from .runtime import MalleableError, NotInitialized, Runtime
+from .settings import AllowanceSource, OneDnn, Pinning, Settings, env_signals
 from .state import ThreadState
 from ._native import NativeBuildError
-from malleable_protocol import step_folder
 
 # The API, and its one front door: users import these from ``malleable_tf``, never from the
 # modules that define them (tests/unit/test_package_edges.py checks every importer).
@@ -60,18 +62,14 @@ _settings: dict | None = None
 _joinable = False
 
 
-def _configured_signals() -> dict[int, Action]:
-    spec = os.environ.get("MALLEABLE_TF_SIGNALS")
-    return parse_signal_spec(spec) if spec else dict(DEFAULT_SIGNALS)
-
-
 def _ignore_until_init() -> None:
     """A control signal that arrives before init() must not kill the process (the default action
-    of SIGUSR1): ignore the configured signals until init() installs the real handler."""
+    of SIGUSR1 and of every real-time signal): ignore the configured signals until init()
+    installs the real handler."""
     if threading.current_thread() is not threading.main_thread():
         return
     try:
-        for signo in _configured_signals():
+        for signo in env_signals(os.environ):
             if signal.getsignal(signo) == signal.SIG_DFL:
                 signal.signal(signo, signal.SIG_IGN)
     except ValueError:
@@ -81,44 +79,26 @@ def _ignore_until_init() -> None:
 _ignore_until_init()
 
 
-def _env_max_threads() -> int | None:
-    """MALLEABLE_TF_MAX_THREADS: a number, or "node" for every core of this node (what
-    malleable-srun sets: the pool must be able to grow past the cores held at launch)."""
-    value = os.environ.get("MALLEABLE_TF_MAX_THREADS")
-    if not value:
-        return None
-    if value == "node":
-        return os.cpu_count() or 1
-    if not value.isdigit():
-        raise ValueError(f"MALLEABLE_TF_MAX_THREADS must be a number or 'node', not {value!r}")
-    return int(value)
-
-
-def _join_the_co_scheduler() -> None:
-    """Inside a Slurm job whose folder the node's Prolog made (the co-scheduler runs), a rank
-    started without malleable-srun (``python train.py`` in a batch script or under salloc)
-    gets what malleable-srun would have set, where the user set nothing: its status record,
-    its node's target, the cgroup as allowance, a pool that can grow to the node."""
-    job = os.environ.get("SLURM_JOB_ID", "")
-    if "MALLEABLE_TF_STATUS" in os.environ or not job.isdigit():
-        return
+def _settings_from_env() -> Settings:
+    """The environment's settings. Inside a Slurm job whose folder the node's Prolog made (the
+    co-scheduler runs), a rank started without malleable-srun (``python train.py`` in a batch
+    script or under salloc) first gets what malleable-srun would have set, where the user set
+    nothing: its status record, its node's target, the cgroup as allowance, a pool that can grow
+    to the node (in os.environ, as malleable-srun sets them: what it starts sees them too)."""
+    settings = Settings.from_env(os.environ)
+    if settings.status is not None or settings.job_id is None:
+        return settings
     from malleable_protocol import RunLayout
-    from malleable_protocol.layout import DEFAULT_RUN_DIR
     try:
-        layout = RunLayout(Path(os.environ.get("MALLEABLE_RUN_DIR") or DEFAULT_RUN_DIR))
-        if not layout.job_dir(int(job)).is_dir():
-            return
-        defaults = layout.rank_env(int(job))
+        layout = RunLayout(settings.run_dir)
+        if not layout.job_dir(settings.job_id).is_dir():
+            return settings
+        defaults = layout.rank_env(settings.job_id)
     except ValueError:
-        return
+        return settings
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-
-
-def _env_rank() -> int:
-    """This process's global rank, from the launcher's environment (mpirun, srun, horovodrun)."""
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get(
-        "SLURM_PROCID", os.environ.get("HOROVOD_RANK", 0))))
+    return Settings.from_env(os.environ)
 
 
 def init(max_threads: int | None = None, *, inter_max_threads: int | None = None,
@@ -145,68 +125,50 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
             if not _joinable:
                 raise MalleableError("malleable_tf.init() already ran")
             return _join(asked)
-        import tensorflow as tf
-
-        from ._native import load
-
-        _join_the_co_scheduler()
-        max_threads = max_threads or _env_max_threads() or len(os.sched_getaffinity(0))
+        # Every setting is checked before TensorFlow is touched: a bad one leaves init() free
+        # to run again.
+        env = _settings_from_env()
+        max_threads = max_threads or env.max_threads or len(os.sched_getaffinity(0))
         inter_max = inter_max_threads or max_threads
         for name, value in (("max_threads", max_threads), ("inter_max_threads", inter_max)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
                 raise ValueError(f"{name} must be an int in 1..4096, not {value!r}")
-        if follow is None:
-            follow = os.environ.get("MALLEABLE_TF_FOLLOW", "1") != "0"
-        if count_steps is None:
-            count_steps = os.environ.get("MALLEABLE_TF_COUNT_STEPS", "1") != "0"
-        signals = _configured_signals() if signals is None else signals
-        # Every setting is checked before TensorFlow is touched: a bad one leaves init() free
-        # to run again.
-        source = os.environ.get("MALLEABLE_TF_ALLOWANCE", "auto")
-        if source not in ("auto", "cgroup"):
-            raise ValueError(f"MALLEABLE_TF_ALLOWANCE must be auto or cgroup, not {source!r}")
-        pin_to = os.environ.get("MALLEABLE_TF_PIN", "share")
-        if pin_to not in ("share", "allowance"):
-            raise ValueError(f"MALLEABLE_TF_PIN must be share or allowance, not {pin_to!r}")
-        try:
-            split = Split(os.environ.get("MALLEABLE_TF_SPLIT", "active"))
-        except ValueError:
-            raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not "
-                             f"{os.environ['MALLEABLE_TF_SPLIT']!r}") from None
-        onednn = os.environ.get("MALLEABLE_TF_ONEDNN", "inline")
-        if onednn not in ("inline", "off"):
-            raise ValueError(f"MALLEABLE_TF_ONEDNN must be inline or off, not {onednn!r}")
+        follow = env.follow if follow is None else follow
+        count_steps = env.count_steps if count_steps is None else count_steps
+        signals = dict(env.signals) if signals is None else signals
+
+        import tensorflow as tf
+
+        from ._native import load
+
         try:
             tf.config.threading.set_intra_op_parallelism_threads(max_threads)
             tf.config.threading.set_inter_op_parallelism_threads(inter_max)
         except RuntimeError as exc:
             raise MalleableError("malleable_tf.init() must run before TensorFlow executes its "
                                  f"first op ({exc})") from exc
-        _setup_logging()   # before load(): it may warn (a parking-only library)
-        native = load(tf)
+        _setup_logging(env.log)   # before load(): it may warn (a parking-only library)
+        native = load(tf, env.native)
         intra_pool = native.attach(inter_max)
         if intra_pool != max_threads:
             raise MalleableError(f"TensorFlow made an intra-op pool of {intra_pool} threads, "
                                  f"not {max_threads}")
-        env_lr, env_ls = allowance.local_rank_and_size()
-        lr = env_lr if local_rank is None else local_rank
-        ls = env_ls if local_size is None else local_size
-        rk = rank if rank is not None else _env_rank()
-        status = status_path or os.environ.get("MALLEABLE_TF_STATUS")
-        fields = {"rank": rk, "local_rank": lr, "pid": os.getpid(),
-                  "job": os.environ.get("SLURM_JOB_ID", "0"),
-                  "step": step_folder(os.environ.get("SLURM_STEP_ID")),
-                  "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
+        lr = env.local_rank if local_rank is None else local_rank
+        ls = env.local_size if local_size is None else local_size
+        rk = env.rank if rank is None else rank
+        status = status_path or env.status
+        fields = {"rank": rk, "local_rank": lr, "pid": os.getpid(), "job": str(env.job_id or 0),
+                  "step": env.step, "node": env.node or socket.gethostname()}
         status = None if not status else Path(str(status).format(**fields))
-        target = os.environ.get("MALLEABLE_TF_TARGET")
-        target_path = None if not target else Path(target.format(**fields))
+        target_path = None if not env.target else Path(env.target.format(**fields))
         rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
                      local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
                      recheck_interval_s=recheck_interval_s,
                      status_path=status, target_path=target_path,
-                     mask_restricts=source != "cgroup", split=split, pin_share=pin_to == "share",
-                     onednn_inline=onednn == "inline")
-        rt.install_signals(signals)
+                     mask_restricts=env.allowance is AllowanceSource.AUTO, split=env.split,
+                     pin_share=env.pin is Pinning.SHARE,
+                     onednn_inline=env.onednn is OneDnn.INLINE, node=env.node)
+        rt.install_signals(signals)   # before any status record names the reload signal
         rt.load_target()
         rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")
         if count_steps:
@@ -246,9 +208,9 @@ def _join(asked: dict) -> ThreadState:
     return _runtime.state()
 
 
-def _setup_logging() -> None:
+def _setup_logging(enabled: bool) -> None:
     log = logging.getLogger("malleable_tf")
-    if not log.handlers and os.environ.get("MALLEABLE_TF_LOG", "1") != "0":
+    if not log.handlers and enabled:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)

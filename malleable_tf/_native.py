@@ -18,12 +18,14 @@ import fcntl
 import hashlib
 import logging
 import os
-import shlex
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
+
+from .settings import NativeBuild, NativeVariant
 
 NATIVE_DIR = Path(__file__).parent / "native"
 
@@ -75,28 +77,27 @@ def _digest_inputs() -> list[Path]:
 PARKING_ONLY_DEFINE = "-DMTF_PARKING_ONLY"
 
 
-def _flags(tf, parking_only: bool = False) -> list[str]:
-    extra = shlex.split(os.environ.get("MALLEABLE_TF_CXXFLAGS", ""))
-    return [*extra, *([PARKING_ONLY_DEFINE] if parking_only else []),
+def _flags(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -> list[str]:
+    return [*cxxflags, *([PARKING_ONLY_DEFINE] if parking_only else []),
             *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
 
 
-def library_name(tf, parking_only: bool = False) -> str:
+def library_name(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -> str:
     h = hashlib.sha256()
     for path in _digest_inputs():
         data = path.read_bytes()
         h.update(f"{path.name}\0{len(data)}\0".encode())
         h.update(data)
-    h.update("\0".join(_flags(tf, parking_only)).encode())
+    h.update("\0".join(_flags(tf, parking_only, cxxflags)).encode())
     digest = h.hexdigest()[:16]
     variant = "-parking-only" if parking_only else ""
     return f"libmalleable_tf-{tf.__version__}{variant}-{digest}.so"
 
 
-def library_path(tf, parking_only: bool = False) -> Path:
+def library_path(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -> Path:
     """Where this TensorFlow's library is, or will be built: the site's copy when the
     installer made one, else the user's cache."""
-    name = library_name(tf, parking_only)
+    name = library_name(tf, parking_only, cxxflags)
     site = site_cache_dir() / name
     return site if site.exists() else cache_dir() / name
 
@@ -105,10 +106,11 @@ def _failure_note(target: Path) -> Path:
     return target.with_name(target.name + ".failed")
 
 
-def build(tf, *, compiler: str | None = None, parking_only: bool = False) -> Path:
+def build(tf, *, compiler: str | None = None, parking_only: bool = False,
+          cxxflags: Sequence[str] = ()) -> Path:
     """Compile the library if the cache has no copy for this TensorFlow; return its path.
     A build that failed before (its note is in the cache) fails again at once."""
-    target = library_path(tf, parking_only)
+    target = library_path(tf, parking_only, cxxflags)
     if target.exists():
         return target
     note = _failure_note(target)
@@ -139,7 +141,7 @@ def build(tf, *, compiler: str | None = None, parking_only: bool = False) -> Pat
             try:
                 run_command([cxx, "-std=c++17", "-shared", "-fPIC", "-O2",
                              *(str(src) for src in sources()), "-o", str(out),
-                             *_flags(tf, parking_only)], timeout=600)
+                             *_flags(tf, parking_only, cxxflags)], timeout=600)
             except CommandError as exc:
                 if exc.returncode is not None and exc.returncode > 0:   # the compiler said no
                     # Its errors, not the last lines: newer headers add pages of warnings.
@@ -164,19 +166,18 @@ class NativeLib:
         return int(self.ops.malleable_attach(inter_op_threads=inter_op_threads).numpy())
 
 
-def build_for_this_tensorflow(tf) -> tuple[Path, bool]:
+def build_for_this_tensorflow(tf, native: NativeBuild | None = None) -> tuple[Path, bool]:
     """The library to load, and whether it is the parking-only variant: the full one where it
-    builds against this TensorFlow, else parking only, with a warning."""
-    mode = os.environ.get("MALLEABLE_TF_NATIVE", "auto")
-    if mode not in ("auto", "parking-only"):
-        raise ValueError(f"MALLEABLE_TF_NATIVE must be auto or parking-only, not {mode!r}")
-    if mode == "parking-only":
-        return build(tf, parking_only=True), True
+    builds against this TensorFlow, else parking only, with a warning. ``native``: how to
+    build (default: MALLEABLE_TF_NATIVE and MALLEABLE_TF_CXXFLAGS)."""
+    native = native or NativeBuild.from_env(os.environ)
+    if native.variant is NativeVariant.PARKING_ONLY:
+        return build(tf, parking_only=True, cxxflags=native.cxxflags), True
     try:
-        return build(tf), False
+        return build(tf, cxxflags=native.cxxflags), False
     except CompilerRefused as full:
         try:
-            path = build(tf, parking_only=True)
+            path = build(tf, parking_only=True, cxxflags=native.cxxflags)
         except NativeBuildError as fallback:
             raise NativeBuildError(f"{full}\nand the parking-only variant: {fallback}") from full
         logging.getLogger("malleable_tf").warning(
@@ -189,8 +190,8 @@ def build_for_this_tensorflow(tf) -> tuple[Path, bool]:
         return path, True
 
 
-def load(tf) -> NativeLib:
-    path, parking_only = build_for_this_tensorflow(tf)
+def load(tf, native: NativeBuild | None = None) -> NativeLib:
+    path, parking_only = build_for_this_tensorflow(tf, native)
     ops = tf.load_op_library(str(path))
     lib = ctypes.CDLL(str(path))
     for name, argtypes in {

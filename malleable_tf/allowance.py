@@ -12,7 +12,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from malleable_protocol import Target, parse_cpu_list, rank_share
 from malleable_protocol.cgroupfs import parse_cgroup_mount_roots, parse_proc_cgroup
@@ -238,20 +238,32 @@ class AllowanceFollower:
         return Allowance(cpus=capped, quota_cpus=self.current.quota_cpus)
 
 
-def local_rank_and_size(env: dict[str, str] | None = None) -> tuple[int, int]:
+def local_rank_and_size(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     """This process's rank among the ranks of its node, from the launcher's environment:
-    Open MPI's mpirun, then Slurm's srun, then Horovod's gloo runner; (0, 1) alone."""
-    env = dict(os.environ if env is None else env)
+    Open MPI's mpirun, then Slurm's srun, then Horovod's gloo runner; (0, 1) alone. A bad value
+    raises ValueError naming its variable."""
+    env = os.environ if env is None else env
     for rank_key, size_key in (("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
                                ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")):
         if rank_key in env and size_key in env:
-            return int(env[rank_key]), int(env[size_key])
+            return _env_count(env, rank_key), _env_count(env, size_key)
     if "SLURM_LOCALID" in env and "SLURM_STEP_TASKS_PER_NODE" in env:
-        per_node = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
-        node_id = int(env.get("SLURM_NODEID", "0"))
+        try:
+            per_node = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
+        except ValueError:
+            raise ValueError("SLURM_STEP_TASKS_PER_NODE must be Slurm's task counts, e.g. "
+                             f"'2(x3),1', not {env['SLURM_STEP_TASKS_PER_NODE']!r:.32}") from None
+        node_id = _env_count(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
         if node_id < len(per_node):
-            return int(env["SLURM_LOCALID"]), per_node[node_id]
+            return _env_count(env, "SLURM_LOCALID"), per_node[node_id]
     return 0, 1
+
+
+def _env_count(env: Mapping[str, str], key: str) -> int:
+    value = env[key]
+    if not re.fullmatch(r"[0-9]{1,9}", value):    # ASCII digits: "²".isdigit() is True
+        raise ValueError(f"{key} must be a number >= 0, not {value!r:.32}")
+    return int(value)
 
 
 def expand_tasks_per_node(text: str) -> list[int]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import re
 import select
 import signal
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from malleable_protocol import ProtocolError, Target
+from malleable_protocol import ProtocolError, Target, is_reload_signal
 from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import read_bounded
 
@@ -33,26 +34,80 @@ class Action(enum.Enum):
     ALLOWANCE = 6    # re-read the allowance only (what the native poller sends on a change)
 
 
-DEFAULT_SIGNALS: dict[int, Action] = {signal.SIGUSR1: Action.RELOAD}
+# The default "look again" signal is a real-time one: SIGUSR1 and SIGUSR2 belong to the job's
+# own scripts (``sbatch --signal=B:USR1@60`` is the common "checkpoint now" idiom). RTMIN+3, not
+# RTMIN: the first few are the ones a program that wants "a real-time signal" takes (POSIX timer
+# examples; LinuxThreads took +0..+2). Python's SIGRTMIN is the C library's, past the ones
+# glibc keeps for itself. Its default action ends the process: the runtime ignores it from
+# import, and its status record names it only once the handler is in (the agent sends a rank
+# only the signal its record names).
+DEFAULT_RELOAD_SIGNAL = int(signal.SIGRTMIN) + 3
+DEFAULT_SIGNALS: dict[int, Action] = {DEFAULT_RELOAD_SIGNAL: Action.RELOAD}
+
+_RT_NAME = re.compile(r"RT(MIN|MAX)(?:([+-])([0-9]{1,2}))?")
+_ACTION_NAMES = ", ".join(a.name.lower().replace("_", "-") for a in Action)
+
+
+def signal_name(signo: int) -> str:
+    """"SIGUSR1", "SIGRTMIN+3": the name a signal spec takes."""
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        if signal.SIGRTMIN < signo < signal.SIGRTMAX:
+            return f"SIGRTMIN+{signo - signal.SIGRTMIN}"
+        return str(signo)
+
+
+def parse_signal_name(text: str) -> int:
+    """ "USR1", "SIGUSR2", "RTMIN+3", "SIGRTMAX-1" (kill -l's names) -> the signal's number.
+    Names, not numbers: RTMIN+3 is 37 under glibc, 38 under musl."""
+    name = text.strip().upper().removeprefix("SIG")
+    rt = _RT_NAME.fullmatch(name)
+    if rt:
+        base, sign, offset = rt.groups()
+        if sign == ("-" if base == "MIN" else "+"):
+            raise ValueError(f"{text.strip()!r}: RTMIN+n or RTMAX-n")
+        signo = signal.SIGRTMIN + int(offset or 0) if base == "MIN" else \
+            signal.SIGRTMAX - int(offset or 0)
+        if not signal.SIGRTMIN <= signo <= signal.SIGRTMAX:
+            raise ValueError(f"{text.strip()!r}: the real-time signals are RTMIN+0.."
+                             f"RTMIN+{signal.SIGRTMAX - signal.SIGRTMIN}")
+        return int(signo)
+    try:
+        signo = signal.Signals["SIG" + name]
+    except KeyError:
+        raise ValueError(f"{text.strip()!r:.32} is not a signal (USR1, USR2, RTMIN+3...)") from None
+    if signo in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS):
+        raise ValueError(f"{signo.name} cannot be a control signal")
+    return int(signo)
 
 
 def parse_signal_spec(text: str) -> dict[int, Action]:
-    """ "USR1=reload,USR2=intra-down" -> {SIGUSR1: RELOAD, SIGUSR2: INTRA_DOWN}."""
+    """ "RTMIN+3=reload,USR2=intra-down" -> {SIGRTMIN+3: RELOAD, SIGUSR2: INTRA_DOWN}."""
     out: dict[int, Action] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, sep, action = item.partition("=")
         if not sep:
-            raise ValueError(f"bad signal mapping {item!r}: want NAME=action")
-        name = name.strip().upper()
+            raise ValueError(f"bad signal mapping {item!r:.40}: want NAME=action")
         try:
-            signo = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+            signo = parse_signal_name(name)
+        except ValueError as exc:
+            raise ValueError(f"bad signal mapping {item!r:.40}: {exc}") from None
+        try:
             act = Action[action.strip().upper().replace("-", "_")]
-        except KeyError as exc:
-            raise ValueError(f"bad signal mapping {item!r}") from exc
-        if signo in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS):
-            raise ValueError(f"{signo.name} cannot be a control signal")
-        out[int(signo)] = act
+        except KeyError:
+            raise ValueError(f"bad signal mapping {item!r:.40}: the actions are "
+                             f"{_ACTION_NAMES}") from None
+        out[signo] = act
     return out
+
+
+def announced_reload_signal(mapping: Mapping[int, Action]) -> int | None:
+    """The signal a status record names as this rank's "look again": the first mapped to RELOAD
+    that the agent may send (``malleable_protocol.is_reload_signal``). None: the agent sends
+    none, and the target is re-read once a second all the same."""
+    return next((int(signo) for signo, action in mapping.items()
+                 if action is Action.RELOAD and is_reload_signal(int(signo))), None)
 
 
 def load_target(path: Path) -> Target | None:

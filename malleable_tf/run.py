@@ -9,9 +9,10 @@ mpirun, horovodrun) put in the environment, before the script runs, then runs SC
 ``sys.path[0]`` is the script's folder, and its exit code is the process's (``sys.exit`` passes
 through; an uncaught exception exits 1 with its traceback). The settings come from the
 environment: MALLEABLE_TF_MAX_THREADS, MALLEABLE_TF_STATUS, MALLEABLE_TF_SIGNALS, ... (see
-``malleable_tf``). A script that calls ``malleable_tf.init()`` or ``malleable_tf.horovod.init()``
-itself still works: that call returns the running state (``horovod.init`` still runs
-``hvd.init()``), and raises MalleableError only if it asks for other settings.
+``malleable_tf.settings``). A script that calls ``malleable_tf.init()`` or
+``malleable_tf.horovod.init()`` itself still works: that call returns the running state
+(``horovod.init`` still runs ``hvd.init()``), and raises MalleableError only if it asks for other
+settings.
 
 ``malleable-srun python SCRIPT`` runs every rank through this module.
 """
@@ -90,11 +91,11 @@ def init_from_launcher() -> object:
     """``malleable_tf.init()`` with the ranks the launcher gave this process; a script's own
     init() may then join it."""
     import malleable_tf
-    from malleable_tf import allowance
+    from malleable_tf.settings import Settings
 
-    local_rank, local_size = allowance.local_rank_and_size()
-    state = malleable_tf.init(local_rank=local_rank, local_size=local_size,
-                              rank=malleable_tf._env_rank())
+    launched = Settings.from_env(os.environ)
+    state = malleable_tf.init(local_rank=launched.local_rank, local_size=launched.local_size,
+                              rank=launched.rank)
     malleable_tf._joinable = True
     return state
 

@@ -14,13 +14,12 @@ what it reports is a ``state.ThreadState``. The API's front door is the package,
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from malleable_protocol import RankStatus, ResizeEvent, Target, format_cpu_list
 
@@ -29,6 +28,7 @@ from . import control
 from . import telemetry
 from ._native import INTER, INTRA, NativeLib
 from .control import Action
+from .settings import Split
 from .state import ThreadState
 
 log = logging.getLogger("malleable_tf")
@@ -41,14 +41,6 @@ class MalleableError(RuntimeError):
 class NotInitialized(MalleableError):
     def __init__(self) -> None:
         super().__init__("malleable_tf.init() has not run (or shutdown() has)")
-
-
-class Split(enum.Enum):
-    """How many ways kernels split their work (MALLEABLE_TF_SPLIT)."""
-
-    ACTIVE = "active"  # as many as active intra-op threads: Eigen kernels and Shard()
-    EIGEN = "eigen"    # Eigen kernels only; Shard() splits by the pool size
-    POOL = "pool"      # by the pool size, whatever is active (parking alone)
 
 
 def thread_ids(pid: int | str = "self") -> list[int]:
@@ -84,7 +76,7 @@ class Runtime:
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
                  split: Split = Split.ACTIVE, onednn_inline: bool = False,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
-                 pin_share: bool = True,
+                 pin_share: bool = True, node: str = "",
                  clock: Callable[[], float] = time.monotonic, sample_interval_s: float = 0.5):
         self._native = native
         self.intra_pool = intra_pool
@@ -117,7 +109,8 @@ class Runtime:
                                                  mask_restricts=mask_restricts)
         self._share = self._follower.current.cpus
         self._telemetry = telemetry.Telemetry(rank=rank, local_rank=local_rank,
-                                              local_size=local_size, status_path=status_path)
+                                              local_size=local_size, status_path=status_path,
+                                              node=node)
         # The co-scheduler's Target for this job on this node: the cores the job holds there,
         # or is about to hold (a shrink parks threads before the cpuset narrows).
         self._target: Target | None = None
@@ -346,11 +339,16 @@ class Runtime:
         if target is not None:
             self._target = target
 
-    def install_signals(self, mapping: dict[int, Action]) -> None:
+    def install_signals(self, mapping: Mapping[int, Action]) -> None:
+        """Route each signal to its action. Only then does the status record name the reload
+        signal, the one the agent sends: its default action may end the process."""
         for signo, action in mapping.items():
             rc = self._native.lib.mtf_install_signal(int(signo), action.value)
             if rc != 0:
-                raise MalleableError(f"cannot install handler for signal {signo}: {-rc}")
+                raise MalleableError(f"cannot install handler for signal "
+                                     f"{control.signal_name(signo)}: {os.strerror(-rc)}")
+        with self._lock:
+            self._telemetry.reload_signal = control.announced_reload_signal(mapping)
 
     def start_watcher(self) -> None:
         if self._watcher is not None:

@@ -175,9 +175,12 @@ class Telemetry:
     with the thread state the runtime hands in, as a status record written to ``status_path``."""
 
     def __init__(self, *, rank: int, local_rank: int, local_size: int,
-                 status_path: Path | None = None):
+                 status_path: Path | None = None, node: str = ""):
         self.rank, self.local_rank, self.local_size = rank, local_rank, local_size
         self.status_path = status_path
+        self.node = node[:64]
+        # None until the runtime's handlers are in: the agent then sends no signal at all.
+        self.reload_signal: int | None = None
         self._rate = StepRate()
         self._steps = 0
         self._resizes = 0
@@ -193,13 +196,14 @@ class Telemetry:
 
     def record(self, state: ThreadState) -> RankStatus:
         return RankStatus(
-            pid=os.getpid(), node=os.environ.get("SLURMD_NODENAME", "")[:64], rank=self.rank,
+            pid=os.getpid(), node=self.node, rank=self.rank,
             local_rank=self.local_rank, local_size=self.local_size,
             intra_active=state.intra_active, intra_pool=state.intra_pool,
             inter_active=state.inter_active, inter_pool=state.inter_pool,
             allowed_cpus=state.allowed_cpus, share_cpus=state.share_cpus,
             steps_per_s=dict(self._rate.rates), steps=self._steps,
-            resizes=self._resizes, last_resize=self._last, updated=time.time())
+            resizes=self._resizes, last_resize=self._last, updated=time.time(),
+            reload_signal=self.reload_signal)
 
     def write(self, record: RankStatus) -> None:
         """Write ``record`` to ``status_path`` (which must be set); a failure is logged."""

@@ -2,7 +2,8 @@
 
 An action that takes cores waits for the actions that release them; if one of those failed
 (or was cancelled), it is cancelled too, so a failed shrink never leaves two jobs on one core.
-Before a job's cpuset narrows, its ranks are told (target file + SIGUSR1); the ranks of every
+Before a job's cpuset narrows, its ranks are told (target file + the reload signal each rank's
+record names: SIGUSR1, SIGUSR2 or a real-time signal, never another); the ranks of every
 shrinking job are told first and awaited together, once, for at most ``shrink_wait_s``, so a
 cycle's time stays bounded whatever the number of jobs, and threads drop no later than the
 cores. Every outcome is returned, none is dropped.
@@ -11,13 +12,11 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from malleable_protocol import ProtocolError, RunLayout, Target, rank_share
+from malleable_protocol import ProtocolError, RunLayout, Target, is_reload_signal, rank_share
 from malleable_protocol.safe_io import ensure_private_dir, share_read_with, write_atomic
 
 from .cgroup_actuator import ActuatorError, CpusetActuator
@@ -172,6 +171,10 @@ class PlanExecutor:
             return self._check_pid(pid, a.job_id, self.actuator.layout, a.uid)
 
         for r in ranks:
+            # The signal the rank declared, or none: another one's default action may end it
+            # (a real-time signal's does). Checked again here, whoever built the view.
+            if r.reload_signal is None or not is_reload_signal(r.reload_signal):
+                continue     # it re-reads its target once a second all the same
             # send_signal(pid, sig, check): the check and the signal reach one process, never
             # a pid's next owner (procs.signal_verified: a pidfd opened before the check).
-            self._send_signal(r.pid, signal.SIGUSR1, still_in_job)
+            self._send_signal(r.pid, r.reload_signal, still_in_job)

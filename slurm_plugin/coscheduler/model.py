@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -47,6 +48,8 @@ class RankView:
     steps_per_s: Mapping[int, float] = field(default_factory=dict)
     steps: int = 0
     step: str = "step_0"       # the job step (cgroup folder) the process runs in
+    # The signal its record names as "look again" (RankStatus.reload_signal); None: send none.
+    reload_signal: int | None = int(signal.SIGUSR1)
 
     @property
     def rate_now(self) -> float:

@@ -98,7 +98,8 @@ def read_job_ranks(layout: RunLayout, job_id: int, uid: int, cgroups: SlurmCgrou
         if step is not None:
             out.append(RankView(pid=st.pid, rank=st.rank, local_rank=st.local_rank,
                                 local_size=st.local_size, intra_active=st.intra_active,
-                                steps_per_s=dict(st.steps_per_s), steps=st.steps, step=step))
+                                steps_per_s=dict(st.steps_per_s), steps=st.steps, step=step,
+                                reload_signal=st.reload_signal))
     return tuple(out)
 
 

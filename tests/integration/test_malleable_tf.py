@@ -66,8 +66,9 @@ def test_bad_input_before_and_after_init(tmp_path):
     code = r"""
 import os, signal, time
 import malleable_tf
-# A control signal before init does no harm.
-os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.1)
+from malleable_tf.control import DEFAULT_RELOAD_SIGNAL
+# A control signal before init does no harm (a real-time one's default action would end us).
+os.kill(os.getpid(), DEFAULT_RELOAD_SIGNAL); time.sleep(0.1)
 errors = []
 try:
     malleable_tf.set_threads(1)
@@ -92,7 +93,7 @@ except malleable_tf.MalleableError:
 s = malleable_tf.threads()
 assert (s.intra_active, s.intra_pool) == (2, 2), s
 malleable_tf.shutdown()
-os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.1)   # after shutdown: no harm either
+os.kill(os.getpid(), DEFAULT_RELOAD_SIGNAL); time.sleep(0.1)   # after shutdown: no harm either
 try:
     malleable_tf.threads()
 except malleable_tf.NotInitialized:
@@ -324,6 +325,7 @@ def test_an_unmodified_script_runs_malleably_through_the_runner(tmp_path):
         first = wait_status(status, lambda s: s["intra_pool"] == 2, proc)
         assert first["intra_active"] == 2 and first["rank"] == 0, first
         assert first["pid"] == proc.pid, first
+        assert first["reload_signal"] is None, first    # no reload mapped: the agent sends none
         proc.send_signal(signal.SIGUSR2)
         s = wait_status(status, lambda s: s["intra_active"] == 1, proc, timeout=10)
         assert s["intra_pool"] == 2, s

@@ -58,7 +58,9 @@ def worker(i: int) -> None:
 
 for i in range(max_threads):
     threading.Thread(target=worker, args=(i,), daemon=True).start()
-signal.signal(signal.SIGUSR1, lambda *_: None)    # the agent's "look again" (ours polls)
+# The agent's "look again": the signal our record names (reload_signal), handled before the first
+# record says so (ours polls anyway).
+signal.signal(signal.SIGUSR1, lambda *_: None)
 rates: dict[int, float] = {}
 last_steps, last_t = 0, time.monotonic()
 pinned: frozenset[int] = frozenset()
@@ -84,6 +86,7 @@ while not stop_file.exists():
         pid=os.getpid(), rank=rank, local_rank=local_rank, local_size=local_size,
         intra_active=active, intra_pool=max_threads, inter_active=1, inter_pool=1,
         node=env.get("SLURMD_NODENAME", ""), allowed_cpus=follower.current.cpus,
-        share_cpus=frozenset(share), steps_per_s=rates, steps=total, updated=time.time()))
+        share_cpus=frozenset(share), steps_per_s=rates, steps=total, updated=time.time(),
+        reload_signal=signal.SIGUSR1))
     time.sleep(0.05)
 print(f"stopped: {sum(steps)} steps; active {active} of {max_threads}", flush=True)

@@ -1,6 +1,7 @@
 """Untrusted inputs of the agent: rank records in a job user's folder, and Slurm's comments."""
 import json
 import os
+import signal
 
 import pytest
 
@@ -41,6 +42,19 @@ def test_read_job_ranks_skips_bad_files_links_fifos_strangers_and_other_owners(t
     got = read_job_ranks(lay, 5, UID, N1,
                          step_of=lambda pid, job, node, uid: "step_0" if pid == 10 else None)
     assert [(r.pid, r.rank, r.step) for r in got] == [(10, 0, "step_0")]   # 11: not in the job
+
+
+def test_each_rank_carries_the_reload_signal_its_record_names(tmp_path):
+    lay, d = job_folder(tmp_path)
+    put(d, "rank_0.json", RankStatus(**GOOD, reload_signal=signal.SIGRTMIN + 3).encode())
+    put(d, "rank_1.json", RankStatus(**{**GOOD, "rank": 1}, reload_signal=None).encode())
+    older = json.loads(RankStatus(**{**GOOD, "rank": 2}).encode())
+    del older["reload_signal"]                         # a runtime from before the field
+    put(d, "rank_2.json", json.dumps(older).encode())
+    put(d, "rank_3.json", json.dumps({**older, "rank": 3, "reload_signal": 9}).encode())
+    got = read_job_ranks(lay, 5, UID, N1, step_of=lambda *a: "step_0")
+    assert [(r.rank, r.reload_signal) for r in got] == [
+        (0, signal.SIGRTMIN + 3), (1, None), (2, signal.SIGUSR1)]      # 3 named SIGKILL
 
 
 def test_a_folder_someone_else_made_is_not_read(tmp_path):

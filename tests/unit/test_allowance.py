@@ -6,7 +6,8 @@ import pytest
 from malleable_tf import Action
 from malleable_tf.allowance import (Allowance, expand_tasks_per_node, local_rank_and_size,
                                     parse_proc_cgroup, parse_quota, share_of)
-from malleable_tf.control import parse_signal_spec
+from malleable_tf.control import (DEFAULT_RELOAD_SIGNAL, DEFAULT_SIGNALS,
+                                  announced_reload_signal, parse_signal_spec, signal_name)
 from malleable_tf.telemetry import MAX_THREAD_COUNTS, StepRate
 
 
@@ -75,9 +76,26 @@ def test_tasks_per_node_and_local_rank():
 def test_signal_spec():
     assert parse_signal_spec("USR1=reload, SIGUSR2=intra-down") == {
         signal.SIGUSR1: Action.RELOAD, signal.SIGUSR2: Action.INTRA_DOWN}
-    for bad in ["USR1", "NOPE=reload", "USR1=explode", "KILL=reload"]:
+    assert parse_signal_spec("RTMIN+3=reload,sigrtmax-1=intra-up,SIGRTMIN=inter-up") == {
+        signal.SIGRTMIN + 3: Action.RELOAD, signal.SIGRTMAX - 1: Action.INTRA_UP,
+        signal.SIGRTMIN: Action.INTER_UP}
+    last = signal.SIGRTMAX - signal.SIGRTMIN
+    for bad in ["USR1", "NOPE=reload", "USR1=explode", "KILL=reload", f"RTMIN+{last + 1}=reload",
+                "RTMAX+1=reload", "RTMIN-1=reload", "37=reload", "=reload", "RTMIN+=reload"]:
         with pytest.raises(ValueError):
             parse_signal_spec(bad)
+
+
+def test_signal_names_and_the_announced_reload_signal():
+    assert signal_name(signal.SIGRTMIN + 3) == "SIGRTMIN+3"
+    assert signal_name(signal.SIGUSR1) == "SIGUSR1" and signal_name(signal.SIGRTMAX) == "SIGRTMAX"
+    assert parse_signal_spec(f"{signal_name(DEFAULT_RELOAD_SIGNAL)}=reload") == DEFAULT_SIGNALS
+    # The first reload signal the agent may send; none when none is mapped to reload.
+    assert announced_reload_signal(parse_signal_spec("HUP=reload,RTMIN+3=reload,USR1=reload")) \
+        == signal.SIGRTMIN + 3
+    assert announced_reload_signal(DEFAULT_SIGNALS) == DEFAULT_RELOAD_SIGNAL
+    assert announced_reload_signal(parse_signal_spec("USR2=intra-down,HUP=reload")) is None
+    assert announced_reload_signal({}) is None
 
 
 def test_step_rate_is_bounded_and_weighted():

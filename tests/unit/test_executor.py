@@ -2,6 +2,8 @@
 before their cores go, every outcome reported."""
 import signal
 
+import pytest
+
 from malleable_protocol import RunLayout, Target
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.cgroup_actuator import ActuatorError
@@ -101,3 +103,24 @@ def test_ranks_that_never_park_cost_one_bounded_wait_whatever_the_number_of_jobs
     out = ex.execute(plan, snap)
     assert all(o.status is OutcomeStatus.APPLIED for o in out)
     assert now[0] <= 0.51          # one shared wait, not 8 x 0.5 s
+
+
+@pytest.mark.parametrize("declared,sent", [
+    (signal.SIGRTMIN + 3, signal.SIGRTMIN + 3),    # the runtime's default
+    (signal.SIGUSR2, signal.SIGUSR2),
+    (signal.SIGUSR1, signal.SIGUSR1),              # a record from before the field says this
+    (None, None),                                  # no reload signal mapped: it polls
+    (signal.SIGKILL, None), (signal.SIGTERM, None), (0, None), (signal.SIGRTMAX + 1, None),
+])
+def test_each_rank_gets_the_signal_its_record_names_and_no_other(tmp_path, declared, sent):
+    r = RankView(pid=77, rank=0, local_rank=0, local_size=1, intra_active=1,
+                 reload_signal=declared)
+    snap = NodeSnapshot("n1", frozenset(range(4)), (view(1, {0}, {0, 1, 2, 3}, ranks=(r,),
+                                                         req=1),))
+    calls = []
+    out = executor(tmp_path, FakeActuator(), calls, ranks_after=(r,)).execute(
+        decide(snap, Policy.LEND_IDLE), snap)
+    assert [o.status for o in out] == [OutcomeStatus.APPLIED]
+    signals = [c for c in calls if c[0] == "signal"]
+    # Told before the shrink and after it: the same signal both times, or none at all.
+    assert signals == ([] if sent is None else [("signal", 77, sent)] * 2)

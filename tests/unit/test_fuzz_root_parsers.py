@@ -11,6 +11,7 @@ import copy
 import gc
 import json
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -19,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from malleable_protocol import (ProtocolError, RankStatus, ResizeEvent, RunLayout, Target,
-                                check_job_id, check_node_name, format_cpu_list, parse_cpu_list,
-                                step_folder)
+                                check_job_id, check_node_name, format_cpu_list, is_reload_signal,
+                                parse_cpu_list, step_folder)
 from malleable_protocol.cgroupfs import (cpuset_cgroup, parse_cgroup_mount_roots,
                                          parse_mountinfo, parse_proc_cgroup)
 from malleable_protocol.layout import check_step_name
@@ -151,7 +152,8 @@ GOOD_STATUS = RankStatus(pid=10, rank=3, local_rank=1, local_size=2, intra_activ
                          intra_pool=4, inter_active=1, inter_pool=2, node="n1",
                          allowed_cpus=frozenset({0, 1, 2, 3}), share_cpus=frozenset({2, 3}),
                          steps_per_s={1: 2.5, 2: 4.0}, steps=12, resizes=1,
-                         last_resize=ResizeEvent(10.0, 1, 2, 1, 1, "grow", 3.5), updated=11.0)
+                         last_resize=ResizeEvent(10.0, 1, 2, 1, 1, "grow", 3.5), updated=11.0,
+                         reload_signal=signal.SIGRTMIN + 3)
 STATUS_SEEDS = [json.loads(GOOD_STATUS.encode()),
                 json.loads(RankStatus(pid=1, rank=0, local_rank=0, local_size=1, intra_active=1,
                                       intra_pool=1, inter_active=1, inter_pool=1).encode())]
@@ -167,7 +169,28 @@ UTF16_DEEP = ('{"a": "\u2200", "b": ' + "[" * 3000 + "]" * 3000 + ', "c": "x"}'
 @given(raw=json_bytes(STATUS_SEEDS + TARGET_SEEDS))
 @example(raw=UTF16_DEEP)
 def test_records_refuse_with_a_protocol_error_only(decode, raw):
-    call(decode, raw, refuses=ProtocolError)
+    out = call(decode, raw, refuses=ProtocolError)
+    if isinstance(out, RankStatus):    # root signals a rank with it: one of the few it may send
+        assert out.reload_signal is None or is_reload_signal(out.reload_signal)
+
+
+# What a record may name as its reload signal, and numbers near them.
+SIGNAL_NUMBERS = st.one_of(st.integers(-2, 70), st.sampled_from(
+    [signal.SIGRTMIN - 1, signal.SIGRTMAX + 1, 2**31, 2**63, -2**63, 10**400]))
+
+
+@FUZZ
+@given(value=ODD_VALUES | SIGNAL_NUMBERS)
+@example(value=signal.SIGKILL)
+@example(value=10.0)
+def test_a_records_reload_signal_is_usr1_usr2_or_real_time_or_refused(value):
+    raw = dumps({**STATUS_SEEDS[0], "reload_signal": value}).encode("utf-8", "surrogatepass")
+    out = call(RankStatus.decode, raw, refuses=ProtocolError)
+    allowed = value is None or (type(value) is int and (
+        value in (signal.SIGUSR1, signal.SIGUSR2) or signal.SIGRTMIN <= value <= signal.SIGRTMAX))
+    assert isinstance(out, ProtocolError) != allowed, (value, out)
+    if allowed:
+        assert out.reload_signal == value
 
 
 def test_utf16_record_with_a_quote_byte_inside_a_character_is_refused():
@@ -196,7 +219,9 @@ def rank_statuses(draw: st.DrawFn) -> RankStatus:
         allowed_cpus=draw(cpu_sets), share_cpus=draw(cpu_sets),
         steps_per_s=draw(st.dictionaries(st.integers(0, 9999), rates, max_size=32)),
         steps=draw(st.integers(0, 2**62)), resizes=draw(st.integers(0, 2**62)),
-        last_resize=event, updated=draw(st.floats(0, 1e12)))
+        last_resize=event, updated=draw(st.floats(0, 1e12)),
+        reload_signal=draw(st.none() | st.sampled_from([signal.SIGUSR1, signal.SIGUSR2]) |
+                           st.integers(signal.SIGRTMIN, signal.SIGRTMAX)))
 
 
 @FUZZ

@@ -140,7 +140,11 @@ def test_no_signal_without_a_process(procs):
 
 
 def test_the_executor_signals_ranks_through_a_checked_pidfd(procs):
-    told, other = procs(["sleep", "60"]), procs(["sleep", "60"])
+    rt_signal = signal.SIGRTMIN + 3                      # what the rank's record names
+    # Its default action, which ends the process: this test process may ignore it (importing
+    # malleable_tf does), and a child inherits that.
+    default = lambda: signal.signal(rt_signal, signal.SIG_DFL)   # noqa: E731
+    told, other = procs(["sleep", "60"], preexec_fn=default), procs(["sleep", "60"])
     checked = []
 
     def check_pid(pid, job_id, cgroups, uid):
@@ -148,8 +152,9 @@ def test_the_executor_signals_ranks_through_a_checked_pidfd(procs):
         return pid == told.pid
     actuator = SimpleNamespace(layout="layout")
     ex = PlanExecutor("n1", None, actuator, check_pid=check_pid)       # the real signaller
-    ranks = (SimpleNamespace(pid=told.pid), SimpleNamespace(pid=other.pid))
+    ranks = (SimpleNamespace(pid=told.pid, reload_signal=rt_signal),
+             SimpleNamespace(pid=other.pid, reload_signal=signal.SIGUSR1))
     ex._signal(SimpleNamespace(job_id=5, uid=1000), ranks)
-    assert told.wait(10) == -signal.SIGUSR1
+    assert told.wait(10) == -rt_signal
     assert other.poll() is None                  # not the job's any more: not signalled
     assert checked == [(told.pid, 5, 1000), (other.pid, 5, 1000)]

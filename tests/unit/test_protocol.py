@@ -1,12 +1,13 @@
 """The agent-rank protocol: records with bounds, the one share function, safe file access."""
 import json
 import os
+import signal
 import threading
 
 import pytest
 
-from malleable_protocol import (ProtocolError, RankStatus, RunLayout, Target, rank_share,
-                                threads_per_rank)
+from malleable_protocol import (ProtocolError, RankStatus, RunLayout, Target, is_reload_signal,
+                                rank_share, threads_per_rank)
 from malleable_protocol.records import MAX_RECORD_BYTES, decode_json_bounded
 from malleable_protocol.safe_io import (UnsafePath, ensure_private_dir, list_bounded, open_dir,
                                         read_bounded, write_atomic)
@@ -20,6 +21,26 @@ def test_records_round_trip():
     assert Target.decode(t.encode()) == t
     st = RankStatus(**GOOD, steps_per_s={2: 3.5}, steps=12, allowed_cpus=frozenset({0, 1}))
     assert RankStatus.decode(st.encode()) == st
+
+
+def test_a_status_record_names_its_reload_signal():
+    for signo in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGRTMIN, signal.SIGRTMIN + 3,
+                  signal.SIGRTMAX, None):
+        st = RankStatus(**GOOD, reload_signal=signo)
+        assert RankStatus.decode(st.encode()).reload_signal == signo
+    # A record from a runtime older than the field: it took SIGUSR1.
+    assert RankStatus.decode(json.dumps(GOOD).encode()).reload_signal == signal.SIGUSR1
+    with pytest.raises(ProtocolError):
+        RankStatus(**GOOD, reload_signal=signal.SIGKILL).encode()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1, signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP,
+                                 signal.SIGCHLD, signal.SIGRTMIN - 1, signal.SIGRTMAX + 1,
+                                 2**64, 10.0, True, "10", "SIGUSR1", [10], {}])
+def test_a_reload_signal_other_than_usr1_usr2_or_real_time_is_refused(bad):
+    with pytest.raises(ProtocolError, match="reload_signal"):
+        RankStatus.decode(json.dumps({**GOOD, "reload_signal": bad}).encode())
+    assert not is_reload_signal(bad)
 
 
 @pytest.mark.parametrize("bad", [

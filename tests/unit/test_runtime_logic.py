@@ -5,7 +5,7 @@ mechanism is tested on real TensorFlow in tests/integration/test_malleable_tf.py
 """
 import pytest
 
-from malleable_tf import Action, NotInitialized
+from malleable_tf import Action, MalleableError, NotInitialized
 from malleable_tf.runtime import Runtime
 
 
@@ -192,6 +192,28 @@ def test_closed_runtime_refuses_and_ignores_signals():
         rt.set_threads(1)
     rt.handle(Action.INTRA_DOWN)      # no error, no change
     assert ("shutdown",) in w.calls
+
+
+def test_the_record_names_the_reload_signal_only_once_its_handler_is_in():
+    """The agent sends a rank the signal its record names, and a real-time signal's default
+    action ends the process: no record may name one before the handler is in."""
+    import signal
+    w = World({0, 1})
+    rt = make(w, pool=2)
+    installed = []
+
+    def install(signo, code):
+        installed.append(signo)
+        return -22 if signo == signal.SIGUSR2 else 0      # EINVAL
+    rt._native.lib.mtf_install_signal = install
+    assert rt.status_record().reload_signal is None
+    with pytest.raises(MalleableError, match="SIGUSR2"):
+        rt.install_signals({signal.SIGRTMIN + 3: Action.RELOAD, signal.SIGUSR2: Action.RELOAD})
+    assert rt.status_record().reload_signal is None       # not every handler went in
+    rt.install_signals({signal.SIGRTMIN + 3: Action.RELOAD, signal.SIGURG: Action.INTRA_UP})
+    assert rt.status_record().reload_signal == signal.SIGRTMIN + 3
+    rt.install_signals({signal.SIGURG: Action.INTRA_UP})   # nothing re-reads: the agent sends none
+    assert rt.status_record().reload_signal is None
 
 
 def test_status_record_written(tmp_path):
