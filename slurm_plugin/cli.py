@@ -216,7 +216,9 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
     except FeedUnreadable as exc:
         print(f"malleable status: {exc}", file=sys.stderr)
         return 2
-    rows = collect_status(store, only_malleable=not args.all, uid=None if uid == 0 else uid)
+    state_dir = Path(getattr(args, "state_dir", None) or Path(args.feed_dir).parent / "agent")
+    rows = collect_status(store, only_malleable=not args.all, uid=None if uid == 0 else uid,
+                          state_dir=state_dir)
     problems = collect_problems(store) if uid == 0 else []
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -439,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "every user's; the feed is root's, like PrivateData=jobs)")
     st.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
                                                          "/run/malleable/feed"))
+    st.add_argument("--state-dir", default=os.environ.get("MALLEABLE_STATE_DIR"),
+                    help="the node agents' state folder, for the core-seconds each job borrowed "
+                    "and lent (default: the feed folder's sibling 'agent'; only this node's "
+                    "ledger is there on a real cluster)")
     st.add_argument("--all", action="store_true", help="rigid jobs too")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status_cmd)

@@ -8,7 +8,9 @@
 - the jobs whose Epilog has run ("ended"): their cores are free even while the cluster's feed,
   which lags, still lists them;
 - the steps starting in a job ("fences", marked by the SPANK plugin's step-start hook): until
-  the step's slurmstepd has joined its cpuset, the job holds exactly its allocation.
+  the step's slurmstepd has joined its cpuset, the job holds exactly its allocation;
+- each running job's core-seconds borrowed above its allocation and lent below it, with the
+  width it holds now ("usage", ``accounting``): updated every cycle, closed by the Epilog.
 
 Read and written only under the node's lock.
 """
@@ -22,6 +24,8 @@ from malleable_protocol import check_job_id, check_node_name, format_cpu_list, p
 from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import ProtocolError, decode_json_bounded
 from malleable_protocol.safe_io import ensure_private_dir, read_bounded, write_atomic
+
+from .accounting import CoreUsage
 
 MAX_LEDGER_BYTES = 4 << 20
 STARTING_EXPIRY_S = 3600.0   # a start marker no Epilog removed (a lost job) expires
@@ -50,6 +54,7 @@ class Ledger:
     starting: dict[int, float] = field(default_factory=dict)     # job id -> wall time marked
     ended: dict[int, float] = field(default_factory=dict)
     fences: dict[tuple[int, str], Fence] = field(default_factory=dict)   # (job, step) -> fence
+    usage: dict[int, CoreUsage] = field(default_factory=dict)   # running jobs' (accounting)
 
     def fenced_jobs(self) -> set[int]:
         return {job_id for job_id, _ in self.fences}
@@ -61,7 +66,8 @@ class Ledger:
             "starting": {str(k): t for k, t in sorted(self.starting.items())},
             "ended": {str(k): t for k, t in sorted(self.ended.items())},
             "fences": {f"{j}/{f.step}": {"pid": f.stepd_pid, "since": f.since}
-                       for (j, _), f in sorted(self.fences.items())}},
+                       for (j, _), f in sorted(self.fences.items())},
+            "usage": {str(k): u.to_json() for k, u in sorted(self.usage.items())}},
             sort_keys=True).encode()
 
     @classmethod
@@ -81,6 +87,8 @@ class Ledger:
                 job, _, step = k.partition("/")
                 led.fences[(check_job_id(int(job)), check_step_name(step))] = Fence(
                     check_step_name(step), int(v["pid"]), float(v["since"]))
+            for k, v in (d.get("usage") or {}).items():
+                led.usage[check_job_id(int(k))] = CoreUsage.from_json(v)
         # A list where a map belongs has no .items(); int(Infinity) and float(10**400) overflow.
         except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ProtocolError(f"bad ledger: {exc}") from None

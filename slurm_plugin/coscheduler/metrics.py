@@ -36,7 +36,27 @@ class AgentMetrics:
         self.bind_failures = Counter("malleable_metrics_bind_failures_total",
                                      "Failed attempts to bind the metrics port (another "
                                      "process held it)", ["node"], registry=self.registry)
+        # Borrowed and lent core-seconds (``accounting``): node totals as counters, without a
+        # job label (a node's series stay a handful however many jobs it runs: their rate is
+        # the cores borrowed and lent on the node now), and each running job's so far as a
+        # gauge that leaves with the job, like malleable_job_cores. A job's final numbers are
+        # its ``job-usage`` line in the event log (the Epilog's): these miss its last interval.
+        self.borrowed = Counter("malleable_borrowed_core_seconds_total", "Core-seconds jobs "
+                                "held above their allocation on this node",
+                                ["node"], registry=self.registry)
+        self.lent = Counter("malleable_lent_core_seconds_total", "Core-seconds jobs held "
+                            "below their allocation on this node (lent to others or idle)",
+                            ["node"], registry=self.registry)
+        self.job_borrowed = Gauge("malleable_job_borrowed_core_seconds", "Core-seconds a "
+                                  "running job has held above its allocation on this node",
+                                  ["node", "job"], registry=self.registry)
+        self.job_lent = Gauge("malleable_job_lent_core_seconds", "Core-seconds a running job "
+                              "has held below its allocation on this node",
+                              ["node", "job"], registry=self.registry)
+        self.borrowed.labels(node)
+        self.lent.labels(node)
         self._jobs: set[str] = set()
+        self._usage: dict[str, tuple[float, float]] = {}   # job -> (borrowed, lent) last seen
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Bind now or raise (``OSError``); see ``MetricsServer`` for an agent that must not."""
@@ -62,6 +82,29 @@ class AgentMetrics:
             for kind in ("slurm", "current"):
                 self.cores.remove(self.node, gone, kind)
         self._jobs = seen
+        usage = getattr(result, "usage", None)
+        if usage is not None:      # None: the cycle failed before its accounting
+            self._observe_usage(usage)
+
+    def _observe_usage(self, usage) -> None:
+        """The running jobs' usage after a cycle (job id -> ``CoreUsage``). The node counters
+        grow by what each job added since the last cycle; a job seen for the first time adds
+        nothing (a new job has nothing yet; after an agent restart the counters start again
+        from 0, and what the job had was counted by the agent before)."""
+        seen: dict[str, tuple[float, float]] = {}
+        for job_id, u in usage.items():
+            jid = str(job_id)
+            now = seen[jid] = (u.borrowed_core_s, u.lent_core_s)
+            before = self._usage.get(jid)
+            for i, (total, per_job) in enumerate(((self.borrowed, self.job_borrowed),
+                                                  (self.lent, self.job_lent))):
+                if before is not None and now[i] > before[i]:
+                    total.labels(self.node).inc(now[i] - before[i])
+                per_job.labels(self.node, jid).set(now[i])
+        for gone in set(self._usage) - set(seen):
+            self.job_borrowed.remove(self.node, gone)
+            self.job_lent.remove(self.node, gone)
+        self._usage = seen
 
 
 class MetricsServer:

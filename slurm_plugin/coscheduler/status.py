@@ -6,14 +6,24 @@ costs slurmctld nothing.
 Slurm's PrivateData=jobs: a user sees only his own jobs. The feed holds every user's, so it is
 root's alone (``feed.store``): ``malleable status`` run by anyone else cannot read it and says so
 (``FeedUnreadable``); where a site lets others read it anyway, a user other than root is shown
-only the rows of his own jobs (``uid``) and no node's problems."""
+only the rows of his own jobs (``uid``) and no node's problems.
+
+Each job's core-seconds borrowed above its allocation and lent below it so far, per node, come
+from the node's ledger (``accounting``), in root's state folder (``state_dir``, by default the
+feed folder's sibling ``agent``: /run/malleable/agent). Where that folder is not the node's
+(a login node; a compute node shows its own jobs), or for anyone but root, they are unknown
+(``-``, null in ``--json``)."""
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from malleable_protocol import format_cpu_list
 
 from ..feed.store import FeedStore
+from .accounting import CoreUsage, so_far
+from .ledger import LedgerFile
 
 
 @dataclass
@@ -27,6 +37,8 @@ class StatusRow:
     requested: int | None
     threads: list[int]
     steps_per_s: list[float]
+    borrowed_core_s: float | None = None     # so far on this node; None: unknown here
+    lent_core_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,14 +63,31 @@ def check_feed(store: FeedStore) -> None:
             "a sudo rule your site gives), or see your own jobs with squeue") from None
 
 
+def node_usage(state_dir: Path | None, node: str, now: float) -> dict[int, CoreUsage]:
+    """The node's running jobs' usage, integrated up to ``now``, from its ledger in
+    ``state_dir``; empty when there is none there or it cannot be read (not root)."""
+    if state_dir is None:
+        return {}
+    try:
+        ledger = LedgerFile(state_dir, node).load()    # unreadable or bad: an empty ledger
+    except ValueError:       # a node name no file can have
+        return {}
+    return {job_id: so_far(u, now) for job_id, u in ledger.usage.items()}
+
+
 def collect_status(store: FeedStore, *, only_malleable: bool = True,
-                   uid: int | None = None) -> list[StatusRow]:
-    """Every malleable job's rows (``uid`` None: root's view), or only those of ``uid``'s jobs."""
+                   uid: int | None = None, state_dir: Path | None = None,
+                   now: float | None = None) -> list[StatusRow]:
+    """Every malleable job's rows (``uid`` None: root's view), or only those of ``uid``'s jobs.
+    ``state_dir``: where the nodes' ledgers are (root's view only), for the core-seconds each
+    job borrowed and lent up to ``now`` (default: the clock's now)."""
     rows = []
+    now = time.time() if now is None else now
     for node in store.node_names():
         feed = store.read_node(node)
         if feed is None:
             continue
+        usage = node_usage(state_dir, node, now) if uid is None else {}
         report = store.read_report(node)
         seen = {j.job_id: j for j in report.jobs} if report is not None else {}
         for job in feed.jobs:
@@ -67,10 +96,13 @@ def collect_status(store: FeedStore, *, only_malleable: bool = True,
             r = seen.get(job.job_id)
             bounds = "-" if job.spec is None else \
                 f"{job.spec.min_cpus}..{'node' if job.spec.max_cpus is None else job.spec.max_cpus}"
+            u = usage.get(job.job_id)
             rows.append(StatusRow(job.job_id, job.user, node, format_cpu_list(job.allocation),
                                   format_cpu_list(r.current) if r else "?", bounds, job.requested,
                                   list(r.threads) if r else [],
-                                  list(r.steps_per_s) if r else []))
+                                  list(r.steps_per_s) if r else [],
+                                  round(u.borrowed_core_s, 1) if u else None,
+                                  round(u.lent_core_s, 1) if u else None))
     return sorted(rows, key=lambda r: (r.job_id, r.node))
 
 
@@ -83,13 +115,19 @@ def collect_problems(store: FeedStore) -> list[str]:
     return out
 
 
+def _core_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def format_table(rows: list[StatusRow]) -> str:
+    """BORROWED and LENT: core-seconds so far on the node (``-``: unknown here)."""
     head = (f"{'JOB':>6} {'USER':<8} {'NODE':<6} {'SLURM':<8} {'NOW':<8} {'BOUNDS':<9} "
-            f"{'ASKED':>5}  THREADS/RANK  STEPS/S")
+            f"{'ASKED':>5} {'BORROWED':>9} {'LENT':>9}  THREADS/RANK  STEPS/S")
     lines = [head]
     for r in rows:
         lines.append(f"{r.job_id:>6} {r.user:<8} {r.node:<6} {r.slurm_cpus:<8} {r.current_cpus:<8} "
-                     f"{r.bounds:<9} {r.requested if r.requested else '-':>5}  "
+                     f"{r.bounds:<9} {r.requested if r.requested else '-':>5} "
+                     f"{_core_s(r.borrowed_core_s):>9} {_core_s(r.lent_core_s):>9}  "
                      f"{','.join(map(str, r.threads)) or '-':<12}  "
                      f"{','.join(map(str, r.steps_per_s)) or '-'}")
     return "\n".join(lines)
