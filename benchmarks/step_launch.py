@@ -1,14 +1,18 @@
-"""How long a new job step (`srun -n1 true`) takes to launch, on a real 2-node Slurm cluster:
+"""How long a new job step (`srun -n1 true`) takes to launch, on real Slurm clusters, four
+rows side by side in one run:
 
-- plain: Slurm alone (no hooks, no agents): the baseline;
-- not grown: the co-scheduler running (Prolog, SPANK plugin, agents), a malleable job that
-  cannot grow (max=1): what the SPANK plugin's step-start hook costs every step;
-- grown: the same, a job grown to 2 cores (its allocation is 1): the step-start hook brings it
-  back to its allocation first, the step launches, the agent grows it again. Each srun starts
-  only once the job has grown again.
+- plain: Slurm alone (no plugin, no hooks, no agents; a cluster of its own): the baseline;
+- rigid: the co-scheduler running (SPANK plugin, Prolog, agents), a job that did not ask for
+  malleability;
+- malleable_not_grown: a malleable job that cannot grow (--malleable=1:1);
+- grown: a malleable job grown to 2 cores (its allocation is 1): the step start brings it back
+  to its allocation first, the step launches, the agent grows it again. Each srun starts only
+  once the job has grown again.
 
-The two co-scheduler jobs run side by side on their own nodes and alternate their sruns, so
-the machine's load drifts hit both alike.
+Both clusters run at once and the four jobs take turns, one srun at a time, so the machine's
+load drifts hit every row alike. The plugin decides in C: rigid and ungrown jobs start their
+steps with no process started (a gate file and a fence under the node's lock); a grown job's
+step asks the running agent on its socket.
 
     python benchmarks/step_launch.py [--steps 20]
 """
@@ -45,33 +49,37 @@ done
 """
 
 
-def run_jobs(cluster: LocalCluster, root: Path, jobs: dict[str, tuple[str, str, bool]],
-             steps: int) -> dict[str, list[float]]:
-    """``jobs``: name -> (node, comment, grows). Returns each job's srun times (s)."""
+def submit(cluster: LocalCluster, root: Path, turns: Path,
+           jobs: dict[str, tuple[str, str, bool]], steps: int) -> dict[str, Path]:
+    """``jobs``: name -> (node, sbatch option or "", grows). Returns each job's output file."""
     env = {**os.environ, **cluster.env()}
-    turns = root / "turns"
-    turns.mkdir(mode=0o777, exist_ok=True)
-    ids = {}
-    for name, (node, comment, grow) in jobs.items():
+    outs = {}
+    for name, (node, option, grow) in jobs.items():
         script = root / f"{name}.sh"
         script.write_text(SCRIPT.format(steps=steps, turns=turns, name=name,
                                         grow=1 if grow else 0))
-        args = ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", f"-o{root}/{name}.out"]
-        if comment:
-            args.append(f"--comment={comment}")
-        ids[name] = int(subprocess.run([*args, str(script)], env=env, check=True,
-                                       capture_output=True, text=True).stdout.split(";")[0])
+        outs[name] = root / f"{name}.out"
+        args = ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", f"-o{outs[name]}"]
+        if option:
+            args.append(option)
+        subprocess.run([*args, str(script)], env=env, check=True, capture_output=True, text=True)
+    return outs
+
+
+def take_turns(turns: Path, outs: dict[str, Path], steps: int) -> dict[str, list[float]]:
+    """One srun at a time, the jobs alternating; each job's srun times (s)."""
     for i in range(1, steps + 1):
-        for name in jobs:                       # one srun at a time, the jobs alternating
+        for name in outs:
             (turns / f"{name}.{i}").touch()
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             while not (turns / f"{name}.{i}.done").exists():
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} step {i}: {(root / f'{name}.out').read_text()}")
+                    raise TimeoutError(f"{name} step {i}: "
+                                       f"{outs[name].read_text() if outs[name].exists() else ''}")
                 time.sleep(0.01)
     out = {}
-    for name in jobs:
-        text = (root / f"{name}.out").read_text()
+    for name, path in outs.items():
+        text = path.read_text()
         rows = re.findall(r"step \d+ rc=(\d+) start=([\d.]+) end=([\d.]+) before=(\S+) "
                           r"after=(\S+)", text)
         if len(rows) != steps or any(rc != "0" for rc, *_ in rows):
@@ -82,10 +90,11 @@ def run_jobs(cluster: LocalCluster, root: Path, jobs: dict[str, tuple[str, str, 
     return out
 
 
-def cluster_at(root: Path, port: int, agents: Policy | None) -> LocalCluster:
+def cluster_at(root: Path, port: int, agents: Policy | None, nodes: int, prefix: str
+               ) -> LocalCluster:
     root.mkdir(mode=0o755)
-    c = LocalCluster(default_spec(root, nodes=2, port_base=port, node_prefix="sl",
-                                  name="malleablestep"))
+    c = LocalCluster(default_spec(root, nodes=nodes, port_base=port, node_prefix=prefix,
+                                  name=f"malleable{prefix}"))
     c.up(agents=agents)
     return c
 
@@ -95,10 +104,10 @@ def plot(data: dict) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(data["seconds"])
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.boxplot([[x * 1000 for x in data["seconds"][n]] for n in names], tick_labels=names)
     ax.set_ylabel("srun -n1 true (ms)")
-    ax.set_title("Step launch: plain Slurm, co-scheduled job, grown job")
+    ax.set_title("Step launch: plain Slurm; rigid, malleable and grown jobs with the plugin")
     fig.tight_layout()
     path = RESULTS / "step_launch.png"
     fig.savefig(path, dpi=110)
@@ -111,30 +120,34 @@ def main() -> None:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="malleable-steps-", dir="/tmp"))
     base.chmod(0o755)
-    times: dict[str, list[float]] = {}
+    turns = base / "turns"
+    turns.mkdir(mode=0o777)
+    clusters = []
     try:
-        plain = cluster_at(base / "plain", 39817, None)
-        try:
-            times.update(run_jobs(plain, base / "plain", {"plain": ("sl1", "", False)},
-                                  args.steps))
-        finally:
-            plain.down()
-        co = cluster_at(base / "co", 39917, Policy.LEND_IDLE)
-        try:
-            times.update(run_jobs(co, base / "co", {
-                "not_grown": ("sl1", "malleable:min=1,max=1", False),
-                "grown": ("sl2", "malleable:min=1,max=2", True)}, args.steps))
-        finally:
-            co.down()
+        plain = cluster_at(base / "plain", 39817, None, 1, "pl")
+        clusters.append(plain)
+        co = cluster_at(base / "co", 39917, Policy.LEND_IDLE, 3, "sl")
+        clusters.append(co)
+        outs = submit(plain, base / "plain", turns, {"plain": ("pl1", "", False)}, args.steps)
+        outs.update(submit(co, base / "co", turns, {
+            "rigid": ("sl1", "", False),
+            "malleable_not_grown": ("sl2", "--malleable=1:1", False),
+            "grown": ("sl3", "--malleable=1:2", True)}, args.steps))
+        times = take_turns(turns, outs, args.steps)
     finally:
+        for c in reversed(clusters):
+            c.down()
         shutil.rmtree(base, ignore_errors=True)
     summary = {k: {"p50_s": round(median(v), 3), "p95_s": round(percentile(v, 95), 3),
                    "n": len(v)} for k, v in times.items() if " cpus " not in k}
-    ratios = {"grown / not_grown (p50)": round(summary["grown"]["p50_s"] /
-                                               summary["not_grown"]["p50_s"], 2),
-              "not_grown / plain (p50)": round(summary["not_grown"]["p50_s"] /
-                                               summary["plain"]["p50_s"], 2)}
+    plain_p50 = summary["plain"]["p50_s"]
+    ratios = {f"{k} / plain (p50)": round(v["p50_s"] / plain_p50, 2)
+              for k, v in summary.items() if k != "plain"}
+    over_plain_ms = {k: {"p50": round((v["p50_s"] - plain_p50) * 1000, 1),
+                         "p95": round((v["p95_s"] - summary["plain"]["p95_s"]) * 1000, 1)}
+                     for k, v in summary.items() if k != "plain"}
     data = {"machine": machine(), "steps": args.steps, "summary": summary, "ratios": ratios,
+            "ms over plain": over_plain_ms,
             "job cores before each srun": {k.split(" ")[0]: v for k, v in times.items()
                                            if k.endswith("cpus before")},
             "job cores right after each srun": {k.split(" ")[0]: v for k, v in times.items()
@@ -144,8 +157,8 @@ def main() -> None:
     path = save("step_launch", data)
     plot(data)
     for k, v in summary.items():
-        print(f"{k:10s} p50 {v['p50_s'] * 1000:.0f} ms  p95 {v['p95_s'] * 1000:.0f} ms")
-    print(ratios, "->", path)
+        print(f"{k:20s} p50 {v['p50_s'] * 1000:.0f} ms  p95 {v['p95_s'] * 1000:.0f} ms")
+    print(ratios, over_plain_ms, "->", path)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ from typing import Callable
 from ..cgroups import LayoutUnknown, SlurmCgroupLayout
 from .config import AgentConfig
 from .node import make_reconciler, node_layout
+from .reconciler import Reconciler
+from .safety import note, report_verdict, start_step
+from .step_socket import StepStartServer, encode_answer, refusal
 
 log = logging.getLogger("malleable.agent")
 
@@ -48,6 +51,24 @@ def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", 
     return server
 
 
+def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartServer) -> None:
+    """The step starts the SPANK plugin asked for: one fenced cycle each (``start_step``),
+    answered on the socket and noted in the hooks log like the Python hook's. The lock is
+    waited for as long as a hook would: anyone else holding it longer is refused."""
+    for pending in server.take():
+        r = pending.request
+        what = f"job {r.job_id} {r.step} start"
+        try:
+            verdict = start_step(config, rec, r.job_id, r.step, r.stepd_pid, cycle=lambda **m:
+                                 rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **m))
+        except Exception as exc:  # noqa: BLE001 - the plugin refuses the step on any failure
+            note(config, f"{what} failed (agent): {exc!r}")
+            pending.answer(refusal(f"{type(exc).__name__}: {exc}"))
+            continue
+        report_verdict(config, what, verdict, by="agent")
+        pending.answer(encode_answer(verdict))
+
+
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
               metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
               layout_wait_s: float = 30.0) -> int:
@@ -75,9 +96,12 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     signal.signal(signal.SIGTERM, lambda *_: (stop.set(), wake.set()))
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), wake.set()))
     signal.signal(signal.SIGUSR1, lambda *_: wake.set())
+    step_starts = StepStartServer(config.step_socket, wake)
+    step_starts.start()
     try:
-        rec.run(stop.is_set, wake)
+        rec.run(stop.is_set, wake, serve=lambda: serve_step_starts(config, rec, step_starts))
     finally:
+        step_starts.stop()
         if server is not None:
             server.stop()
         try:

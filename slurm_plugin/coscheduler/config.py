@@ -77,6 +77,11 @@ class AgentConfig:
         return self.state_dir / f"agent-{self.node}.pid"
 
     @property
+    def step_socket(self) -> Path:
+        """The agent's step-start socket (``step_socket``), root's like the folder it is in."""
+        return self.state_dir / f"agent-{self.node}.sock"
+
+    @property
     def event_log(self) -> Path:
         return self.state_dir / f"events-{self.node}.jsonl"
 

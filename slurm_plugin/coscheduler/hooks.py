@@ -22,30 +22,19 @@ import time
 from pathlib import Path
 
 from malleable_protocol import check_job_id
-from malleable_protocol.layout import check_step_name
 from malleable_protocol.runner import CommandError
-from malleable_protocol.safe_io import append_capped
 
 from ..cgroups import remove_cgroup_tree
+from .accounting import close_job
 from .cgroup_actuator import walk_job
 from .config import AgentConfig
 from .job_folder import REMOVE_BUDGET, make_job_folder, remove_job_folder, sweep_leftovers
 from .jobfs import mount_job_fs, unmount_job_fs
-from .ledger import Fence, LedgerFile
+from .ledger import LedgerFile
 from .node import load_config, make_reconciler, node_layout
-from .procs import agent_pid, is_agent, lock_holder, process_uid, signal_verified
-from .reconciler import MAX_LOG_BYTES, CycleResult, Reconciler, node_lock
-from .safety import lent_cores, step_start_problems
-
-
-def _note(config: AgentConfig, text: str) -> None:
-    """A line in the node's hooks log (root's, capped like the agent's event log)."""
-    try:
-        config.state_dir.mkdir(parents=True, exist_ok=True)
-        append_capped(config.state_dir / f"hooks-{config.node}.log",
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n", MAX_LOG_BYTES)
-    except OSError:
-        pass
+from .procs import agent_pid, is_agent, lock_holder, signal_verified
+from .reconciler import CycleResult, Reconciler, node_lock
+from .safety import check_step_start, judge, lent_cores, note, report_verdict, start_step
 
 
 def _job_env() -> tuple[int, int, int]:
@@ -70,30 +59,9 @@ def _hook_cycle(config: AgentConfig, rec: Reconciler, what: str, **marks) -> Cyc
             return is_agent(pid) and lock_holder(config.lock_file) == pid
 
         if hung is not None and signal_verified(hung, signal.SIGKILL, hung_agent):
-            _note(config, f"{what}: killed the hung agent (pid {hung}) that held the node's lock")
+            note(config, f"{what}: killed the hung agent (pid {hung}) that held the node's lock")
             result = rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **marks)
     return result
-
-
-def _verdict(config: AgentConfig, what: str, t0: float, result: CycleResult,
-             problems: list[str]) -> int:
-    """A hook's exit code: 1 (fail closed) when the cycle itself could not run (the lock, the
-    ledger) or the real cgroup tree shows ``problems`` (cores the starting job may get that
-    another job could hold); else 0. An action that failed (one job's shrink refused, say) is
-    reported, not a reason to refuse: the tree check says whether it left anything unsafe.
-    Every problem goes to the hooks log and to stderr (slurmd's log)."""
-    ms = (time.monotonic() - t0) * 1000
-    reported = result.action_failures
-    if reported:
-        _note(config, f"{what}: reported, not refused: {'; '.join(reported)}")
-    problems = result.errors + problems
-    if problems:
-        msg = f"{what}: NOT SAFE to start ({ms:.0f} ms): {'; '.join(problems)}"
-        _note(config, msg)
-        print(f"malleable {msg}", file=sys.stderr)
-        return 1
-    _note(config, f"{what}: {len(result.applied)} resizes in {ms:.0f} ms")
-    return 0
 
 
 def prolog(config: AgentConfig) -> int:
@@ -103,30 +71,25 @@ def prolog(config: AgentConfig) -> int:
     try:
         mount_job_fs(folder, uid, gid)
     except (OSError, CommandError) as exc:   # the folder works without; reported
-        _note(config, f"prolog job {job_id}: no tmpfs of its own for its folder: {exc}")
+        note(config, f"prolog job {job_id}: no tmpfs of its own for its folder: {exc}")
     rec = make_reconciler(config)
     result = _hook_cycle(config, rec, f"prolog job {job_id}", starting_job=job_id)
     # A job whose folder is not where the layout says: its cores cannot be verified free.
     unverified = list(result.snapshot.problems) if result.snapshot is not None else []
-    return _verdict(config, f"prolog job {job_id}", t0, result,
-                    lent_cores(config, rec.observer.actuator) + unverified)
+    return report_verdict(config, f"prolog job {job_id}",
+                    judge(result, lent_cores(config, rec.observer.actuator) + unverified, t0))
 
 
 def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> int:
-    """Run by the SPANK plugin in a new step's slurmstepd (root), before slurmstepd writes the
-    job's folder back to Slurm's allocation: bring the job back to exactly that allocation (its
-    ranks told first, like any shrink) and fence it there until the step has joined its cpuset;
-    the agent then grows it again. Exit 1 (the step does not start) if it cannot."""
-    t0 = time.monotonic()
-    check_job_id(job_id)
-    fence = Fence(step=check_step_name(step), stepd_pid=stepd_pid, since=time.time())
-    if stepd_pid <= 1 or process_uid(stepd_pid) != 0:
-        raise ValueError(f"pid {stepd_pid} is not a slurmstepd of root")
-    what = f"job {job_id} {step} start"
+    """Run by the SPANK plugin in a new step's slurmstepd (root) when the node's agent did not
+    answer on its socket (``safety.start_step``). Exit 1 (the step does not start) if it
+    cannot."""
+    check_step_start(job_id, step, stepd_pid)     # before anything is read or made
     rec = make_reconciler(config)
-    result = _hook_cycle(config, rec, what, fence=(job_id, fence))
-    return _verdict(config, what, t0, result,
-                    step_start_problems(config, job_id, rec.observer.actuator))
+    what = f"job {job_id} {step} start"
+    verdict = start_step(config, rec, job_id, step, stepd_pid,
+                         cycle=lambda **marks: _hook_cycle(config, rec, what, **marks))
+    return report_verdict(config, what, verdict)
 
 
 def _remove_job_files(config: AgentConfig, job_id: int, uid: int) -> list[str]:
@@ -189,13 +152,14 @@ def epilog(config: AgentConfig) -> int:
             ledger = ledger_file.load()
             ledger.starting.pop(job_id, None)
             ledger.ended[job_id] = time.time()
+            close_job(ledger, job_id, config.node, ledger.ended[job_id], config.event_log)
             ledger_file.save(ledger)
         pid = agent_pid(config.pid_file)
         if pid is not None:
             signal_verified(pid, signal.SIGUSR1, is_agent)   # lend the freed cores now
     finally:
         for problem in _remove_job_files(config, job_id, uid):
-            _note(config, f"epilog job {job_id}: {problem}")
+            note(config, f"epilog job {job_id}: {problem}")
     return 0
 
 
@@ -223,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - reported; the Prolog and step start fail closed
         print(f"malleable {args.which} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         if config is not None:
-            _note(config, f"{args.which} failed: {exc!r}")
+            note(config, f"{args.which} failed: {exc!r}")
         return 0 if args.which == "epilog" else 1
 
 

@@ -13,7 +13,7 @@ from malleable_protocol.safe_io import ensure_private_dir
 from .. import spank
 from ..feed.store import FeedStore
 from .config import AgentConfig
-from .request import MAX_VALUE
+from .request import GRAMMAR, lua_grammar_source, lua_literal
 
 
 def _template(name: str) -> string.Template:
@@ -32,11 +32,11 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) ->
     paths = {name: dest / name for name in names}
     paths[spank.LIBRARY] = spank.build(dest)
     paths["plugstack.conf"].write_text(spank.plugstack_line(
-        paths[spank.LIBRARY], python=python, config=paths["agent.json"]))
+        paths[spank.LIBRARY], python=python, config=paths["agent.json"],
+        state_dir=config.state_dir))
     events = FeedStore(config.feed_dir).events_file
     paths["agent.json"].write_text(config.to_json())
-    paths["job_submit.lua"].write_text(_template("job_submit.lua.tmpl").substitute(
-        max_value=config.max_cpus or MAX_VALUE, events_file=events))
+    paths["job_submit.lua"].write_text(render_job_submit(events, max_cpus=config.max_cpus or None))
     paths["ctld_event.sh"].write_text(_template("ctld_event.sh.tmpl").substitute(
         events_file=events))
     for hook in ("prolog.sh", "epilog.sh"):
@@ -44,6 +44,14 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) ->
     for hook in ("prolog.sh", "epilog.sh", "ctld_event.sh"):
         paths[hook].chmod(0o755)
     return paths
+
+
+def render_job_submit(events_file: Path, *, max_cpus: int | None = None) -> str:
+    """job_submit.lua: request.py's grammar, its numbers capped at the site's ``max_cpus``
+    (cores per node), and the watcher's event file."""
+    return _template("job_submit.lua.tmpl").substitute(
+        grammar=lua_grammar_source(GRAMMAR.for_site(max_cpus)),
+        events_file=lua_literal(str(events_file)))
 
 
 def render_hook(name: str, *, python: str, config: Path) -> str:

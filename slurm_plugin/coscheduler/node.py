@@ -15,6 +15,7 @@ from .ledger import LedgerFile
 from .observe import NodeObserver
 from .ranks import RankReader
 from .reconciler import Reconciler
+from .step_gate import StepGate
 
 
 def load_config(path: Path) -> AgentConfig:
@@ -47,4 +48,4 @@ def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None
                             shrink_wait_s=config.shrink_wait_s, read_ranks=reader)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     return Reconciler(config, observer, executor, LedgerFile(config.state_dir, config.node),
-                      store, rank_reader=reader)
+                      store, rank_reader=reader, gate=StepGate(config.state_dir, config.node))

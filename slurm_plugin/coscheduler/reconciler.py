@@ -24,6 +24,7 @@ from malleable_protocol.safe_io import append_capped
 
 from ..feed.model import JobReport, NodeReport, Offers
 from ..feed.store import FeedStore
+from .accounting import CoreUsage, record_cycle
 from .config import AgentConfig
 from .executor import Outcome, OutcomeStatus, PlanExecutor
 from .ledger import Fence, LedgerFile
@@ -31,6 +32,7 @@ from .model import NodeSnapshot, Plan, PlanInvariantError
 from .observe import NodeObserver
 from .policy import decide
 from .ranks import RankReader
+from .step_gate import StepGate, gated_jobs
 
 log = logging.getLogger("malleable.agent")
 MAX_LOG_BYTES = 8 << 20     # the event log, then one older file: 16 MiB at most on /run
@@ -44,6 +46,7 @@ class CycleResult:
     errors: list[str] = field(default_factory=list)      # the cycle itself could not run
     lock_busy: bool = False                               # the node's lock was not had in time
     seconds: float = 0.0
+    usage: dict[int, CoreUsage] | None = None    # running jobs' (accounting); None: not run
 
     @property
     def applied(self) -> list[Outcome]:
@@ -90,13 +93,16 @@ class Reconciler:
     def __init__(self, config: AgentConfig, observer: NodeObserver, executor: PlanExecutor,
                  ledger: LedgerFile, store: FeedStore, *,
                  rank_reader: RankReader | None = None,
+                 gate: StepGate | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep):
         """``rank_reader``: the budgeted reader the observer and executor share, its budgets
-        renewed each cycle."""
+        renewed each cycle. ``gate``: the SPANK plugin's fast path (``step_gate``): its
+        fences taken in, its gates closed before and published after each cycle's actions."""
         self.config = config
         self.rank_reader = rank_reader
+        self.gate = gate
         self.observer = observer
         self.executor = executor
         self.ledger = ledger
@@ -139,10 +145,19 @@ class Reconciler:
             ledger.ended.pop(starting_job, None)     # a requeued job starts again
         if fence is not None:
             ledger.fences[(fence[0], fence[1].step)] = fence[1]
+        plugin_fences = self.gate.read_fences() if self.gate is not None else {}
+        ledger.fences.update(f for f in plugin_fences.values() if f[1] is not None)
         result.snapshot = self.observer.observe(ledger)
         self.ledger.save(ledger)
+        if self.gate is not None:
+            self.gate.remove_fences(plugin_fences)
         result.plan = decide(result.snapshot, self.config.policy)
+        if self.gate is not None:
+            self.gate.close(a.job_id for a in result.plan.actions)
         result.outcomes = self.executor.execute(result.plan, result.snapshot)
+        if self.gate is not None:
+            self.gate.publish(gated_jobs(result.snapshot, result.outcomes))
+        result.usage = record_cycle(self.ledger, ledger, result, self._wall(), self._log_event)
         self._publish_offers(result.plan)
         self._publish_report(result)
 
@@ -193,12 +208,16 @@ class Reconciler:
         except OSError as exc:
             log.warning("cannot write event log: %s", exc)
 
-    def run(self, stop: Callable[[], bool], wake=None) -> None:
+    def run(self, stop: Callable[[], bool], wake=None,
+            serve: Callable[[], None] | None = None) -> None:
         """Cycle every ``interval_s``, at once when the node's feed changes or ``wake`` (an
-        Event) is set, until ``stop()``."""
+        Event) is set, until ``stop()``. ``serve``: called first on every turn of the loop
+        (the step starts the SPANK plugin asked for), on this thread like every cycle."""
         stamp = self.store.node_stamp(self.config.node)
         next_at = self._clock()
         while not stop():
+            if serve is not None:
+                serve()
             now_stamp = self.store.node_stamp(self.config.node)
             woken = wake is not None and wake.is_set()
             if woken or now_stamp != stamp or self._clock() >= next_at:

@@ -1,12 +1,93 @@
 """What the hooks check in the real cgroup tree before a job or a step starts, against the
 allocations the node's ledger knows: the Prolog's ``lent_cores`` and the step start's
-``step_start_problems``. An empty list: safe to start."""
+``step_start_problems`` (an empty list: safe to start); and ``start_step``, the step start
+itself, run by the Python hook and by the agent for the SPANK plugin alike."""
 from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from malleable_protocol import check_job_id
+from malleable_protocol.layout import check_step_name
+from malleable_protocol.safe_io import append_capped
 
 from .cgroup_actuator import CgroupJob, CpusetActuator
 from .config import AgentConfig
-from .ledger import Ledger, LedgerFile
+from .ledger import Fence, Ledger, LedgerFile
 from .node import make_actuator
+from .procs import process_uid
+from .reconciler import MAX_LOG_BYTES, CycleResult, Reconciler
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A hook's answer: ``problems`` (the cycle could not run, or the real cgroup tree shows a
+    core the starting job or step may get that another job could hold) refuse the start;
+    ``reported`` (another job's action failed) do not."""
+
+    problems: list[str] = field(default_factory=list)
+    reported: list[str] = field(default_factory=list)
+    resizes: int = 0
+    ms: float = 0.0
+
+    @property
+    def safe(self) -> bool:
+        return not self.problems
+
+
+def note(config: AgentConfig, text: str) -> None:
+    """A line in the node's hooks log (root's, capped like the agent's event log)."""
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        append_capped(config.state_dir / f"hooks-{config.node}.log",
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n", MAX_LOG_BYTES)
+    except OSError:
+        pass
+
+
+def report_verdict(config: AgentConfig, what: str, verdict: Verdict, *, by: str = "hook") -> int:
+    """A hook's exit code: 1 (fail closed) when ``verdict`` has problems, else 0. Every
+    problem goes to the hooks log and to stderr (slurmd's log); what is only reported, to the
+    hooks log."""
+    if verdict.reported:
+        note(config, f"{what}: reported, not refused: {'; '.join(verdict.reported)}")
+    if verdict.problems:
+        msg = f"{what}: NOT SAFE to start ({verdict.ms:.0f} ms): {'; '.join(verdict.problems)}"
+        note(config, msg)
+        print(f"malleable {msg}", file=sys.stderr)
+        return 1
+    note(config, f"{what}: {verdict.resizes} resizes in {verdict.ms:.0f} ms ({by})")
+    return 0
+
+
+def judge(result: CycleResult, problems: list[str], t0: float) -> Verdict:
+    return Verdict(problems=result.errors + problems, reported=result.action_failures,
+                   resizes=len(result.applied), ms=(time.monotonic() - t0) * 1000)
+
+
+def check_step_start(job_id: int, step: str, stepd_pid: int) -> Fence:
+    """The fence of a step start whose ids are valid and whose slurmstepd is root's (every one
+    of its uids); else ValueError."""
+    check_job_id(job_id)
+    fence = Fence(step=check_step_name(step), stepd_pid=stepd_pid, since=time.time())
+    if stepd_pid <= 1 or process_uid(stepd_pid) != 0:
+        raise ValueError(f"pid {stepd_pid} is not a slurmstepd of root")
+    return fence
+
+
+def start_step(config: AgentConfig, rec: Reconciler, job_id: int, step: str, stepd_pid: int,
+               *, cycle: Callable[..., CycleResult] | None = None) -> Verdict:
+    """A step of ``job_id`` is starting (its slurmstepd ``stepd_pid``, root's, about to write
+    the job's folder back to Slurm's allocation): one cycle brings the job back to exactly that
+    allocation (its ranks told first, like any shrink) and fences it there until the step has
+    joined its cpuset; then the real tree is checked. ``cycle``: how to run the cycle (the
+    hook's kills a hung agent; the agent's is its own). Raises ValueError on bad ids."""
+    t0 = time.monotonic()
+    fence = check_step_start(job_id, step, stepd_pid)
+    result = (cycle or rec.cycle)(fence=(job_id, fence))
+    return judge(result, step_start_problems(config, job_id, rec.observer.actuator), t0)
 
 
 def _tree(config: AgentConfig, actuator: CpusetActuator | None

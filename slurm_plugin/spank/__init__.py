@@ -48,6 +48,9 @@ def build(dest: Path, *, compiler: str | None = None, include: Path = HEADER.par
     return out
 
 
-def plugstack_line(library: Path, *, python: str, config: Path, timeout_s: float = 20.0) -> str:
-    return (f"required {library} python={python} config={config} "
+def plugstack_line(library: Path, *, python: str, config: Path, state_dir: Path,
+                   timeout_s: float = 20.0) -> str:
+    """``state_dir``: the agents' state folder (root's), where the plugin finds each node's
+    lock, gate and fence files and the agent's socket (``step_gate``, ``step_socket``)."""
+    return (f"required {library} python={python} config={config} state={state_dir} "
             f"timeout={timeout_s:g}\n")

@@ -1,19 +1,30 @@
 /*
- * malleable_spank: lets a job step start in a job whose cores have grown.
+ * malleable_spank: the `--malleable` option of sbatch, salloc and srun, and the step start in
+ * a job whose cores may have grown.
  *
- * Why: when a step starts, slurmstepd (task/cgroup, cgroup v1) writes the job's cgroup folder
- * back to Slurm's allocation. While any step of the job holds more CPUs (the job grew) the
- * kernel refuses (EBUSY) and the step fails to launch. slurm_spank_init runs in the new step's
- * slurmstepd, as root, before that write (src/slurmd/slurmstepd/mgr.c, Slurm 22.05: spank_init
- * comes before task_g_pre_setuid). Here it runs the node's step-start hook, which brings the
- * job back to exactly its allocation under the node's lock and fences it there until this
- * slurmstepd has joined its step's cpuset; the node's agent then grows the job again, new step
- * included.
+ * The option (allocator and local contexts): `--malleable=MIN[:MAX[:WEIGHT]]` or `off` is handed
+ * to slurmctld as the job's SPANK environment entry MALLEABLE=VALUE, where job_submit.lua
+ * checks it (one grammar, slurm_plugin/coscheduler/request.py) and refuses a malformed one.
  *
- * plugstack.conf:  required /path/malleable_spank.so python=PYTHON config=AGENT_JSON [timeout=S]
+ * The step start (remote context): when a step starts, slurmstepd (task/cgroup) writes the job's
+ * cgroup folder back to Slurm's allocation. If the job holds more (it grew) the kernel refuses
+ * (EBUSY, cgroup v1) and the step fails to launch; if it lent cores, they would be in two jobs.
+ * slurm_spank_init runs in the new step's slurmstepd, as root, before that write
+ * (src/slurmd/slurmstepd/mgr.c, Slurm 22.05: spank_init comes before task_g_pre_setuid).
+ *   1. Fast, no process: under the node's lock, if the agent's last cycle left a gate file for
+ *      the job (it holds exactly its allocation, nobody holds its cores), write a fence file
+ *      (the agent then neither grows nor lends the job until this slurmstepd has joined its
+ *      step's cpuset) and go on. Rigid and ungrown jobs take this path.
+ *   2. Else ask the node's running agent on its root-only socket to bring the job back to its
+ *      allocation and fence it (one cycle in a warm process).
+ *   3. Else (no agent, or no answer in time) run the Python step-start hook, which does the
+ *      same in a process of its own.
  *
- * Fails closed: if the hook fails or does not answer in time, the step does not start (it
- * would fail on EBUSY anyway, or start on cores another job was lent).
+ * plugstack.conf:
+ *   required /path/malleable_spank.so python=PYTHON config=AGENT_JSON state=STATE_DIR [timeout=S]
+ *
+ * Fails closed: if the agent refuses, or the hook fails or does not answer in time, the step
+ * does not start (it would fail on EBUSY anyway, or start on cores another job was lent).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,8 +35,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <limits.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +56,52 @@ SPANK_PLUGIN(malleable, 1);
 
 #define MAX_ARG 4096
 #define ERR_BYTES 2048
+#define MAX_OPTION 128
+#define LOCK_WAIT_S 2.0 /* a cycle holds the node's lock for milliseconds */
+
+/* --malleable: the value as given, checked by job_submit.lua (one grammar, request.py). */
+static char malleable_value[MAX_OPTION];
+static int malleable_given;
+
+static int opt_malleable(int val, const char *optarg, int remote)
+{
+	(void)val;
+	if (remote)
+		return 0; /* slurmstepd: the job's own business, already checked at submit */
+	if (optarg == NULL || optarg[0] == '\0' || strlen(optarg) >= MAX_OPTION) {
+		slurm_error("--malleable=MIN[:MAX[:WEIGHT]] (MAX a number or node) or --malleable=off");
+		return -1;
+	}
+	snprintf(malleable_value, sizeof(malleable_value), "%s", optarg);
+	malleable_given = 1;
+	return 0;
+}
+
+/* Registered in slurm_spank_init, not through a static spank_options table: sbatch and salloc
+ * (the allocator context) do not load a plugin's static table (plugstack.c, 22.05 to 24.11). */
+static struct spank_option malleable_option = {
+	"malleable", "MIN[:MAX[:WEIGHT]]|off",
+	"Let the job's cores on each node grow and shrink while it runs: at least MIN, at most "
+	"MAX (a number, or node: every core of the node), WEIGHT a share of idle cores (the site "
+	"bounds it). off: rigid. Resize a running job with scontrol update JobId=J "
+	"Comment=malleable:cpus=N.",
+	1, 0, opt_malleable};
+
+/* sbatch, salloc, srun: the option reaches slurmctld (job_submit.lua) in the job's SPANK
+ * environment. In a step of an existing job it changes nothing. */
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_remote(sp) || !malleable_given)
+		return ESPANK_SUCCESS;
+	spank_err_t err = spank_job_control_setenv(sp, "MALLEABLE", malleable_value, 1);
+	if (err != ESPANK_SUCCESS && spank_context() == S_CTX_ALLOCATOR) {
+		slurm_error("malleable: cannot pass --malleable to slurmctld: %s", spank_strerror(err));
+		return -1;
+	}
+	return ESPANK_SUCCESS;
+}
 
 static double now_s(void)
 {
@@ -138,10 +200,122 @@ static int run_hook(char *const argv[], char *const envp[], double timeout_s,
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* A Slurm node name usable in a file name (malleable_protocol.layout.check_node_name). */
+static int valid_node(const char *n)
+{
+	size_t len = strlen(n);
+	if (len == 0 || len > 64 || strstr(n, "..") != NULL)
+		return 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = n[i];
+		int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+			 (i > 0 && (c == '.' || c == '_' || c == '-'));
+		if (!ok)
+			return 0;
+	}
+	return 1;
+}
+
+/* The node's lock (the agent's and the hooks'), or -1 if not had within wait_s. */
+static int lock_node(const char *state, const char *node, double wait_s)
+{
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof(path), "%s/agent-%s.lock", state, node) >= (int)sizeof(path))
+		return -1;
+	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	double deadline = now_s() + wait_s;
+	while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		if ((errno != EWOULDBLOCK && errno != EINTR) || now_s() > deadline) {
+			close(fd);
+			return -1;
+		}
+		usleep(2000);
+	}
+	return fd;
+}
+
+/* 1 if the agent's last cycle left a gate for the job: a regular file of root's. */
+static int gated(const char *state, const char *node, uint32_t job)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	if (snprintf(path, sizeof(path), "%s/gate-%s/%u", state, node, job) >= (int)sizeof(path))
+		return 0;
+	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0;
+}
+
+/* The fence the agent's next cycle takes in: "<slurmstepd pid> <wall time>". 0 if written. */
+static int write_fence(const char *state, const char *node, uint32_t job, const char *folder)
+{
+	char path[PATH_MAX], text[64];
+	struct timespec ts;
+	if (snprintf(path, sizeof(path), "%s/fences-%s/%u.%s", state, node, job, folder) >=
+	    (int)sizeof(path))
+		return -1;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int len = snprintf(text, sizeof(text), "%d %ld.%03ld\n", (int)getpid(), (long)ts.tv_sec,
+			   ts.tv_nsec / 1000000);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	int ok = write(fd, text, len) == len;
+	return (close(fd) == 0 && ok) ? 0 : -1;
+}
+
+/* Ask the node's agent (slurm_plugin/coscheduler/step_socket.py). 0: done, the step may start;
+ * 1: refused (why in err); -1: no agent listening or no answer within wait_s. */
+static int ask_agent(const char *state, const char *node, uint32_t job, const char *folder,
+		     double wait_s, char *err, size_t err_len)
+{
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/agent-%s.sock", state, node) >=
+	    (int)sizeof(addr.sun_path))
+		return -1;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	char line[128], answer[1100];
+	int len = snprintf(line, sizeof(line), "step-start %u %s %d\n", job, folder, (int)getpid());
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+	    send(fd, line, len, MSG_NOSIGNAL) != len) {
+		close(fd);
+		return -1;
+	}
+	size_t used = 0;
+	double deadline = now_s() + wait_s;
+	while (used < sizeof(answer) - 1 && memchr(answer, '\n', used) == NULL) {
+		int left_ms = (int)((deadline - now_s()) * 1000);
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (left_ms <= 0 || poll(&p, 1, left_ms) <= 0)
+			break;
+		ssize_t n = read(fd, answer + used, sizeof(answer) - 1 - used);
+		if (n <= 0)
+			break;
+		used += (size_t)n;
+	}
+	close(fd);
+	answer[used] = '\0';
+	char *nl = strchr(answer, '\n');
+	if (nl == NULL)
+		return -1;
+	*nl = '\0';
+	if (strncmp(answer, "ok ", 3) == 0)
+		return 0;
+	snprintf(err, err_len, "%s", strncmp(answer, "refused ", 8) == 0 ? answer + 8 : answer);
+	return 1;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
+	spank_err_t reg = spank_option_register(sp, &malleable_option);
+	if (reg != ESPANK_SUCCESS) {
+		slurm_error("malleable: cannot register --malleable: %s", spank_strerror(reg));
+		return -1;
+	}
 	if (!spank_remote(sp))
-		return ESPANK_SUCCESS; /* srun, sbatch, salloc: nothing to do */
+		return ESPANK_SUCCESS; /* srun, sbatch, salloc: only the option */
 	uint32_t job = 0, step = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS) {
@@ -164,8 +338,35 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	char job_s[16], folder[32], pid_s[16], node_env[256];
+	char err[ERR_BYTES];
 	snprintf(job_s, sizeof(job_s), "%u", job);
 	step_folder(step, folder, sizeof(folder));
+	double t0 = now_s();
+	const char *state = NULL;
+	if (arg_value(ac, av, "state", &state) && valid_node(node)) {
+		int lock = lock_node(state, node, LOCK_WAIT_S);
+		if (lock >= 0) {
+			int fenced = gated(state, node, job) && write_fence(state, node, job, folder) == 0;
+			flock(lock, LOCK_UN);
+			close(lock);
+			if (fenced) {
+				slurm_debug("malleable: job %u %s at its allocation, fenced in %.1f ms",
+					    job, folder, (now_s() - t0) * 1000);
+				return ESPANK_SUCCESS;
+			}
+		}
+		int asked = ask_agent(state, node, job, folder, timeout_s / 2, err, sizeof(err));
+		if (asked == 0) {
+			slurm_debug("malleable: job %u %s brought back by the agent in %.0f ms", job,
+				    folder, (now_s() - t0) * 1000);
+			return ESPANK_SUCCESS;
+		}
+		if (asked == 1) {
+			slurm_error("malleable: job %u %s cannot start safely (agent): %s", job, folder,
+				    err);
+			return -1;
+		}
+	}
 	snprintf(pid_s, sizeof(pid_s), "%d", (int)getpid());
 	snprintf(node_env, sizeof(node_env), "SLURMD_NODENAME=%s", node);
 	char *const argv[] = {(char *)python, "-I", "-m", "slurm_plugin.coscheduler.hooks",
@@ -173,8 +374,6 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 			      "--step", folder, "--stepd-pid", pid_s, NULL};
 	char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", node_env, "LC_ALL=C.UTF-8",
 			      NULL};
-	char err[ERR_BYTES];
-	double t0 = now_s();
 	int rc = run_hook(argv, envp, timeout_s, err, sizeof(err));
 	if (rc != 0) {
 		slurm_error("malleable: job %u %s cannot start safely (hook exit %d): %s", job,

@@ -58,6 +58,52 @@ def test_malformed_submit_is_refused_with_a_message(agent_cluster):
     assert "malleable: refused 'malleable:min=2,max=1': min is above max" in out.stderr
 
 
+def test_the_malleable_option_reaches_job_submit_and_a_bad_one_is_refused(agent_cluster):
+    """--malleable, the SPANK plugin's option: listed by sbatch --help; passed to slurmctld in
+    the job's SPANK environment; normalised into AdminComment by job_submit.lua; a malformed
+    value, a typo of the option or of the comment's prefix never gives a rigid job silently."""
+    env = {**os.environ, **agent_cluster.env()}
+
+    def sbatch(*args):
+        return subprocess.run(["sbatch", "--parsable", "--hold", *args, "--wrap=true"],
+                              capture_output=True, text=True, env=env)
+
+    helptext = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, env=env)
+    assert "--malleable=MIN[:MAX[:WEIGHT]]|off" in helptext.stdout, helptext.stdout[-1500:]
+    client = agent_cluster.client()
+    made = []
+    try:
+        for option, admin in [("--malleable=2:node:1", "malleable:min=2,max=node,weight=1"),
+                              ("--malleable=1", "malleable:min=1,max=node,weight=1"),
+                              ("--malleable=1:2", "malleable:min=1,max=2,weight=1"),
+                              ("--malleable=off", "")]:
+            out = sbatch(option)
+            assert out.returncode == 0, (option, out.stderr)
+            made.append(int(out.stdout.split(";")[0]))
+            assert client.job(made[-1]).admin_comment == admin, option
+        # salloc and srun (a job of its own) pass it the same way.
+        got = subprocess.run(["salloc", "--malleable=1:2", "--no-shell", "-N1", "-c1",
+                              "--immediate=30"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert "Granted job allocation " in got.stderr, got
+        made.append(int(got.stderr.split("Granted job allocation ")[1].split()[0]))
+        assert client.job(made[-1]).admin_comment == "malleable:min=1,max=2,weight=1"
+        got = subprocess.run(["srun", "--malleable=1:node:1", "-N1", "bash", "-c",
+                              "scontrol show job $SLURM_JOB_ID"],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert "AdminComment=malleable:min=1,max=node,weight=1" in got.stdout, got
+        for args, said in [(["--malleable=2:1"], "--malleable=MIN[:MAX[:WEIGHT]]"),
+                           (["--malleable=x"], "--malleable=MIN[:MAX[:WEIGHT]]"),
+                           (["--malleable=1", "--comment=malleable:min=1"], "use --malleable only"),
+                           (["--comment=maleable:min=1,max=2"], "looks like a malleability"),
+                           (["--maleable=1:2"], "unrecognized option")]:
+            out = sbatch(*args)
+            assert out.returncode != 0 and said in out.stderr, (args, out.stderr)
+    finally:
+        for job_id in made:
+            client.cancel(job_id)
+
+
 def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
     c = agent_cluster
     client = c.client()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_plugin.cluster import daemons
 from slurm_plugin.slurm import JobState
 
 from .helpers import cgroup_cpus, finish, step_records as records, timeline, wait_for
@@ -202,3 +203,73 @@ srun -n1 touch {tmp_path}/ran-free; echo "free rc=$?"
 def _holds_lock(path: Path) -> bool:
     from slurm_plugin.coscheduler.procs import lock_holder
     return lock_holder(path) is not None
+
+
+def test_each_step_start_takes_the_path_its_job_needs(agent_cluster, tmp_path):
+    """A rigid job's steps start with no process started (the plugin finds the gate the agent
+    left and writes a fence, in C: nothing in the hooks log); a grown job's step is brought
+    back by the running agent on its socket ("(agent)"); with that agent gone, by the Python
+    hook ("(hook)"). Every step launches, and the grown job grows again after each."""
+    c = agent_cluster
+    rigid_node, grown_node = "an1", "an2"
+    config = dataclasses.replace(c.agent_config(), node=grown_node)
+    tmp_path.chmod(0o777)
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+for i in 1 2 3; do
+  while [ ! -e {tmp_path}/go.$SLURM_JOB_ID.$i ]; do sleep 0.05; done
+  srun -n1 true; echo "step $i rc=$?"
+done
+""")
+    client = c.client()
+    rigid = client.submit(script, ["-N1", "-c1", f"-w{rigid_node}", f"-o{tmp_path}/rigid.out"])
+    grown = client.submit(script, ["-N1", "-c1", f"-w{grown_node}",
+                                   "--comment=malleable:min=1,max=2", f"-o{tmp_path}/grown.out"])
+    hooks_log = {n: dataclasses.replace(config, node=n).state_dir / f"hooks-{n}.log"
+                 for n in (rigid_node, grown_node)}
+
+    def lines(node, job_id):
+        log = hooks_log[node]
+        text = log.read_text() if log.exists() else ""
+        return [x for x in text.splitlines() if f"job {job_id} step_" in x]
+
+    def step(job_id, i, out):
+        (tmp_path / f"go.{job_id}.{i}").touch()
+        wait_for(lambda: f"step {i} rc=" in out.read_text(), timeout=90,
+                 what=f"job {job_id} step {i}", show=lambda: out.read_text()[-1500:])
+        assert f"step {i} rc=0" in out.read_text(), out.read_text()[-1500:]
+
+    try:
+        wait_for(lambda: cgroup_cpus(c, grown_node, grown) == {0, 1}, timeout=60,
+                 what="the malleable job grown to 2 cores")
+        wait_for(lambda: cgroup_cpus(c, rigid_node, rigid) is not None, timeout=60,
+                 what="the rigid job running")
+        for i in (1, 2, 3):
+            step(rigid, i, tmp_path / "rigid.out")
+        assert lines(rigid_node, rigid) == []          # no hook ran: decided in C
+        for i in (1, 2):
+            wait_for(lambda: cgroup_cpus(c, grown_node, grown) == {0, 1}, timeout=30,
+                     what="grown again")
+            step(grown, i, tmp_path / "grown.out")
+            if i == 1:
+                got = lines(grown_node, grown)
+                assert got and got[-1].endswith("(agent)") and "resizes in" in got[-1], got
+                agent = next(r for r in c.records() if r.name == f"agent {grown_node}")
+                os.kill(agent.pid, signal.SIGTERM)
+                wait_for(lambda: not config.step_socket.exists(), timeout=20,
+                         what="the agent gone (its socket removed)")
+                daemons.reap_children()
+        got = lines(grown_node, grown)
+        # The job stayed grown (nobody took the core back while the agent was away).
+        assert got[-1].endswith("(hook)") and "resizes in" in got[-1], got
+        c.restart_agent(grown_node)
+        step(grown, 3, tmp_path / "grown.out")
+        assert not violations(c, grown_node) and not violations(c, rigid_node)
+        assert finish(client, rigid) is JobState.COMPLETED
+        assert finish(client, grown) is JobState.COMPLETED
+    finally:
+        for job_id in (rigid, grown):
+            for i in (1, 2, 3):
+                (tmp_path / f"go.{job_id}.{i}").touch()
+            client.cancel(job_id)
+        c.restart_agent(grown_node)      # stops the recorded one first if it still runs

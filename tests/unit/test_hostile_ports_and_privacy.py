@@ -77,7 +77,7 @@ def test_run_agent_starts_and_reconciles_while_a_user_holds_its_metrics_port(tmp
     class FakeRec:
         on_cycle = None
 
-        def run(self, stop, wake=None):
+        def run(self, stop, wake=None, serve=None):
             seen["on_cycle"] = self.on_cycle
             squatter.close()
             seen["server"] = server = _servers[-1]

@@ -26,6 +26,6 @@ def test_a_missing_compiler_or_header_is_named(tmp_path):
 
 def test_plugstack_line_names_the_hook_and_its_settings(tmp_path):
     line = spank.plugstack_line(tmp_path / "m.so", python="/opt/v/bin/python",
-                                config=tmp_path / "agent.json")
+                                config=tmp_path / "agent.json", state_dir=tmp_path / "agent")
     assert line == (f"required {tmp_path}/m.so python=/opt/v/bin/python "
-                    f"config={tmp_path}/agent.json timeout=20\n")
+                    f"config={tmp_path}/agent.json state={tmp_path}/agent timeout=20\n")
