@@ -128,10 +128,10 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         # Every setting is checked before TensorFlow is touched: a bad one leaves init() free
         # to run again.
         env = _settings_from_env()
-        max_threads = max_threads or env.max_threads or len(os.sched_getaffinity(0))
-        inter_max = inter_max_threads or max_threads
-        for name, value in (("max_threads", max_threads), ("inter_max_threads", inter_max)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        for name, value in (("max_threads", max_threads), ("inter_max_threads",
+                                                          inter_max_threads)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 1 <= value <= 4096):
                 raise ValueError(f"{name} must be an int in 1..4096, not {value!r}")
         follow = env.follow if follow is None else follow
         count_steps = env.count_steps if count_steps is None else count_steps
@@ -140,6 +140,12 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         import tensorflow as tf
 
         from ._native import load
+
+        # The default size is the CPUs usable once TensorFlow is imported (seconds after
+        # start): a container the co-scheduler starts on one core and grows at once gets a
+        # pool of the grown size (read before the import, it had one thread for good).
+        max_threads = max_threads or env.max_threads or len(os.sched_getaffinity(0))
+        inter_max = inter_max_threads or max_threads
 
         try:
             tf.config.threading.set_intra_op_parallelism_threads(max_threads)

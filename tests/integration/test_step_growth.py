@@ -247,20 +247,29 @@ done
         for i in (1, 2, 3):
             step(rigid, i, tmp_path / "rigid.out")
         assert lines(rigid_node, rigid) == []          # no hook ran: decided in C
-        for i in (1, 2):
+
+        def events():
+            log, hooks = config.event_log, hooks_log[grown_node]
+            return (cgroup_cpus(c, grown_node, grown),
+                    log.read_text().splitlines()[-6:] if log.exists() else [],
+                    hooks.read_text().splitlines()[-6:] if hooks.exists() else [])
+
+        def grown_again():
             wait_for(lambda: cgroup_cpus(c, grown_node, grown) == {0, 1}, timeout=30,
-                     what="grown again")
-            step(grown, i, tmp_path / "grown.out")
-            if i == 1:
-                got = lines(grown_node, grown)
-                assert got and got[-1].endswith("(agent)") and "resizes in" in got[-1], got
-                agent = next(r for r in c.records() if r.name == f"agent {grown_node}")
-                os.kill(agent.pid, signal.SIGTERM)
-                wait_for(lambda: not config.step_socket.exists(), timeout=20,
-                         what="the agent gone (its socket removed)")
-                daemons.reap_children()
+                     what="grown again", show=events)
+        grown_again()
+        step(grown, 1, tmp_path / "grown.out")
         got = lines(grown_node, grown)
-        # The job stayed grown (nobody took the core back while the agent was away).
+        assert got and got[-1].endswith("(agent)") and "resizes in" in got[-1], got
+        grown_again()        # by the agent, once the step's slurmstepd is set up
+        agent = next(r for r in c.records() if r.name == f"agent {grown_node}")
+        os.kill(agent.pid, signal.SIGTERM)
+        wait_for(lambda: not config.step_socket.exists(), timeout=20,
+                 what="the agent gone (its socket removed)")
+        daemons.reap_children()
+        step(grown, 2, tmp_path / "grown.out")
+        got = lines(grown_node, grown)
+        # No agent: the job stayed grown, and the Python hook brought it back.
         assert got[-1].endswith("(hook)") and "resizes in" in got[-1], got
         c.restart_agent(grown_node)
         step(grown, 3, tmp_path / "grown.out")
@@ -273,3 +282,64 @@ done
                 (tmp_path / f"go.{job_id}.{i}").touch()
             client.cancel(job_id)
         c.restart_agent(grown_node)      # stops the recorded one first if it still runs
+
+
+def test_borrowed_core_seconds_match_the_cgroup_timeline(agent_cluster, tmp_path):
+    """The job-usage line the Epilog writes: its borrowed core-seconds match, within 2%, the
+    integral of (the job folder's width - its allocation) sampled from the real cgroup every
+    10 ms, for a job that grows into the idle core, is asked down to 1 core and ends."""
+    import json
+    import threading
+    import time
+    c, node = agent_cluster, "an1"
+    config = dataclasses.replace(c.agent_config(), node=node)
+    tmp_path.chmod(0o777)
+    go = tmp_path / "go"
+    client = c.client()
+    env = {**os.environ, **c.env()}
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\nwhile [ ! -e {go} ]; do sleep 0.05; done\n")
+    job_id = client.submit(script, ["-N1", "-c1", f"-w{node}", "--malleable=1:2",
+                                    f"-o{tmp_path}/out"])
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            cpus = cgroup_cpus(c, node, job_id)
+            if cpus is not None:
+                samples.append((time.time(), len(cpus)))
+            time.sleep(0.01)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        wait_for(lambda: cgroup_cpus(c, node, job_id) == {0, 1}, timeout=60,
+                 what="the job grown to 2 cores")
+        time.sleep(4)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "Comment=malleable:cpus=1"],
+                       check=True, env=env, capture_output=True)
+        wait_for(lambda: len(cgroup_cpus(c, node, job_id) or ()) == 1, timeout=20,
+                 what="the job back at 1 core")
+        time.sleep(1)
+        done.set()
+        sampler.join(5)
+        go.touch()
+        assert finish(client, job_id) is JobState.COMPLETED
+        # The samples' integral: each width held until the next sample.
+        sampled = sum((t1 - t0) * (w0 - 1) for (t0, w0), (t1, _) in zip(samples, samples[1:]))
+
+        def line():
+            for raw in config.event_log.read_text().splitlines():
+                e = json.loads(raw)
+                if e.get("event") == "job-usage" and e.get("job") == job_id:
+                    return e
+        usage = wait_for(line, timeout=30, what="the job's job-usage line")
+        assert sampled > 3.0, samples[:5]
+        assert usage["lent_core_s"] == 0 and usage["allocation"] == 1, usage
+        assert abs(usage["borrowed_core_s"] - sampled) <= 0.02 * sampled, (usage, sampled)
+        print(f"\nborrowed: job-usage {usage['borrowed_core_s']:.3f} core-s, "
+              f"cgroup timeline {sampled:.3f} core-s")
+    finally:
+        done.set()
+        go.touch()
+        client.cancel(job_id)
