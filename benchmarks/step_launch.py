@@ -1,7 +1,8 @@
 """How long a new job step (`srun -n1 true`) takes to launch, on real Slurm clusters, four
 rows side by side in one run:
 
-- plain: Slurm alone (no plugin, no hooks, no agents; a cluster of its own): the baseline;
+- plain: Slurm without the SPANK plugin (a cluster of its own, with the same hooks, agents and
+  watcher running, and an empty plugstack.conf): the baseline;
 - rigid: the co-scheduler running (SPANK plugin, Prolog, agents), a job that did not ask for
   malleability;
 - malleable_not_grown: a malleable job that cannot grow (--malleable=1:1);
@@ -9,7 +10,7 @@ rows side by side in one run:
   to its allocation first, the step launches, the agent grows it again. Each srun starts only
   once the job has grown again.
 
-Both clusters run at once and the four jobs take turns, one srun at a time, so the machine's
+Both clusters (three nodes each) run at once and the four jobs take turns, one srun at a time, so the machine's
 load drifts hit every row alike. The plugin decides in C: rigid and ungrown jobs start their
 steps with no process started (a gate file and a fence under the node's lock); a grown job's
 step asks the running agent on its socket.
@@ -90,12 +91,21 @@ def take_turns(turns: Path, outs: dict[str, Path], steps: int) -> dict[str, list
     return out
 
 
-def cluster_at(root: Path, port: int, agents: Policy | None, nodes: int, prefix: str
-               ) -> LocalCluster:
+def cluster_at(root: Path, port: int, prefix: str, *, plugin: bool) -> LocalCluster:
+    """Three nodes with the co-scheduler running (hooks, agents, watcher); ``plugin`` False:
+    the SPANK plugin taken out (an empty plugstack.conf, which srun and slurmstepd read at each
+    start), so the plain row differs from the others by the plugin alone, not by the daemons
+    sharing the machine."""
     root.mkdir(mode=0o755)
-    c = LocalCluster(default_spec(root, nodes=nodes, port_base=port, node_prefix=prefix,
+    c = LocalCluster(default_spec(root, nodes=3, port_base=port, node_prefix=prefix,
                                   name=f"malleable{prefix}"))
-    c.up(agents=agents)
+    try:
+        c.up(agents=Policy.LEND_IDLE)
+    except BaseException:
+        c.down()
+        raise
+    if not plugin:
+        (c.hooks_dir / "plugstack.conf").write_text("")
     return c
 
 
@@ -124,9 +134,9 @@ def main() -> None:
     turns.mkdir(mode=0o777)
     clusters = []
     try:
-        plain = cluster_at(base / "plain", 39817, None, 1, "pl")
+        plain = cluster_at(base / "plain", 39817, "pl", plugin=False)
         clusters.append(plain)
-        co = cluster_at(base / "co", 39917, Policy.LEND_IDLE, 3, "sl")
+        co = cluster_at(base / "co", 41817, "sl", plugin=True)   # 2,000 ports apart
         clusters.append(co)
         outs = submit(plain, base / "plain", turns, {"plain": ("pl1", "", False)}, args.steps)
         outs.update(submit(co, base / "co", turns, {
