@@ -24,6 +24,17 @@ def lua_interpreter():
 OWNER, STRANGER = 1000, 1001
 MALLEABLE = 'admin_comment = "malleable:min=1,max=node,weight=1"'
 
+# A local of the rendered script, reached through a function that uses it (the tests' way in).
+LUA_UPVALUE = """
+function upvalue(f, name)
+   for i = 1, 255 do
+      local n, v = debug.getupvalue(f, i)
+      if n == nil then return nil end
+      if n == name then return v end
+   end
+end
+"""
+
 PRELUDE = """
 slurm = {SUCCESS = 0, ERROR = -1,
          log_user = function(...) io.stderr:write("user: ", string.format(...), "\\n") end,
@@ -32,19 +43,12 @@ T = 1000
 os.time = function() return T end
 local rc = dofile(SCRIPT)
 assert(rc == slurm.SUCCESS)
-function upvalue(f, name)
-   for i = 1, 255 do
-      local n, v = debug.getupvalue(f, i)
-      if n == nil then return nil end
-      if n == name then return v end
-   end
-end
 function modify(job_id, user_id, modify_uid, comment)
    local desc = {comment = comment or "malleable:cpus=1"}
    local rec = {job_id = job_id, user_id = user_id, %s}
    print(slurm_job_modify(desc, rec, {}, modify_uid))
 end
-""" % MALLEABLE
+""" % MALLEABLE + LUA_UPVALUE
 
 
 def run_lua_full(tmp_path: Path, body: str) -> tuple[list[str], list[str], str]:

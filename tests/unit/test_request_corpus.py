@@ -14,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from slurm_plugin.coscheduler.install import render_job_submit
+
+from .test_job_submit_lua import LUA_UPVALUE
 from slurm_plugin.coscheduler.request import (GRAMMAR, Grammar, RequestError, submit_request,
                                               update_request)
 
@@ -42,13 +44,6 @@ slurm = {SUCCESS = 0, ERROR = -1,
          log_info = function(...) said = string.format(...) end}
 assert(dofile(SCRIPT) == slurm.SUCCESS)
 
-local function upvalue(f, name)
-   for i = 1, 255 do
-      local n, v = debug.getupvalue(f, i)
-      if n == nil then return nil end
-      if n == name then return v end
-   end
-end
 local parse_update = assert(upvalue(slurm_job_modify, "parse_update"))
 
 local function decode(field)     -- "-": nil; "x" and hex: the bytes
@@ -129,7 +124,7 @@ def lua_outcomes(cases: list[Case], grammar: Grammar, folder: Path) -> list[str]
     script.write_text(render_job_submit(folder / "events", max_cpus=max_cpus))
     corpus.write_text("".join(_line(c) + "\n" for c in cases))
     driver.write_text(f"SCRIPT, CASES = {str(script)!r}, {str(corpus)!r}\n"
-                      f"MALLEABLE_JOB = {MALLEABLE_JOB!r}\n" + DRIVER)
+                      f"MALLEABLE_JOB = {MALLEABLE_JOB!r}\n" + LUA_UPVALUE + DRIVER)
     out = subprocess.run([LUA, str(driver)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
