@@ -15,7 +15,7 @@ from ..cgroups import LayoutUnknown, SlurmCgroupLayout
 from .config import AgentConfig
 from .node import make_reconciler, node_layout
 from .reconciler import Reconciler
-from .safety import note, report_verdict, start_step
+from .safety import check_step_start, note, report_verdict, start_step
 from .step_socket import StepStartServer, encode_answer, refusal
 
 log = logging.getLogger("malleable.agent")
@@ -59,7 +59,8 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
         r = pending.request
         what = f"job {r.job_id} {r.step} start"
         try:
-            verdict = start_step(config, rec, r.job_id, r.step, r.stepd_pid, cycle=lambda **m:
+            fence = check_step_start(r.job_id, r.step, r.stepd_pid)
+            verdict = start_step(config, rec, r.job_id, fence, cycle=lambda **m:
                                  rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **m))
         except Exception as exc:  # noqa: BLE001 - the plugin refuses the step on any failure
             note(config, f"{what} failed (agent): {exc!r}")

@@ -76,18 +76,18 @@ def prolog(config: AgentConfig) -> int:
     result = _hook_cycle(config, rec, f"prolog job {job_id}", starting_job=job_id)
     # A job whose folder is not where the layout says: its cores cannot be verified free.
     unverified = list(result.snapshot.problems) if result.snapshot is not None else []
-    return report_verdict(config, f"prolog job {job_id}",
-                    judge(result, lent_cores(config, rec.observer.actuator) + unverified, t0))
+    problems = lent_cores(config, rec.observer.actuator) + unverified
+    return report_verdict(config, f"prolog job {job_id}", judge(result, problems, t0))
 
 
 def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> int:
     """Run by the SPANK plugin in a new step's slurmstepd (root) when the node's agent did not
     answer on its socket (``safety.start_step``). Exit 1 (the step does not start) if it
     cannot."""
-    check_step_start(job_id, step, stepd_pid)     # before anything is read or made
+    fence = check_step_start(job_id, step, stepd_pid)     # before anything is read or made
     rec = make_reconciler(config)
     what = f"job {job_id} {step} start"
-    verdict = start_step(config, rec, job_id, step, stepd_pid,
+    verdict = start_step(config, rec, job_id, fence,
                          cycle=lambda **marks: _hook_cycle(config, rec, what, **marks))
     return report_verdict(config, what, verdict)
 

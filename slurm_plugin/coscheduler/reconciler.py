@@ -145,12 +145,13 @@ class Reconciler:
             ledger.ended.pop(starting_job, None)     # a requeued job starts again
         if fence is not None:
             ledger.fences[(fence[0], fence[1].step)] = fence[1]
-        plugin_fences = self.gate.read_fences() if self.gate is not None else {}
-        ledger.fences.update(f for f in plugin_fences.values() if f[1] is not None)
+        fence_files, plugin_fences = self.gate.read_fences() if self.gate is not None \
+            else ([], {})
+        ledger.fences.update(plugin_fences)
         result.snapshot = self.observer.observe(ledger)
         self.ledger.save(ledger)
         if self.gate is not None:
-            self.gate.remove_fences(plugin_fences)
+            self.gate.remove_fences(fence_files)
         result.plan = decide(result.snapshot, self.config.policy)
         if self.gate is not None:
             self.gate.close(a.job_id for a in result.plan.actions)

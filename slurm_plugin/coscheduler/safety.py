@@ -77,15 +77,14 @@ def check_step_start(job_id: int, step: str, stepd_pid: int) -> Fence:
     return fence
 
 
-def start_step(config: AgentConfig, rec: Reconciler, job_id: int, step: str, stepd_pid: int,
+def start_step(config: AgentConfig, rec: Reconciler, job_id: int, fence: Fence,
                *, cycle: Callable[..., CycleResult] | None = None) -> Verdict:
-    """A step of ``job_id`` is starting (its slurmstepd ``stepd_pid``, root's, about to write
-    the job's folder back to Slurm's allocation): one cycle brings the job back to exactly that
-    allocation (its ranks told first, like any shrink) and fences it there until the step has
-    joined its cpuset; then the real tree is checked. ``cycle``: how to run the cycle (the
-    hook's kills a hung agent; the agent's is its own). Raises ValueError on bad ids."""
+    """A step of ``job_id`` is starting (``fence``, from ``check_step_start``: its slurmstepd,
+    root's, is about to write the job's folder back to Slurm's allocation): one cycle brings the
+    job back to exactly that allocation (its ranks told first, like any shrink) and fences it
+    there until the step has joined its cpuset; then the real tree is checked. ``cycle``: how
+    to run the cycle (the hook's kills a hung agent; the agent's is its own)."""
     t0 = time.monotonic()
-    fence = check_step_start(job_id, step, stepd_pid)
     result = (cycle or rec.cycle)(fence=(job_id, fence))
     return judge(result, step_start_problems(config, job_id, rec.observer.actuator), t0)
 

@@ -95,8 +95,11 @@ class StepGate:
 
     def publish(self, gated: set[int]) -> None:
         """Exactly ``gated`` have a gate file."""
-        self.prepare()
-        fd = open_dir(self.gates)
+        try:
+            fd = open_dir(self.gates)
+        except FileNotFoundError:       # the first cycle, or /run emptied
+            self.prepare()
+            fd = open_dir(self.gates)
         try:
             present = set()
             for name in list_bounded(fd, MAX_FENCE_FILES * 4):
@@ -111,26 +114,27 @@ class StepGate:
         finally:
             os.close(fd)
 
-    def read_fences(self) -> dict[str, tuple[tuple[int, str], Fence | None]]:
-        """The fence files the plugin wrote since the last cycle: file name -> ((job, step),
-        Fence), or None for a file that does not parse (only root writes here; it fences
-        nothing the slow path would not). Removed by ``remove_fences`` once the ledger that
-        holds them is saved."""
-        found: dict[str, tuple[tuple[int, str], Fence | None]] = {}
+    def read_fences(self) -> tuple[list[str], dict[tuple[int, str], Fence]]:
+        """The fence files the plugin wrote since the last cycle: every file's name (for
+        ``remove_fences``, once the ledger that holds them is saved) and the fences of those
+        that parse, by (job, step). One that does not parse is only removed: only root writes
+        here, and it fences nothing the slow path would not."""
         try:
             fd = open_dir(self.fences)
         except FileNotFoundError:
-            return found
+            return [], {}
+        fences: dict[tuple[int, str], Fence] = {}
         try:
-            for name in list_bounded(fd, MAX_FENCE_FILES):
+            names = list_bounded(fd, MAX_FENCE_FILES)
+            for name in names:
                 try:
                     key, fence = self._parse(name, read_bounded(name, 64, dir_fd=fd))
-                    found[name] = (key, fence)
+                    fences[key] = fence
                 except (OSError, ValueError):
-                    found[name] = ((0, ""), None)
+                    pass
         finally:
             os.close(fd)
-        return found
+        return names, fences
 
     def remove_fences(self, names: Iterable[str]) -> None:
         for name in names:

@@ -102,8 +102,7 @@ def test_fence_files_are_read_then_removed_and_bad_ones_ignored(tmp_path):
                        ("44.step_1", "5 1e300"), ("45.step_1", "-5 100")]:
         if "/" not in name:
             (gate.fences / name).write_text(text)
-    found = gate.read_fences()
-    good = {k: f for k, f in found.values() if f is not None}
+    found, good = gate.read_fences()
     assert set(good) == {(41, "step_0"), (41, "step_batch")}
     assert good[(41, "step_0")].stepd_pid == 1234
     assert good[(41, "step_0")].since == pytest.approx(1795600000.25)
