@@ -106,8 +106,18 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
     config = WatcherConfig(feed_dir=Path(args.feed_dir),
                            slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None,
                            resync_s=args.resync)
-    watcher = ClusterWatcher(config, CliSlurmClient(slurm_conf=config.slurm_conf),
-                             FeedStore(config.feed_dir))
+    client = CliSlurmClient(slurm_conf=config.slurm_conf)
+    # Jobs' borrowed cores go into Slurm's accounting where there is a database.
+    try:
+        storage = client.accounting_storage()
+    except CommandError as exc:
+        print(f"malleable watcher: cannot read slurmctld's config: {exc}", file=sys.stderr)
+        return 1
+    accounting = client if storage == "accounting_storage/slurmdbd" else None
+    logging.getLogger("malleable.watcher").info(
+        "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
+        else f"usage.jsonl only (AccountingStorageType={storage})")
+    watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting)
     if args.once:
         watcher.store.prepare()
         result = watcher.poll()

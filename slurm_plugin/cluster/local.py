@@ -26,7 +26,8 @@ from ..coscheduler.jobfs import unmount_job_fs
 from ..coscheduler.model import Policy
 from ..slurm import CliSlurmClient, Job, Node
 from . import daemons
-from .spec import ClusterSpec, HostTopology, parse_slurmd_c, render_cgroup_conf, render_slurm_conf
+from .spec import (DB_NAME, DB_USER, ClusterSpec, HostTopology, parse_slurmd_c,
+                   render_cgroup_conf, render_slurm_conf, render_slurmdbd_conf)
 
 DEFAULT_ROOT = Path(os.environ.get("MALLEABLE_CLUSTER_DIR", "/tmp/malleable-cluster"))
 
@@ -34,6 +35,12 @@ DEFAULT_ROOT = Path(os.environ.get("MALLEABLE_CLUSTER_DIR", "/tmp/malleable-clus
 REQUIRED_BINARIES = {
     "munged": "munge", "munge": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
     "scontrol": "slurm-client", "sinfo": "slurm-client", "squeue": "slurm-client",
+}
+# And those of a cluster with accounting (``ClusterSpec.accounting``).
+ACCOUNTING_BINARIES = {
+    "slurmdbd": "slurmdbd", "sacct": "slurm-client", "sacctmgr": "slurm-client",
+    "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server-core",
+    "mariadb": "mariadb-client-core",
 }
 
 
@@ -212,7 +219,8 @@ class LocalCluster:
     def preflight(self) -> dict[str, str]:
         """Find every binary and check every port before anything starts."""
         found: dict[str, str] = {}
-        for binary, package in REQUIRED_BINARIES.items():
+        wanted = {**REQUIRED_BINARIES, **(ACCOUNTING_BINARIES if self.spec.accounting else {})}
+        for binary, package in wanted.items():
             sbin = self.spec.slurm_sbin
             path = self._which(binary) if sbin is None or binary not in ("slurmctld", "slurmd") \
                 else (str(sbin / binary) if (sbin / binary).is_file() else None)
@@ -259,8 +267,9 @@ class LocalCluster:
         p = self.paths
         records: list[daemons.DaemonRecord] = []
 
-        def start(name: str, argv: list[str]) -> daemons.DaemonRecord:
-            rec = daemons.start_daemon(name, argv, p.log / f"{name.replace(' ', '-')}.out")
+        def start(name: str, argv: list[str], env: dict[str, str] | None = None
+                  ) -> daemons.DaemonRecord:
+            rec = daemons.start_daemon(name, argv, p.log / f"{name.replace(' ', '-')}.out", env)
             records.append(rec)
             daemons.save_records(p.daemons_file, records)
             log(f"started {name} (pid {rec.pid})")
@@ -273,6 +282,8 @@ class LocalCluster:
                              f"--seed-file={p.munge / 'munged.seed'}"])
             self._wait("munged answering", records, timeout_s, self._munge_ok,
                        log_of={"munged": p.log / "munged.log"})
+            if self.spec.accounting:
+                self._start_accounting(bins, start, records, timeout_s)
             start("slurmctld", [bins["slurmctld"], "-D", "-c", "-f", str(p.slurm_conf)])
             self._wait("slurmctld answering scontrol ping", records, timeout_s,
                        self.client().ping, log_of={"slurmctld": p.log / "slurmctld.log"})
@@ -292,6 +303,56 @@ class LocalCluster:
             raise
         log(f"cluster up: {len(self.spec.node_names)} nodes in {p.root}"
             + (f", a watcher and an agent per node ({agents.value})" if agents else ""))
+
+    def _start_accounting(self, bins: dict[str, str], start, records, timeout_s: float) -> None:
+        """MariaDB on loopback with a database user for slurmdbd (made once, in the cluster's
+        folder), then slurmdbd; it answers when sacctmgr can list the clusters."""
+        p = self.paths
+        if not (p.db / "mysql").is_dir():
+            p.db.mkdir(mode=0o700, exist_ok=True)
+            self._run([bins["mariadb-install-db"], "--no-defaults", f"--datadir={p.db}",
+                       "--user=root", "--auth-root-authentication-method=socket",
+                       "--skip-test-db"], timeout=120)
+        start("mariadb", [bins["mariadbd"], "--no-defaults", f"--datadir={p.db}",
+                          f"--socket={p.db_socket}", f"--port={self.spec.mariadb_port}",
+                          f"--bind-address={self.spec.address}", "--user=root",
+                          f"--pid-file={p.run / 'mariadb.pid'}",
+                          f"--log-error={p.log / 'mariadb.log'}", "--skip-name-resolve",
+                          "--skip-log-bin", "--innodb-buffer-pool-size=32M"])
+        sql = [bins["mariadb"], "--no-defaults", f"--socket={p.db_socket}", "-u", "root"]
+
+        def db_answers() -> bool:
+            try:
+                self._run([*sql, "-e", "SELECT 1"], timeout=10)
+                return True
+            except CommandError:
+                return False
+        self._wait("MariaDB answering", records, timeout_s, db_answers,
+                   log_of={"mariadb": p.log / "mariadb.log"})
+        # A new password each start, known to slurmdbd.conf (0600) and the database alone.
+        password = os.urandom(18).hex()
+        user = f"'{DB_USER}'@'{self.spec.address}'"
+        self._run([*sql, "-e", f"CREATE USER IF NOT EXISTS {user}; "
+                   f"ALTER USER {user} IDENTIFIED BY '{password}'; "
+                   f"GRANT ALL ON {DB_NAME}.* TO {user};"], timeout=30)
+        fd = os.open(p.slurmdbd_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                     0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(render_slurmdbd_conf(self.spec, password))
+        # slurmdbd reads slurmdbd.conf from the folder of $SLURM_CONF.
+        start("slurmdbd", [bins["slurmdbd"], "-D"],
+              env={**os.environ, "SLURM_CONF": str(p.slurm_conf)})
+
+        def dbd_answers() -> bool:
+            try:
+                self._run(["sacctmgr", "-n", "-P", "list", "cluster"], timeout=10,
+                          env=self.env())
+                return True
+            except CommandError:
+                return False
+        self._wait("slurmdbd answering sacctmgr", records, timeout_s, dbd_answers,
+                   log_of={"slurmdbd": p.log / "slurmdbd.log"})
 
     def _agent_argv(self, node: str) -> list[str]:
         return [sys.executable, "-m", "slurm_plugin.cli", "agent",
@@ -408,7 +469,8 @@ class LocalCluster:
 
     def _stop(self, records: list[daemons.DaemonRecord], problems: list[str] | None = None) -> None:
         # Compute daemons first, then the controller, then munge which they all use.
-        order = {"munged": 2, "slurmctld": 1}
+        # slurmctld sends what it still holds to slurmdbd, which writes it to MariaDB.
+        order = {"munged": 4, "mariadb": 3, "slurmdbd": 2, "slurmctld": 1}
         for rec in sorted(records, key=lambda r: order.get(r.name, 0)):
             if not daemons.stop_daemon(rec) and problems is not None:
                 problems.append(f"{rec.name} (pid {rec.pid}) did not stop")

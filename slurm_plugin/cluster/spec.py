@@ -79,6 +79,12 @@ class ClusterPaths:
     @property
     def munge_key(self) -> Path: return self.munge / "munge.key"
     @property
+    def slurmdbd_conf(self) -> Path: return self.etc / "slurmdbd.conf"
+    @property
+    def db(self) -> Path: return self.root / "db"          # MariaDB's data (accounting only)
+    @property
+    def db_socket(self) -> Path: return self.root / "run" / "mariadb.sock"
+    @property
     def spec_file(self) -> Path: return self.root / "cluster.json"
     @property
     def daemons_file(self) -> Path: return self.run / "daemons.json"
@@ -124,6 +130,9 @@ class ClusterSpec:
     # without multiple-slurmd, as sites run: one node, its folders named slurm/slurmstepd.scope).
     # Its slurmd starts its own slurmstepd; the client commands of PATH speak the same protocol.
     slurm_sbin: Path | None = None
+    # True: slurmdbd on a MariaDB of the cluster's own (loopback), so sacct sees the jobs and
+    # the watcher writes each malleable job's borrowed and lent cores into them.
+    accounting: bool = False
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -161,7 +170,17 @@ class ClusterSpec:
         out = {"slurmctld": self.slurmctld_port}
         out.update({f"slurmd {n}": self.node_port(n) for n in self.node_names})
         out.update({f"agent metrics {n}": self.metrics_port(n) for n in self.node_names})
+        if self.accounting:
+            out.update({"slurmdbd": self.slurmdbd_port, "mariadb": self.mariadb_port})
         return out
+
+    @property
+    def slurmdbd_port(self) -> int:
+        return self.port_base + 98
+
+    @property
+    def mariadb_port(self) -> int:
+        return self.port_base + 97
 
     def metrics_port(self, name: str) -> int:
         """Each node's agent serves Prometheus metrics on loopback, above the Slurm ports."""
@@ -214,6 +233,14 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         optional.append(f"EpilogSlurmctld={spec.ctld_event}")
     if spec.plugstack is not None:
         optional.append(f"PlugStackConfig={spec.plugstack}")
+    storage = ["AccountingStorageType=accounting_storage/none"]
+    if spec.accounting:
+        storage = ["AccountingStorageType=accounting_storage/slurmdbd",
+                   f"AccountingStorageHost={spec.hostname}",
+                   f"AccountingStoragePort={spec.slurmdbd_port}",
+                   # With munge, the socket of munged that talks to slurmdbd (AuthInfo's is not
+                   # used for it: without this line sacct asks Debian's default socket).
+                   f"AccountingStoragePass={spec.munge_socket or p.munge_socket}"]
     node_lines = [
         f"NodeName={n} NodeHostname={n if spec.own_hosts else spec.hostname} "
         f"NodeAddr={n if spec.own_hosts else spec.address} "
@@ -238,10 +265,30 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         tmp_dir=p.tmp,
         run_dir=p.run,
         log_dir=p.log,
+        accounting_lines="\n".join(storage),
         optional_lines="\n".join(optional),
         node_lines="\n".join(node_lines),
         partition=spec.partition,
     )
+
+
+def render_slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:
+    """slurmdbd.conf (slurmdbd reads it from slurm.conf's folder; it must be SlurmUser's, 0600:
+    it holds the database password)."""
+    p = spec.paths
+    return "\n".join([
+        "# slurmdbd.conf rendered by malleable (slurm_plugin.cluster.spec)",
+        "AuthType=auth/munge", f"AuthInfo=socket={spec.munge_socket or p.munge_socket}",
+        f"DbdHost={spec.hostname}", f"DbdAddr={spec.address}", f"DbdPort={spec.slurmdbd_port}",
+        f"SlurmUser={spec.slurm_user}", f"PidFile={p.run / 'slurmdbd.pid'}",
+        f"LogFile={p.log / 'slurmdbd.log'}", "DebugLevel=info",
+        "StorageType=accounting_storage/mysql", f"StorageHost={spec.address}",
+        f"StoragePort={spec.mariadb_port}", f"StorageUser={DB_USER}",
+        f"StoragePass={db_password}", f"StorageLoc={DB_NAME}", ""])
+
+
+DB_USER = "slurm"
+DB_NAME = "slurm_acct_db"
 
 
 def render_cgroup_conf(spec: ClusterSpec) -> str:

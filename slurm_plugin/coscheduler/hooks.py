@@ -15,6 +15,7 @@ Epilog); a removal that fails is reported, and the job stays ended.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from malleable_protocol import check_job_id
 from malleable_protocol.runner import CommandError
 
 from ..cgroups import remove_cgroup_tree
+from ..feed.store import FeedStore
 from .accounting import close_job
 from .cgroup_actuator import walk_job
 from .config import AgentConfig
@@ -142,6 +144,16 @@ def _remove_users_cgroups(config: AgentConfig, job_id: int, uid: int) -> list[st
         return [f"cgroup folders: {type(exc).__name__}: {exc}"]
 
 
+def _hand_usage_to_watcher(config: AgentConfig, job_id: int, usage: dict) -> None:
+    """The job's usage on this node into the shared feed folder, where the watcher sums the
+    nodes' once the job has ended everywhere and writes it into Slurm's accounting."""
+    try:
+        FeedStore(config.feed_dir).write_usage(
+            job_id, config.node, json.dumps(usage, sort_keys=True).encode())
+    except (OSError, ValueError) as exc:
+        note(config, f"epilog job {job_id}: usage not handed to the watcher: {exc}")
+
+
 def epilog(config: AgentConfig) -> int:
     """The job marked ended first (its cores free now, whatever its folder holds), the agent
     woken, then the job's files removed (bounded)."""
@@ -152,11 +164,14 @@ def epilog(config: AgentConfig) -> int:
             ledger = ledger_file.load()
             ledger.starting.pop(job_id, None)
             ledger.ended[job_id] = time.time()
-            close_job(ledger, job_id, config.node, ledger.ended[job_id], config.event_log)
+            usage = close_job(ledger, job_id, config.node, ledger.ended[job_id],
+                              config.event_log)
             ledger_file.save(ledger)
         pid = agent_pid(config.pid_file)
         if pid is not None:
             signal_verified(pid, signal.SIGUSR1, is_agent)   # lend the freed cores now
+        if usage is not None:
+            _hand_usage_to_watcher(config, job_id, usage)
     finally:
         for problem in _remove_job_files(config, job_id, uid):
             note(config, f"epilog job {job_id}: {problem}")

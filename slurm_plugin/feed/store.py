@@ -5,6 +5,8 @@
     <feed_dir>/offers/<node>.json   Offers, written by the node's agent when they change
     <feed_dir>/reports/<node>.json  NodeReport, the node's jobs as its agent sees them
     <feed_dir>/events               lines appended by slurmctld's hooks; the watcher wakes on it
+    <feed_dir>/usage/<job>.<node>.json  a job's usage on a node, written by the node's Epilog
+    <feed_dir>/usage.jsonl          each finished job's usage over its nodes (the watcher's)
 
 It holds every user's jobs (ids, users, cores), which Slurm's PrivateData=jobs hides from other
 users: the folders are root's alone (0700) and the files 0600. ``feed_dir`` itself is 0711:
@@ -20,9 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from malleable_protocol import ProtocolError, check_node_name
-from malleable_protocol.safe_io import ensure_private_dir, open_dir, read_bounded, write_atomic
+from malleable_protocol.safe_io import (append_capped, ensure_private_dir, list_bounded, open_dir,
+                                        read_bounded, write_atomic)
 
 from .model import MAX_FEED_BYTES, NodeFeed, NodeReport, Offers
+from .usage import MAX_USAGE_BYTES, parse_usage_file_name, usage_file_name
+
+MAX_USAGE_FILES = 100_000           # listed at most (files of jobs the watcher has not closed)
+MAX_USAGE_LOG_BYTES = 64 << 20      # usage.jsonl is rotated (usage.jsonl.1) past this
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,18 @@ class FeedStore:
     def events_file(self) -> Path:
         return self.feed_dir / "events"
 
+    @property
+    def usage_dir(self) -> Path:
+        return self.feed_dir / "usage"
+
+    @property
+    def usage_log(self) -> Path:
+        return self.feed_dir / "usage.jsonl"
+
     def prepare(self) -> None:
         """Make the folders (root's, nobody else writes or reads there) and the event file."""
         _private_dir(self.feed_dir, FEED_DIR_MODE)
-        for d in (self.nodes_dir, self.offers_dir, self.reports_dir):
+        for d in (self.nodes_dir, self.offers_dir, self.reports_dir, self.usage_dir):
             _private_dir(d)
         self.prepare_events()
 
@@ -113,6 +128,47 @@ class FeedStore:
     def write_report(self, report: NodeReport) -> None:
         write_atomic(_private_dir(self.reports_dir), f"{check_node_name(report.node)}.json",
                      report.encode(), FILE_MODE)
+
+    def write_usage(self, job_id: int, node: str, line: bytes) -> None:
+        """A node's Epilog: the job's usage on ``node`` (one JSON line)."""
+        if len(line) > MAX_USAGE_BYTES:
+            raise ValueError(f"a usage line of {len(line)} bytes")
+        write_atomic(_private_dir(self.usage_dir), usage_file_name(job_id, node), line,
+                     FILE_MODE)
+
+    def usage_files(self) -> dict[int, list[str]]:
+        """Job id -> the names of its nodes' usage files (bounded listing; other names skipped)."""
+        try:
+            fd = open_dir(self.usage_dir)
+        except FileNotFoundError:
+            return {}
+        try:
+            names = list_bounded(fd, MAX_USAGE_FILES)
+        finally:
+            os.close(fd)
+        out: dict[int, list[str]] = {}
+        for name in sorted(names):
+            parsed = parse_usage_file_name(name)
+            if parsed is not None:
+                out.setdefault(parsed[0], []).append(name)
+        return out
+
+    def read_usage(self, name: str) -> bytes:
+        """One usage file's bytes (no link followed, at most a few KiB)."""
+        if parse_usage_file_name(name) is None:
+            raise ValueError(f"not a usage file name: {name!r:.40}")
+        return read_bounded(self.usage_dir / name, MAX_USAGE_BYTES)
+
+    def remove_usage(self, name: str) -> None:
+        if parse_usage_file_name(name) is None:
+            raise ValueError(f"not a usage file name: {name!r:.40}")
+        try:
+            os.unlink(self.usage_dir / name)
+        except FileNotFoundError:
+            pass
+
+    def log_usage(self, line: str) -> None:
+        append_capped(self.usage_log, line + "\n", MAX_USAGE_LOG_BYTES)
 
     def read_report(self, node: str) -> NodeReport | None:
         return self._read(self.reports_dir / f"{check_node_name(node)}.json", NodeReport.decode)

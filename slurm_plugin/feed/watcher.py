@@ -3,9 +3,13 @@
 It polls when slurmctld's hooks append an event (a malleable ``scontrol update``, a job start or
 end) and otherwise every ``resync_s``: one REQUEST_JOB_INFO per poll, plus the nodes' layout
 (sinfo) every ``layout_refresh_s``. Its load on slurmctld does not depend on the node count.
+
+After a poll it closes the usage of the jobs that ended (``usage.py``): one sacct and one
+sacctmgr call to slurmdbd per malleable job that ran on a node whose Epilog wrote its usage.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -15,11 +19,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from malleable_protocol.runner import CommandError
-from ..slurm import Node, SlurmClient
+from ..slurm import JobAccounting, Node, SlurmClient, SlurmClientError
 from ..slurm.parsers import SlurmParseError
 from ..coscheduler.request import spec_and_request
 from .model import FeedJob, NodeFeed, partition_name
 from .store import FeedStore
+from .usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
 
 log = logging.getLogger("malleable.watcher")
 
@@ -35,12 +40,16 @@ class WatcherConfig:
     event_min_gap_s: float = 0.25    # events make it poll at most this often (a user's loop
                                      # of updates costs slurmctld at most 4 polls a second)
     events_max_bytes: int = 1 << 20  # the event file is rotated past this
+    usage_jobs_per_poll: int = 16    # ended jobs whose usage one poll closes (2 dbd calls each)
+    usage_retry_s: float = 86400.0   # a job's usage the database refuses this long is logged
+                                     # to usage.jsonl without it
 
 
 @dataclass
 class PollResult:
     nodes_written: list[str] = field(default_factory=list)
     jobs: int = 0
+    usage_closed: list[int] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
 
@@ -66,12 +75,14 @@ def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeF
 
 class ClusterWatcher:
     def __init__(self, config: WatcherConfig, client: SlurmClient, store: FeedStore, *,
+                 accounting: JobAccounting | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep):
         self.config = config
         self.client = client
         self.store = store
+        self.accounting = accounting    # None: no slurmdbd, usage goes to usage.jsonl only
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._layout: list[Node] = []
         self._layout_at = float("-inf")
@@ -104,8 +115,65 @@ class ClusterWatcher:
                 self.store.write_node(feed)
                 self._published[name] = feed
                 result.nodes_written.append(name)
+        try:
+            result.usage_closed = self.close_usage(jobs)
+        except OSError as exc:
+            log.warning("job usage not closed: %s", exc)
         result.seconds = self._clock() - t0
         return result
+
+    def close_usage(self, jobs) -> list[int]:
+        """The usage of the jobs that ended (``jobs_to_close``), at most
+        ``usage_jobs_per_poll`` of them: written into the database (when there is one), logged to
+        usage.jsonl, the nodes' files removed. A job the database refuses stays for the next
+        poll, until ``usage_retry_s`` after its end. Returns the job ids closed."""
+        files = self.store.usage_files()
+        closed = []
+        for job_id in jobs_to_close(files, jobs)[:self.config.usage_jobs_per_poll]:
+            names = files[job_id]
+            nodes = []
+            for name in names:
+                try:
+                    nodes.append(NodeUsage.decode(self.store.read_usage(name)))
+                except (OSError, UsageError) as exc:
+                    log.warning("job %d: usage file %s dropped: %s", job_id, name, exc)
+            try:
+                usage = JobUsage.of(job_id, nodes)
+            except UsageError as exc:
+                log.warning("%s", exc)
+                usage = None
+            if usage is not None:
+                sacct = self._write_sacct(usage)
+                if sacct is None and self._wall() - max(u.end for u in usage.nodes) < \
+                        self.config.usage_retry_s:
+                    continue            # the database may take it at the next poll
+                self.store.log_usage(json.dumps(usage.to_json(sacct=bool(sacct)),
+                                                sort_keys=True))
+            for name in names:
+                self.store.remove_usage(name)
+            closed.append(job_id)
+        return closed
+
+    def _write_sacct(self, usage: JobUsage) -> bool | None:
+        """True: written into the job's SystemComment; False: no database, or the comment
+        there cannot be kept; None: the database failed (or has no record yet): try again."""
+        if self.accounting is None:
+            return False
+        try:
+            old = self.accounting.system_comment(usage.job_id)
+            if old is None:
+                log.info("job %d: not in the accounting database yet", usage.job_id)
+                return None
+            text = system_comment(old, usage)
+            self.accounting.set_system_comment(usage.job_id, text)
+        except UsageError as exc:
+            log.warning("%s: its usage goes to usage.jsonl only", exc)
+            return False
+        except (CommandError, SlurmClientError, ValueError) as exc:
+            log.warning("job %d: usage not written to the database: %s", usage.job_id, exc)
+            return None
+        log.info("job %d: %s", usage.job_id, text)
+        return True
 
     def _rotate_events(self) -> None:
         path = self.store.events_file

@@ -15,8 +15,9 @@ from typing import Iterable, Protocol, Sequence
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from .model import Job, JobState, Node
-from .parsers import (cpu_ids_of, parse_nodes_json, parse_sbatch_parsable, parse_scontrol_ping,
-                      parse_slurm_version, parse_squeue_json)
+from .parsers import (cpu_ids_of, parse_config_value, parse_nodes_json, parse_sacct_field,
+                      parse_sbatch_parsable, parse_scontrol_ping, parse_slurm_version,
+                      parse_squeue_json)
 
 # Printable, single-line; Slurm stores comments as plain strings.
 _COMMENT_RE = re.compile(r"^[\x20-\x7e]{0,1024}$")
@@ -69,6 +70,13 @@ class SlurmClient(Protocol):
 # From 23.02, sinfo --json groups nodes by state; scontrol (which has --json from then on) still
 # prints one record per node.
 NODES_FROM_SCONTROL = (23, 2)
+
+
+class JobAccounting(Protocol):
+    """Slurm's accounting database (slurmdbd), where a finished job can still be annotated."""
+
+    def system_comment(self, job_id: int) -> str | None: ...
+    def set_system_comment(self, job_id: int, text: str) -> None: ...
 
 
 class CliSlurmClient:
@@ -161,6 +169,36 @@ class CliSlurmClient:
         except CommandError as exc:
             if "Invalid job id" in exc.stderr:
                 raise UnknownJob(job_id) from exc
+            raise
+
+    def accounting_storage(self) -> str | None:
+        """AccountingStorageType of the running slurmctld (accounting_storage/slurmdbd when
+        there is a database)."""
+        return parse_config_value(self._cmd(["scontrol", "show", "config"]),
+                                  "AccountingStorageType")
+
+    def system_comment(self, job_id: int) -> str | None:
+        """The job's SystemComment in the accounting database; None when it has no record of
+        the job (yet)."""
+        job_id = validate_job_id(job_id)
+        return parse_sacct_field(self._cmd(["sacct", "-X", "-n", "-P", "-j", str(job_id),
+                                            "-o", "SystemComment"]))
+
+    def set_system_comment(self, job_id: int, text: str) -> None:
+        """Written into the database by ``sacctmgr modify job`` (root, SlurmUser or an
+        operator): the one field of a finished job that the site's accounting shows and only
+        an administrator writes."""
+        job_id = validate_job_id(job_id)
+        if not _COMMENT_RE.match(text) or set(text) & set("'\"\\`"):
+            raise ValueError("a SystemComment must be printable ASCII on one line without "
+                             "quotes or backslashes, at most 1024 chars")
+        try:
+            self._cmd(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                       f"SystemComment={text}"])
+        except CommandError as exc:
+            if "didn't affect anything" in exc.stderr:
+                raise SlurmClientError(f"job {job_id} is not in the accounting database "
+                                       "(or this user may not modify it)") from exc
             raise
 
     def signal(self, job_id: int, sig: _signal.Signals,

@@ -172,3 +172,20 @@ def parse_slurm_version(text: str) -> tuple[int, int]:
     if not m:
         raise SlurmParseError(f"cannot read the Slurm version from {text.strip()!r:.32}")
     return int(m[1]), int(m[2])
+
+
+def parse_config_value(text: str, key: str) -> str | None:
+    """The value of ``key`` in ``scontrol show config`` ("AccountingStorageType   = x");
+    None when it is not listed."""
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            return value.strip()
+    return None
+
+
+def parse_sacct_field(text: str) -> str | None:
+    """One field of ``sacct -X -n -P -o FIELD`` for one job id: the last record's (a requeued
+    job has one per run, the latest last); None when the database has no record of it."""
+    lines = text.splitlines()
+    return lines[-1] if lines else None

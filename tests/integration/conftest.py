@@ -10,7 +10,8 @@ from ..conftest import running_cluster
 
 @pytest.fixture(scope="module")
 def agent_cluster():
-    """Two nodes with the Slurm hooks installed and an agent (lend-idle) per node."""
+    """Two nodes with the Slurm hooks installed and an agent (lend-idle) per node, and Slurm's
+    accounting (slurmdbd on MariaDB), where the watcher writes the jobs' borrowed cores."""
     with running_cluster("malleable-agents-", agents=Policy.LEND_IDLE, nodes=2, port_base=37817,
-                         node_prefix="an", name="malleableagents") as c:
+                         node_prefix="an", name="malleableagents", accounting=True) as c:
         yield c

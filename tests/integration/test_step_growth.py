@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.cluster import daemons
+from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.slurm import JobState
 
 from .helpers import cgroup_cpus, finish, step_records as records, timeline, wait_for
@@ -339,6 +340,25 @@ def test_borrowed_core_seconds_match_the_cgroup_timeline(agent_cluster, tmp_path
         assert abs(usage["borrowed_core_s"] - sampled) <= 0.02 * sampled, (usage, sampled)
         print(f"\nborrowed: job-usage {usage['borrowed_core_s']:.3f} core-s, "
               f"cgroup timeline {sampled:.3f} core-s")
+        # And in Slurm's accounting: the watcher sums the nodes' usage once the job has ended
+        # everywhere and writes it into the job's SystemComment (slurmdbd, MariaDB).
+        want = (f"malleable:borrowed_core_s={usage['borrowed_core_s']:.3f},"
+                f"lent_core_s=0.000,nodes=1")
+
+        def in_sacct():
+            out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o",
+                                  "JobID,State,SystemComment"], env=env, capture_output=True,
+                                 text=True, check=True).stdout.strip()
+            return out if out.endswith(want) else None
+        row = wait_for(in_sacct, timeout=40, what=f"sacct showing {want}")
+        assert row == f"{job_id}|COMPLETED|{want}", row
+        store = FeedStore(config.feed_dir)
+        closed = [json.loads(raw) for raw in store.usage_log.read_text().splitlines()]
+        mine = [e for e in closed if e["job"] == job_id]
+        assert len(mine) == 1 and mine[0]["sacct"] is True, mine
+        assert mine[0]["nodes"][node]["borrowed_core_s"] == usage["borrowed_core_s"], mine
+        assert job_id not in store.usage_files()       # the nodes' files removed once written
+        print(f"sacct: {row}")
     finally:
         done.set()
         go.touch()

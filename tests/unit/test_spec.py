@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.cluster.spec import (ClusterSpec, HostTopology, SpecError, parse_slurmd_c,
-                                       render_cgroup_conf, render_slurm_conf)
+                                       render_cgroup_conf, render_slurm_conf,
+                                       render_slurmdbd_conf)
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 FIX = Path(__file__).parent.parent / "fixtures" / "slurm-22.05"
@@ -32,6 +33,17 @@ def test_slurm_conf_with_hooks_and_override_golden():
         prolog=Path("/srv/hooks/prolog.sh"), epilog=Path("/srv/hooks/epilog.sh"),
         job_submit_lua=Path("/srv/hooks/job_submit.lua"))
     golden("slurm_hooks.conf", render_slurm_conf(s))
+
+
+def test_a_cluster_with_accounting_golden():
+    """slurm.conf points at slurmdbd (and the cluster's munged for it); slurmdbd.conf at the
+    cluster's MariaDB on loopback; their two ports are the cluster's too."""
+    s = spec(nodes=2, port_base=20000, accounting=True)
+    golden("slurm_accounting.conf", render_slurm_conf(s))
+    golden("slurmdbd.conf", render_slurmdbd_conf(s, "pw"))
+    assert s.ports["slurmdbd"] == 20098 and s.ports["mariadb"] == 20097
+    assert len(set(s.ports.values())) == len(s.ports)
+    assert "slurmdbd" not in spec().ports
 
 
 def test_ports_and_names():
