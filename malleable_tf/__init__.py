@@ -42,6 +42,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .control import Action
 from .runtime import MalleableError, NotInitialized, Runtime
@@ -105,7 +106,8 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
          follow: bool | None = None, signals: dict[int, Action] | None = None,
          poll_interval_s: float = 0.005, recheck_interval_s: float = 1.0, status_path: str | os.PathLike | None = None,
          local_rank: int | None = None, local_size: int | None = None,
-         rank: int | None = None, count_steps: bool | None = None) -> ThreadState:
+         rank: int | None = None, count_steps: bool | None = None,
+         before_runtime: Callable[[], None] | None = None) -> ThreadState:
     """Size TensorFlow's pools at ``max_threads`` and start managing them.
 
     Must run before TensorFlow executes its first op. ``local_rank``/``local_size`` default to
@@ -114,6 +116,9 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
     whole allowance is also re-read every ``recheck_interval_s``. ``count_steps`` (default:
     on, unless MALLEABLE_TF_COUNT_STEPS=0) counts each Keras optimizer's ``apply_gradients`` as a
     training step, also inside a ``tf.function``.
+
+    ``before_runtime`` runs once the pools are sized and before TensorFlow's runtime starts:
+    what must be made then (``malleable_tf.multiworker`` makes its strategy there).
 
     Under ``python -m malleable_tf.run`` the runner has already called it: a call here then
     returns the running state, and raises MalleableError only if it asks for other settings.
@@ -153,6 +158,8 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
         except RuntimeError as exc:
             raise MalleableError("malleable_tf.init() must run before TensorFlow executes its "
                                  f"first op ({exc})") from exc
+        if before_runtime is not None:
+            before_runtime()
         _setup_logging(env.log)   # before load(): it may warn (a parking-only library)
         native = load(tf, env.native)
         intra_pool = native.attach(inter_max)

@@ -91,11 +91,16 @@ def init_from_launcher() -> object:
     """``malleable_tf.init()`` with the ranks the launcher gave this process; a script's own
     init() may then join it."""
     import malleable_tf
-    from malleable_tf.settings import Settings
+    from malleable_tf.settings import Settings, Strategy
 
     launched = Settings.from_env(os.environ)
-    state = malleable_tf.init(local_rank=launched.local_rank, local_size=launched.local_size,
-                              rank=launched.rank)
+    if launched.strategy is Strategy.MULTIWORKER:
+        from malleable_tf import multiworker
+        multiworker.init()
+        state = malleable_tf.threads()
+    else:
+        state = malleable_tf.init(local_rank=launched.local_rank,
+                                  local_size=launched.local_size, rank=launched.rank)
     malleable_tf._joinable = True
     return state
 

@@ -61,6 +61,15 @@ class AllowanceSource(enum.Enum):
     CGROUP = "cgroup"
 
 
+class Strategy(enum.Enum):
+    """What ``malleable_tf.run`` starts before the script (MALLEABLE_TF_STRATEGY)."""
+
+    NONE = "none"                  # malleable_tf.init() alone
+    # malleable_tf.multiworker.init(): TF_CONFIG from the Slurm step and the strategy, which
+    # must be made before TensorFlow's runtime starts (the script's mw.init() then returns it).
+    MULTIWORKER = "multiworker"
+
+
 class Pinning(enum.Enum):
     """What the threads are pinned to (MALLEABLE_TF_PIN); the thread counts are the same."""
 
@@ -123,6 +132,7 @@ class Settings:
     split: Split = Split.ACTIVE
     onednn: OneDnn = OneDnn.INLINE
     native: NativeBuild = NativeBuild()
+    strategy: Strategy = Strategy.NONE
     # Where this process runs.
     rank: int = 0
     local_rank: int = 0
@@ -148,6 +158,7 @@ class Settings:
             split=_choice(environ, "MALLEABLE_TF_SPLIT", Split.ACTIVE),
             onednn=_choice(environ, "MALLEABLE_TF_ONEDNN", OneDnn.INLINE),
             native=NativeBuild.from_env(environ),
+            strategy=_choice(environ, "MALLEABLE_TF_STRATEGY", Strategy.NONE),
             rank=_rank(environ), local_rank=local_rank, local_size=local_size,
             job_id=_job_id(environ), step=_step(environ),
             node=environ.get("SLURMD_NODENAME", ""),

@@ -1,4 +1,5 @@
-"""Batch scripts for malleable Horovod jobs, as package templates (string.Template).
+"""Batch scripts for malleable jobs (Horovod, or Keras 3 multi-worker), as package templates
+(string.Template).
 
 Each template declares its parameters and their kinds. A value goes into a ``#SBATCH`` line only
 if it matches a strict pattern (sbatch reads those lines itself, without a shell, so nothing can
@@ -44,6 +45,13 @@ TEMPLATES: dict[str, dict[str, Param]] = {
     },
     "multi-node": {
         "job_name": Param("name", "malleable"), "nodes": Param("int", "2"),
+        "tasks_per_node": Param("int", "1"), "min_cpus": Param("bound", "1"),
+        "max_cpus": Param("bound", "node"), "time": Param("time", "30"),
+        "output": Param("path", "malleable-%j.out"), "program": Param("shell", None),
+        "args": Param("shell-args", ""), "python": Param("shell", "python3"),
+    },
+    "multi-worker": {
+        "job_name": Param("name", "malleable-mw"), "nodes": Param("int", "2"),
         "tasks_per_node": Param("int", "1"), "min_cpus": Param("bound", "1"),
         "max_cpus": Param("bound", "node"), "time": Param("time", "30"),
         "output": Param("path", "malleable-%j.out"), "program": Param("shell", None),

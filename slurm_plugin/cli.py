@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.set_defaults(func=_resize_cmd)
 
     sb = sub.add_parser("sbatch", help="render a batch template and submit it")
-    sb.add_argument("template", help="single-node, multi-node or coschedule")
+    sb.add_argument("template", help="single-node, multi-node, multi-worker or coschedule")
     sb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sb.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     sb.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")

@@ -1,7 +1,7 @@
 """The Slurm client: typed jobs and nodes, parsers of real command output, and backends."""
 from .client import (CliSlurmClient, JobAccounting, SignalTarget, SlurmClient, SlurmClientError, UnknownJob,
                      make_client, validate_job_id)
-from .hostlist import expand_hostlist
+from malleable_protocol.hostlist import expand_hostlist
 from .model import Job, JobState, Node
 
 __all__ = ["CliSlurmClient", "JobAccounting", "SignalTarget", "SlurmClient", "SlurmClientError", "UnknownJob",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .hostlist import expand_hostlist
+from malleable_protocol.hostlist import expand_hostlist
 from .model import Job, JobState, Node
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
-from slurm_plugin.slurm.hostlist import expand_hostlist
+from malleable_protocol.hostlist import expand_hostlist
 
 
 @pytest.mark.parametrize("text,cpus", [

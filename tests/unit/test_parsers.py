@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from malleable_protocol.cpulist import parse_cpu_list
-from slurm_plugin.slurm.hostlist import expand_hostlist
+from malleable_protocol.hostlist import expand_hostlist
 from slurm_plugin.slurm.model import JobState, Node
 from slurm_plugin.slurm.parsers import (SlurmParseError, cpu_ids_of, parse_sbatch_parsable,
                                         parse_scontrol_ping, parse_nodes_json, parse_squeue_json)

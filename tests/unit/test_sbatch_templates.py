@@ -28,6 +28,11 @@ def test_multi_node_golden():
                                                       "nodes": "2", "tasks_per_node": "2"}))
 
 
+def test_multi_worker_golden():
+    golden("multi-worker.sbatch", render("multi-worker", {
+        **FIXED, "program": "launcher/train_multiworker.py", "args": "--epochs 20"}))
+
+
 def test_coschedule_golden():
     golden("coschedule.sbatch", render("coschedule", {**FIXED, "program": "train.py",
                                                       "nodelist": "n1", "weight": "2"}))

@@ -1,4 +1,6 @@
-"""Slurm hostlist expressions ("n[1-3,5],gpu01") to plain node names. Pure."""
+"""Slurm's compressed lists to plain ones: hostlist expressions ("n[1-3,5],gpu01") to node
+names, and repeated counts ("2(x3),1", SLURM_TASKS_PER_NODE) to one count per node. Pure;
+shared by the Slurm side and the workers (``malleable_tf.multiworker``)."""
 from __future__ import annotations
 
 import re
@@ -66,4 +68,22 @@ def expand_hostlist(expr: str) -> list[str]:
     out: list[str] = []
     for item in _split_top_level(expr):
         out.extend(_expand_one(item, MAX_NAMES - len(out)))
+    return out
+
+
+_COUNT = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,6})\))?$")
+
+
+def expand_counts(expr: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE``-style counts: "2(x3),1" -> [2, 2, 2, 1]. ValueError on
+    anything else, or past ``MAX_NAMES`` entries."""
+    out: list[int] = []
+    for item in expr.strip().split(","):
+        m = _COUNT.match(item.strip())
+        if not m:
+            raise ValueError(f"malformed count {item[:32]!r} in {expr[:64]!r}")
+        times = int(m[2] or 1)
+        if len(out) + times > MAX_NAMES:
+            raise ValueError(f"{expr[:64]!r} counts more than {MAX_NAMES} nodes")
+        out += [int(m[1])] * times
     return out

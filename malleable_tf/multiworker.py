@@ -1,0 +1,212 @@
+"""Multi-worker training on Keras 3 without Horovod: TensorFlow's
+``MultiWorkerMirroredStrategy`` under Slurm, malleable on every worker.
+
+    import malleable_tf.multiworker as mw
+    strategy = mw.init()                 # before TensorFlow runs its first op
+    with strategy.scope():
+        model = make_model(); optimizer = keras.optimizers.SGD(0.05)
+    ...                                  # a custom loop: strategy.run(step, ...) per batch
+
+Run one worker per Slurm task (``srun -N2 --ntasks-per-node=1 python train.py``, or
+``malleable-srun`` with MALLEABLE_TF_STRATEGY=multiworker, whose runner then makes the strategy
+before the script and ``mw.init()`` returns it). Each worker's pools follow its own node's
+cores, as every malleable_tf process's do; the agents size a job across its nodes as one.
+
+Why this shape (docs/FACTS.md, TensorFlow 2.21): the strategy must be made before TensorFlow's
+runtime starts ("Collective ops must be configured at program startup"), and after the pools are
+sized (their size cannot change once it runs), so ``init()`` makes it inside
+``malleable_tf.init()``, between the two. Keras 3's ``model.fit`` does not run under this
+strategy (keras-team/keras#20585): train with a custom loop, as ``launcher/train_multiworker.py``
+does. The cluster is Slurm's step: its nodes (SLURM_STEP_NODELIST), tasks per node, and this
+task's rank; tasks placed block-wise (Slurm's default) are worker 0, 1, ... in node order, as
+TensorFlow's own SlurmClusterResolver assumes, and a worker placed otherwise is refused. A node
+name that does not resolve (a mini-cluster's) is reached at its NodeAddr (``scontrol show
+node``). Worker ``rank`` listens on port ``base + rank``, ``base`` from MALLEABLE_TF_WORKER_PORT
+or from the job and step ids (two steps on one host rarely collide; set it when they do). A
+TF_CONFIG the user set is kept as it is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from malleable_protocol.hostlist import expand_counts, expand_hostlist
+
+from .runtime import MalleableError
+
+PORT_RANGE = (20000, 40000)      # where the derived port bases fall (below Linux's ephemeral)
+_DIGITS = re.compile(r"^[0-9]{1,10}$")
+_strategy = None                 # the strategy init() made (a second call returns it)
+
+
+class WorkerPlacementError(MalleableError):
+    """The step's tasks are not where a multi-worker cluster can be built from."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    rank: int
+    node: str
+    address: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SlurmWorkers:
+    """The step's workers, in rank order, and this process's place among them."""
+
+    workers: tuple[Worker, ...]
+    rank: int
+    local_rank: int
+    local_size: int
+
+    def tf_config(self) -> dict:
+        return {"cluster": {"worker": [w.endpoint for w in self.workers]},
+                "task": {"type": "worker", "index": self.rank}}
+
+
+def _number(environ: Mapping[str, str], *names: str) -> int:
+    for name in names:
+        value = environ.get(name, "")
+        if value:
+            if not _DIGITS.fullmatch(value):
+                raise WorkerPlacementError(f"{name} must be a number, not {value!r:.32}")
+            return int(value)
+    raise WorkerPlacementError(f"{' or '.join(names)} is not set: run each worker as a Slurm "
+                               "task (srun), one per node or several")
+
+
+def port_base(environ: Mapping[str, str]) -> int:
+    """MALLEABLE_TF_WORKER_PORT, else a base derived from the job and step ids."""
+    given = environ.get("MALLEABLE_TF_WORKER_PORT", "")
+    if given:
+        if not _DIGITS.fullmatch(given) or not 1024 <= int(given) <= 65000:
+            raise WorkerPlacementError("MALLEABLE_TF_WORKER_PORT must be a port in 1024..65000, "
+                                       f"not {given!r:.32}")
+        return int(given)
+    job = _number(environ, "SLURM_JOB_ID")
+    step = int(environ["SLURM_STEP_ID"]) if _DIGITS.fullmatch(environ.get("SLURM_STEP_ID", "")) \
+        else 0
+    lo, hi = PORT_RANGE
+    return lo + ((job * 64 + step) * 97) % (hi - lo)
+
+
+def slurm_workers(environ: Mapping[str, str], resolve: Callable[[str], str]) -> SlurmWorkers:
+    """The step's workers from Slurm's environment (pure but for ``resolve``, node -> address).
+    Raises ``WorkerPlacementError`` when the tasks are not placed block-wise or a variable is
+    missing or malformed."""
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
+    per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    try:
+        nodes = expand_hostlist(nodelist)
+        counts = expand_counts(per_node or "")
+    except ValueError as exc:
+        raise WorkerPlacementError(f"cannot read the step's nodes and tasks: {exc}") from None
+    if not nodes or len(nodes) != len(counts):
+        raise WorkerPlacementError(f"the step's nodes ({nodelist!r:.64}) and tasks per node "
+                                   f"({per_node!r:.64}) do not match: run under srun")
+    rank = _number(environ, "SLURM_PROCID")
+    total = sum(counts)
+    tasks = _number(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    if tasks != total or rank >= total:
+        raise WorkerPlacementError(f"{tasks} tasks in the step, {total} in its tasks per node, "
+                                   f"rank {rank}")
+    base = port_base(environ)
+    if base + total > 65535:
+        raise WorkerPlacementError(f"ports {base}..{base + total - 1} do not fit")
+    workers, first = [], 0
+    for node, count in zip(nodes, counts):
+        address = resolve(node)
+        workers += [Worker(first + i, node, address, base + first + i) for i in range(count)]
+        first += count
+    me = workers[rank]
+    here = environ.get("SLURMD_NODENAME", "")
+    local = _number(environ, "SLURM_LOCALID")
+    if (here and here != me.node) or local != rank - sum(counts[:nodes.index(me.node)]):
+        raise WorkerPlacementError(
+            f"task {rank} runs on {here or '?'} as local task {local}, but tasks placed "
+            f"block-wise (Slurm's default) put it on {me.node}: run without --distribution "
+            "cyclic/arbitrary, or give TF_CONFIG yourself")
+    return SlurmWorkers(tuple(workers), rank, local, counts[nodes.index(me.node)])
+
+
+def node_address(node: str, *, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+                 ) -> str:
+    """The node's IPv4 address: its name resolved, else its NodeAddr from slurmctld."""
+    try:
+        return socket.getaddrinfo(node, None, socket.AF_INET)[0][4][0]
+    except (OSError, UnicodeError):
+        pass
+    try:
+        out = run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                  timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise WorkerPlacementError(f"node {node!r} does not resolve and scontrol could not "
+                                   f"name its address: {exc}") from None
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out)
+    if not m:
+        raise WorkerPlacementError(f"node {node!r} does not resolve and has no NodeAddr")
+    try:
+        return socket.getaddrinfo(m[1], None, socket.AF_INET)[0][4][0]
+    except (OSError, UnicodeError):
+        raise WorkerPlacementError(f"node {node!r}: its NodeAddr {m[1]!r} does not resolve"
+                                   ) from None
+
+
+def init(max_threads: int | None = None, **kwargs):
+    """TF_CONFIG from the Slurm step (unless set), then ``malleable_tf.init()`` making the
+    ``MultiWorkerMirroredStrategy`` after the pools are sized and before TensorFlow's runtime
+    starts. Returns the strategy. Other keyword arguments go to ``malleable_tf.init()``.
+    A second call (the script's, after ``malleable_tf.run`` made it) returns the same strategy."""
+    global _strategy
+    import malleable_tf
+    if _strategy is not None:
+        malleable_tf.init(max_threads, **kwargs)          # joins, or says what differs
+        return _strategy
+    try:
+        malleable_tf.runtime()
+    except malleable_tf.NotInitialized:
+        pass
+    else:
+        raise MalleableError(
+            "malleable_tf.multiworker.init(): malleable_tf.init() already ran, and the strategy "
+            "must be made before TensorFlow's runtime starts. Under malleable-srun or "
+            "malleable_tf.run, set MALLEABLE_TF_STRATEGY=multiworker (the runner then makes it)")
+    if "TF_CONFIG" in os.environ:
+        config = json.loads(os.environ["TF_CONFIG"])
+        rank = int(config.get("task", {}).get("index", 0))
+        kwargs.setdefault("rank", rank)
+    else:
+        found = slurm_workers(os.environ, _cached(node_address))
+        os.environ["TF_CONFIG"] = json.dumps(found.tf_config())
+        kwargs.setdefault("rank", found.rank)
+        kwargs.setdefault("local_rank", found.local_rank)
+        kwargs.setdefault("local_size", found.local_size)
+    made = []
+
+    def make_strategy() -> None:
+        import tensorflow as tf
+        made.append(tf.distribute.MultiWorkerMirroredStrategy())
+
+    malleable_tf.init(max_threads, before_runtime=make_strategy, **kwargs)
+    _strategy = made[0]
+    return _strategy
+
+
+def _cached(resolve: Callable[[str], str]) -> Callable[[str], str]:
+    seen: dict[str, str] = {}
+
+    def lookup(node: str) -> str:
+        if node not in seen:
+            seen[node] = resolve(node)
+        return seen[node]
+    return lookup
