@@ -38,6 +38,29 @@ def await_layout(config: AgentConfig, *, wait_s: float,
             sleep(1.0)
 
 
+def watch_feed(config: AgentConfig, store, on_change: Callable[..., None]):
+    """What tells the agent its feed changed, by the feed folder's file system (notify.py):
+    inotify where it is local, else a wake port registered in the feed for the watcher.
+    Returns what was started (``stop()``)."""
+    from ..feed.notify import FeedMode, InotifyWatch, WakeListener, discover_feed_mode
+    mode, fstype = FeedMode(config.feed_mode), "set in the configuration"
+    if mode is FeedMode.AUTO:
+        mode, fstype = discover_feed_mode(config.feed_dir)
+    if mode is FeedMode.LOCAL:
+        for folder in (store.nodes_dir, store.offers_dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        watch = InotifyWatch([store.nodes_dir, store.offers_dir], on_change)
+        watch.start()
+        log.info("feed %s: local (%s): inotify", config.feed_dir, fstype)
+        return watch
+    listener = WakeListener(config.node, config.wake_port, on_change)
+    port = listener.start()
+    store.register_agent(config.node, port)
+    log.info("feed %s: shared (%s): wakes on UDP port %d, files looked at every %g s",
+             config.feed_dir, fstype, port, config.feed_refresh_s)
+    return listener
+
+
 def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", *,
                   retry_s: float = 5.0):
     """Metrics of ``rec``'s cycles on ``addr:port``: serving at once if the port is free, else
@@ -73,12 +96,11 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
               metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
               layout_wait_s: float = 30.0) -> int:
-    """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s agent[" + config.node + "] %(message)s")
+    """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told. Logs
+    through ``logging`` as set up by the caller (``malleable agent``: ``logs.setup_logging``)."""
     layout = await_layout(config, wait_s=0.0 if once else layout_wait_s)
     log.info("cgroup layout: %s", layout.describe())
-    rec = make_reconciler(config, layout)
+    rec = make_reconciler(config, layout, feed_refresh_s=None if once else config.feed_refresh_s)
     if once:
         result = rec.cycle()
         for o in result.outcomes:
@@ -86,7 +108,7 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
             print(f"job {a.job_id}: {a.kind.value} {sorted(a.before)} -> {sorted(a.after)} "
                   f"({a.reason.value}) {o.status.value}")
         for failure in result.failures:
-            print(f"error: {failure}", file=sys.stderr)
+            print(f"malleable agent: {failure}", file=sys.stderr)
         return 1 if result.failures else 0
     server = None
     if metrics_port is not None:
@@ -97,12 +119,16 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     signal.signal(signal.SIGTERM, lambda *_: (stop.set(), wake.set()))
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), wake.set()))
     signal.signal(signal.SIGUSR1, lambda *_: wake.set())
+    feed_changed = threading.Event()
+    feed_watch = watch_feed(config, rec.store, lambda *_: (feed_changed.set(), wake.set()))
     step_starts = StepStartServer(config.step_socket, wake)
     step_starts.start()
     try:
-        rec.run(stop.is_set, wake, serve=lambda: serve_step_starts(config, rec, step_starts))
+        rec.run(stop.is_set, wake, serve=lambda: serve_step_starts(config, rec, step_starts),
+                feed_changed=feed_changed)
     finally:
         step_starts.stop()
+        feed_watch.stop()
         if server is not None:
             server.stop()
         try:

@@ -23,7 +23,13 @@ class AgentConfig:
     cgroup_mount: Path | None = None  # None: CgroupMountpoint of cgroup.conf, else /sys/fs/cgroup
     slurm_conf: Path | None = None    # None: $SLURM_CONF, else Slurm's default (/etc/slurm)
     interval_s: float = 0.5       # a reconcile cycle at least this often
-    feed_check_s: float = 0.05    # how often the feed file is looked at (a local stat)
+    feed_check_s: float = 0.05    # how often the loop turns (step starts, wakes); no I/O
+    # How the agent learns of feed changes (feed/notify.py): "auto" from the feed folder's file
+    # system, "local" (inotify), "shared" (the watcher's wake datagrams, and a look at the feed
+    # files at most every feed_refresh_s).
+    feed_mode: str = "auto"
+    feed_refresh_s: float = 10.0
+    wake_port: int = 0            # shared: the UDP port for wakes (0: any free one, registered)
     shrink_wait_s: float = 0.5    # how long a shrink waits for ranks to park before narrowing
     prolog_lock_timeout_s: float = 3.0    # a cycle holds the lock for ms: longer is a hang
     max_cpus: int | None = None   # the site's limit on a job's cores per node (max=node too)
@@ -38,6 +44,13 @@ class AgentConfig:
     partition_max_weight: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.feed_mode not in ("auto", "local", "shared"):
+            raise ValueError(f"feed_mode must be auto, local or shared, not {self.feed_mode!r}")
+        if isinstance(self.wake_port, bool) or not isinstance(self.wake_port, int) or \
+                not 0 <= self.wake_port < 65536:
+            raise ValueError(f"wake_port must be a port (0: any), not {self.wake_port!r}")
+        if not 0 < self.feed_refresh_s <= 3600:
+            raise ValueError(f"feed_refresh_s must be in (0, 3600], not {self.feed_refresh_s!r}")
         def bad_weight(w: object) -> bool:
             return isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100
         b = self.max_borrowed_cpus

@@ -35,12 +35,14 @@ def make_actuator(config: AgentConfig, layout: SlurmCgroupLayout | None = None) 
                           before_write=fault_hook(os.environ.get("MALLEABLE_FAULT")))
 
 
-def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None) -> Reconciler:
+def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None, *,
+                    feed_refresh_s: float | None = None) -> Reconciler:
     """The node's reconciler; ``layout`` None: discovered from the node. Its observer and
     executor share one budgeted reader of the ranks' records (``RankReader``), renewed by the
-    reconciler each cycle."""
+    reconciler each cycle. ``feed_refresh_s``: the feed's files are looked at no more often
+    (the agent's loop, told of changes otherwise: notify.py); None: at every read."""
     actuator = make_actuator(config, layout)
-    store = FeedStore(config.feed_dir)
+    store = FeedStore(config.feed_dir, refresh_s=feed_refresh_s)
     reader = RankReader()
     observer = NodeObserver(config.node, config.layout, store, actuator,
                             max_cpus=config.max_cpus, limits=config.limits, read_ranks=reader)

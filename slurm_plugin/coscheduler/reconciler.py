@@ -210,21 +210,27 @@ class Reconciler:
             log.warning("cannot write event log: %s", exc)
 
     def run(self, stop: Callable[[], bool], wake=None,
-            serve: Callable[[], None] | None = None) -> None:
+            serve: Callable[[], None] | None = None, feed_changed=None) -> None:
         """Cycle every ``interval_s``, at once when the node's feed changes or ``wake`` (an
         Event) is set, until ``stop()``. ``serve``: called first on every turn of the loop
-        (the step starts the SPANK plugin asked for), on this thread like every cycle."""
+        (the step starts the SPANK plugin asked for), on this thread like every cycle.
+        ``feed_changed`` (an Event): set by whoever learns of a feed change without a stat
+        (inotify, the watcher's wake; notify.py); the store's cached reads are dropped then.
+        The feed file itself is stat-ed every turn, or every ``refresh_s`` of the store."""
         stamp = self.store.node_stamp(self.config.node)
         next_at = self._clock()
         while not stop():
             if serve is not None:
                 serve()
-            now_stamp = self.store.node_stamp(self.config.node)
+            changed, stamp = self.store.node_changed(self.config.node, stamp)
+            if feed_changed is not None and feed_changed.is_set():
+                feed_changed.clear()
+                self.store.invalidate()
+                changed = True
             woken = wake is not None and wake.is_set()
-            if woken or now_stamp != stamp or self._clock() >= next_at:
+            if woken or changed or self._clock() >= next_at:
                 if wake is not None:
                     wake.clear()
-                stamp = now_stamp
                 result = self.cycle()
                 next_at = self._clock() + self.config.interval_s
                 if result.errors:

@@ -7,6 +7,7 @@
     <feed_dir>/events               lines appended by slurmctld's hooks; the watcher wakes on it
     <feed_dir>/usage/<job>.<node>.json  a job's usage on a node, written by the node's Epilog
     <feed_dir>/usage.jsonl          each finished job's usage over its nodes (the watcher's)
+    <feed_dir>/agents/<node>.json   the port the node's agent takes feed wakes on (notify.py)
 
 It holds every user's jobs (ids, users, cores), which Slurm's PrivateData=jobs hides from other
 users: the folders are root's alone (0700) and the files 0600. ``feed_dir`` itself is 0711:
@@ -16,10 +17,13 @@ any access for others. ``malleable status`` is therefore root's (it refuses anyo
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from malleable_protocol import ProtocolError, check_node_name
 from malleable_protocol.safe_io import (append_capped, ensure_private_dir, list_bounded, open_dir,
@@ -68,9 +72,42 @@ def _private_dir(path: Path, mode: int = PRIVATE_DIR_MODE) -> Path:
 
 
 class FeedStore:
-    def __init__(self, feed_dir: Path):
+    """``refresh_s``: a file read (and stat-ed) within that many seconds is answered from
+    memory, until ``invalidate()`` (a shared folder's agent, told of changes by wakes: see
+    notify.py); None: every read stats the file (a changed one is parsed again)."""
+
+    def __init__(self, feed_dir: Path, *, refresh_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.feed_dir = Path(feed_dir)
-        self._cache: dict[Path, tuple[FeedStamp, object]] = {}
+        self._cache: dict[Path, tuple[FeedStamp | None, object]] = {}
+        self._checked: dict[Path, float] = {}
+        self.refresh_s = refresh_s
+        self._clock = clock
+
+    def invalidate(self) -> None:
+        """The next read of every file looks at the file again."""
+        self._checked.clear()
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.feed_dir / "agents"
+
+    def register_agent(self, node: str, wake_port: int) -> None:
+        """The node's agent: where the watcher sends its feed wakes."""
+        write_atomic(_private_dir(self.agents_dir), f"{check_node_name(node)}.json",
+                     json.dumps({"node": node, "wake_port": wake_port}).encode(), FILE_MODE)
+
+    def agent_wake_port(self, node: str) -> int | None:
+        """The port the node's agent registered; None when none did (or the file is bad)."""
+        def decode(data: bytes) -> int | None:
+            d = json.loads(data)
+            port = d.get("wake_port") if isinstance(d, dict) else None
+            ok = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
+            return port if ok and d.get("node") == node else None
+        try:
+            return self._read(self.agents_dir / f"{check_node_name(node)}.json", decode)
+        except ValueError:
+            return None
 
     @property
     def nodes_dir(self) -> Path:
@@ -122,12 +159,20 @@ class FeedStore:
                      feed.encode(), FILE_MODE)
 
     def write_offers(self, offers: Offers) -> None:
-        write_atomic(_private_dir(self.offers_dir), f"{check_node_name(offers.node)}.json",
-                     offers.encode(), FILE_MODE)
+        self._write_known(self.offers_dir, offers.node, offers.encode(), offers)
 
     def write_report(self, report: NodeReport) -> None:
-        write_atomic(_private_dir(self.reports_dir), f"{check_node_name(report.node)}.json",
-                     report.encode(), FILE_MODE)
+        self._write_known(self.reports_dir, report.node, report.encode(), report)
+
+    def _write_known(self, folder: Path, node: str, data: bytes, value: object) -> None:
+        """A file this process writes and reads back: what it wrote is what a read within
+        ``refresh_s`` answers (its own writes need no stat to be known)."""
+        path = folder / f"{check_node_name(node)}.json"
+        write_atomic(_private_dir(folder), path.name, data, FILE_MODE)
+        stamp = _stamp(path)
+        if stamp is not None:
+            self._cache[path] = (stamp, value)
+            self._checked[path] = self._clock()
 
     def write_usage(self, job_id: int, node: str, line: bytes) -> None:
         """A node's Epilog: the job's usage on ``node`` (one JSON line)."""
@@ -204,8 +249,13 @@ class FeedStore:
     # --- readers ---------------------------------------------------------------------------
 
     def _read(self, path: Path, decode):
+        if self.refresh_s is not None and path in self._cache and \
+                self._clock() - self._checked.get(path, float("-inf")) < self.refresh_s:
+            return self._cache[path][1]
+        self._checked[path] = self._clock()
         stamp = _stamp(path)
         if stamp is None:
+            self._cache[path] = (None, None)     # a missing file is known missing, as long
             return None
         hit = self._cache.get(path)
         if hit is not None and hit[0] == stamp:
@@ -224,6 +274,22 @@ class FeedStore:
 
     def read_offers(self, node: str) -> Offers | None:
         return self._read(self.offers_dir / f"{check_node_name(node)}.json", Offers.decode)
+
+    def node_changed(self, node: str, since: FeedStamp | None) -> tuple[bool, FeedStamp | None]:
+        """Whether the node's feed file differs from ``since``: answered from memory within
+        ``refresh_s`` of the last look (False then); a change invalidates every cached read."""
+        path = self.nodes_dir / f"{check_node_name(node)}.json"
+        key = path.with_name(path.name + ".stamp")
+        if self.refresh_s is not None and \
+                self._clock() - self._checked.get(key, float("-inf")) < self.refresh_s:
+            return False, since
+        self._checked[key] = self._clock()
+        now = _stamp(path)
+        if now != since:
+            self.invalidate()
+            self._checked[key] = self._clock()
+            return True, now
+        return False, now
 
     def node_stamp(self, node: str) -> FeedStamp | None:
         return _stamp(self.nodes_dir / f"{check_node_name(node)}.json")

@@ -23,6 +23,7 @@ from ..slurm import JobAccounting, Node, SlurmClient, SlurmClientError
 from ..slurm.parsers import SlurmParseError
 from ..coscheduler.request import spec_and_request
 from .model import FeedJob, NodeFeed, partition_name
+from .notify import send_wake
 from .store import FeedStore
 from .usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
 
@@ -76,6 +77,7 @@ def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeF
 class ClusterWatcher:
     def __init__(self, config: WatcherConfig, client: SlurmClient, store: FeedStore, *,
                  accounting: JobAccounting | None = None,
+                 send_wake: Callable[[str, int, str], None] = send_wake,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep):
@@ -83,6 +85,7 @@ class ClusterWatcher:
         self.client = client
         self.store = store
         self.accounting = accounting    # None: no slurmdbd, usage goes to usage.jsonl only
+        self._send_wake = send_wake
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._layout: list[Node] = []
         self._layout_at = float("-inf")
@@ -115,12 +118,22 @@ class ClusterWatcher:
                 self.store.write_node(feed)
                 self._published[name] = feed
                 result.nodes_written.append(name)
+        self._wake_agents(layout, result.nodes_written)
         try:
             result.usage_closed = self.close_usage(jobs)
         except OSError as exc:
             log.warning("job usage not closed: %s", exc)
         result.seconds = self._clock() - t0
         return result
+
+    def _wake_agents(self, layout: Sequence[Node], written: Sequence[str]) -> None:
+        """A wake datagram to each node whose feed was written and whose agent registered a
+        wake port (a shared feed folder: notify.py), at the node's NodeAddr."""
+        addresses = {n.name: n.address or n.hostname or n.name for n in layout}
+        for name in written:
+            port = self.store.agent_wake_port(name)
+            if port is not None:
+                self._send_wake(addresses.get(name, name), port, name)
 
     def close_usage(self, jobs) -> list[int]:
         """The usage of the jobs that ended (``jobs_to_close``), at most

@@ -71,6 +71,7 @@ class Node:
     threads_per_core: int = 1
     hostname: str = ""
     port: int = 0
+    address: str = ""          # NodeAddr: where the node's daemons are reached
 
     @property
     def is_idle(self) -> bool:

@@ -133,6 +133,7 @@ def parse_nodes_json(text: str, what: str = "sinfo --json") -> list[Node]:
                 threads_per_core=_number(n.get("threads", 1)) or 1,
                 hostname=str(n.get("hostname", "")),
                 port=_number(n.get("port", 0)),
+                address=str(n.get("address", "") or ""),
             ))
         except _RECORD_ERRORS as exc:
             raise SlurmParseError(f"unexpected node record in {what}: {_brief(exc)}") from None

@@ -13,6 +13,7 @@ import pytest
 from slurm_plugin.coscheduler import agent as agent_mod
 from slurm_plugin.coscheduler.config import AgentConfig
 from slurm_plugin.coscheduler.metrics import AgentMetrics, MetricsServer
+from slurm_plugin.feed.store import FeedStore
 
 
 def _taken_port() -> socket.socket:
@@ -76,8 +77,9 @@ def test_run_agent_starts_and_reconciles_while_a_user_holds_its_metrics_port(tmp
 
     class FakeRec:
         on_cycle = None
+        store = FeedStore(tmp_path / "feed")
 
-        def run(self, stop, wake=None, serve=None):
+        def run(self, stop, wake=None, serve=None, feed_changed=None):
             seen["on_cycle"] = self.on_cycle
             squatter.close()
             seen["server"] = server = _servers[-1]
@@ -94,9 +96,9 @@ def test_run_agent_starts_and_reconciles_while_a_user_holds_its_metrics_port(tmp
         return s
 
     monkeypatch.setattr(agent_mod, "await_layout", lambda config, wait_s: _Layout())
-    monkeypatch.setattr(agent_mod, "make_reconciler", lambda config, layout: FakeRec())
+    monkeypatch.setattr(agent_mod, "make_reconciler", lambda config, layout, **kw: FakeRec())
     monkeypatch.setattr(agent_mod, "start_metrics", start_metrics)
-    config = AgentConfig(node="n1", state_dir=tmp_path)
+    config = AgentConfig(node="n1", state_dir=tmp_path, feed_dir=tmp_path / "feed")
     try:
         assert agent_mod.run_agent(config, metrics_port=port, metrics_retry_s=0.05) == 0
     finally:
@@ -115,11 +117,11 @@ class _Layout:
 def test_the_agent_command_takes_a_metrics_address():
     from slurm_plugin.cli import build_parser
     args = build_parser().parse_args(["agent", "--config", "a.json", "--metrics-port", "9100"])
-    assert args.metrics_addr == "127.0.0.1" and args.metrics_port == 9100
+    assert args.metrics_address == "127.0.0.1" and args.metrics_port == 9100
     args = build_parser().parse_args(["agent", "--config", "a.json", "--metrics-port", "9100",
-                                      "--metrics-addr", "10.1.2.3"])
-    assert args.metrics_addr == "10.1.2.3"
-    for bad in (["--metrics-addr", "example.org"], ["--metrics-port", "70000"],
+                                      "--metrics-addr", "10.1.2.3"])   # the older spelling
+    assert args.metrics_address == "10.1.2.3"
+    for bad in (["--metrics-address", "example.org"], ["--metrics-port", "70000"],
                 ["--metrics-retry", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["agent", "--config", "a.json", *bad])
@@ -317,14 +319,11 @@ def test_status_shows_a_user_only_his_own_jobs_and_root_all(tmp_path, capsys):
 
 @needs_root
 def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
-    import argparse
-
-    from slurm_plugin.cli import _status_cmd
+    from slurm_plugin.cli import main
     from slurm_plugin.feed import FeedStore
     store = FeedStore(open_tmp / "feed")
     store.prepare()
     _feed(store)
-    args = argparse.Namespace(feed_dir=str(store.feed_dir), all=False, json=False)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:     # pragma: no cover - the child, as nobody
@@ -335,7 +334,7 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
             os.setgroups([])
             os.setgid(65534)
             os.setuid(JOB_UID)
-            code = _status_cmd(args)
+            code = main(["status", "--feed-dir", str(store.feed_dir)])
             sys.stderr.flush()
         finally:
             os._exit(code)
@@ -343,7 +342,8 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
     with os.fdopen(r) as f:
         err = f.read()
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 2, err
+    assert os.waitstatus_to_exitcode(status) == 1, err      # a runtime error, not usage
+    assert err.startswith("malleable status: cannot read the feed")
     assert "only root may read it" in err
     assert not _can_read_as(JOB_UID, 65534, store.nodes_dir / "n1.json")
 
@@ -351,7 +351,7 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
 def test_status_of_a_feed_folder_that_is_not_there_is_an_error(tmp_path, capsys):
     """A wrong --feed-dir printed an empty table and exited 0."""
     from slurm_plugin.cli import main
-    assert main(["status", "--feed-dir", str(tmp_path / "missing")]) == 2
+    assert main(["status", "--feed-dir", str(tmp_path / "missing")]) == 1
     assert "no feed folder at" in capsys.readouterr().err
 
 
