@@ -229,9 +229,11 @@ class Runtime:
         if before != (intra, inter):
             self._telemetry.resized(ResizeEvent(time.time(), before[0], intra, before[1], inter,
                                                 reason, round(latency_ms, 3)))
-            log.info("malleable_tf: rank %d resize intra %d->%d inter %d->%d cpus=%s reason=%s "
-                     "latency=%.2fms", self.rank, before[0], intra, before[1], inter,
-                     format_cpu_list(share), reason, latency_ms)
+            # Rank 0's at INFO; every other rank's at DEBUG (one line per rank per resize).
+            log.log(logging.INFO if self.rank == 0 else logging.DEBUG,
+                    "malleable_tf: rank %d resize intra %d->%d inter %d->%d cpus=%s reason=%s "
+                    "latency=%.2fms", self.rank, before[0], intra, before[1], inter,
+                    format_cpu_list(share), reason, latency_ms)
         self.write_status()
 
     def _pin_to(self, share: frozenset[int]) -> None:

@@ -1,4 +1,9 @@
-"""The ``malleable`` command."""
+"""The ``malleable`` command.
+
+Exit codes, the same for every subcommand: 0 done; 1 it could not be done (a missing feed
+folder, an unknown job, no cluster, a Slurm command that failed, a bad config file...), said in
+one line on stderr as ``malleable <command>: what was wrong, and what to do``; 2 the command
+line itself is wrong (argparse's usage errors)."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +15,26 @@ from pathlib import Path
 from .cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
 from .cgroups import LayoutUnknown
 from .cluster.local import ClusterStatus
+from .coscheduler.cgroup_actuator import ActuatorError
 from .coscheduler.model import Policy
+from .logs import add_log_level_option, setup_logging
+from .spank import SpankBuildError
 from malleable_protocol.runner import CommandError
-from .slurm import SlurmClientError
+from .slurm import SlurmClientError, UnknownJob
 
 
 POLICIES = [p.value for p in Policy]
+
+
+class CliError(Exception):
+    """A command cannot do what it was asked; the message says what was wrong and what to do
+    (exit 1)."""
+
+
+# What a command fails with when the world is not as asked (files, Slurm, the cluster, the
+# node): one line on stderr and exit 1. Anything else is a bug and keeps its traceback.
+RUNTIME_ERRORS = (CliError, ClusterError, SpecError, CommandError, SlurmClientError, LayoutUnknown,
+                  SpankBuildError, ActuatorError, ValueError, OSError)
 
 
 def _log(msg: str) -> None:
@@ -56,8 +75,10 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
         problems = cluster.down()
         for p in problems:
             _log(f"problem: {p}")
-        _log("cluster down" if not problems else "cluster down, with problems")
-        return 1 if problems else 0
+        if problems:
+            raise CliError(f"cluster down, with {len(problems)} problem(s) (above)")
+        _log("cluster down")
+        return 0
     if args.action == "status":
         st = cluster.status()
         if args.json:
@@ -71,6 +92,15 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
                                        for j in st.jobs]}, indent=2))
         else:
             print(format_status(st))
+        if not st.running:
+            raise CliError(f"no cluster running in {st.root}: start it with `malleable cluster up "
+                           f"--dir {st.root}`")
+        down = [n for n, ok in st.running.items() if not ok]
+        if down:
+            raise CliError(f"daemon(s) down in {st.root}: {', '.join(down)} (their logs are in "
+                           f"the cluster folder; `malleable cluster down` then `up` restarts)")
+        if not st.controller_up:
+            raise CliError(f"slurmctld of {st.root} does not answer (scontrol ping)")
         return 0
     if args.action == "env":
         print("\n".join(cluster.env_lines()))
@@ -78,20 +108,33 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
     raise AssertionError(args.action)
 
 
-def _agent_cmd(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from .coscheduler.agent import run_agent
+def load_agent_config(path: str | Path, **overrides):
+    """agent.json, or ``CliError`` saying which file and what is wrong with it."""
     from .coscheduler.config import AgentConfig
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read the agent's config {path}: {exc.strerror or exc} (render "
+                       "it with `malleable install-slurm-hooks DIR`, or give --config)") from None
+    try:
+        return AgentConfig.from_json(text, **overrides)
+    except KeyError as exc:
+        raise CliError(f"bad agent config {path}: missing setting {exc.args[0]!r}") from None
+    except (ValueError, TypeError) as exc:   # not JSON, a bad or missing setting
+        raise CliError(f"bad agent config {path}: {exc}") from None
+
+
+def _agent_cmd(args: argparse.Namespace) -> int:
+    from .coscheduler.agent import run_agent
     overrides = {}
     if args.node:
         overrides["node"] = args.node
     if args.policy:
         overrides["policy"] = Policy(args.policy)
-    config = AgentConfig.from_json(Path(args.config).read_text())
-    config = dataclasses.replace(config, **overrides)
+    config = load_agent_config(args.config, **overrides)
+    setup_logging(f"agent[{config.node}]", args.log_level)
     return run_agent(config, once=args.once, metrics_port=args.metrics_port,
-                     metrics_addr=args.metrics_addr, metrics_retry_s=args.metrics_retry)
+                     metrics_addr=args.metrics_address, metrics_retry_s=args.metrics_retry)
 
 
 def _watcher_cmd(args: argparse.Namespace) -> int:
@@ -101,18 +144,19 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
 
     from .feed import ClusterWatcher, FeedStore, WatcherConfig
     from .slurm import CliSlurmClient
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s watcher %(message)s")
+    setup_logging("watcher", args.log_level)
     config = WatcherConfig(feed_dir=Path(args.feed_dir),
                            slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None,
                            resync_s=args.resync)
+    if config.slurm_conf is not None and not config.slurm_conf.is_file():
+        raise CliError(f"no slurm.conf at {config.slurm_conf} (--slurm-conf)")
     client = CliSlurmClient(slurm_conf=config.slurm_conf)
     # Jobs' borrowed cores go into Slurm's accounting where there is a database.
     try:
         storage = client.accounting_storage()
     except CommandError as exc:
-        print(f"malleable watcher: cannot read slurmctld's config: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
+                       "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
     accounting = client if storage == "accounting_storage/slurmdbd" else None
     logging.getLogger("malleable.watcher").info(
         "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
@@ -121,9 +165,10 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
     if args.once:
         watcher.store.prepare()
         result = watcher.poll()
-        print(f"{result.jobs} jobs, published {len(result.nodes_written)} node(s)"
-              + (f"; error: {result.error}" if result.error else ""))
-        return 1 if result.error else 0
+        print(f"{result.jobs} jobs, published {len(result.nodes_written)} node(s)")
+        if result.error:
+            raise CliError(f"the poll failed: {result.error}")
+        return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -132,7 +177,6 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
 
 
 def _containers_cmd(args: argparse.Namespace) -> int:
-    import logging
     import signal
     import socket
     import threading
@@ -140,8 +184,7 @@ def _containers_cmd(args: argparse.Namespace) -> int:
     from malleable_protocol import format_cpu_list, parse_cpu_list
     from .coscheduler.containers import ContainerCoScheduler, DockerCli
     from .coscheduler.model import Policy
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s containers %(message)s")
+    setup_logging("containers", args.log_level)
     cpus = parse_cpu_list(args.cpus) if args.cpus else frozenset(os.sched_getaffinity(0))
     cosched = ContainerCoScheduler(socket.gethostname(), cpus, Policy(args.policy),
                                    Path(args.state_dir), DockerCli())
@@ -154,7 +197,11 @@ def _containers_cmd(args: argparse.Namespace) -> int:
             print(f"{name}: waits for free cores")
         for name in result.refused:
             print(f"{name}: label refused")
-        return 1 if any(o.status.value != "applied" for o in result.outcomes) else 0
+        failed = [o for o in result.outcomes if o.status.value != "applied"]
+        if failed:
+            raise CliError(f"{len(failed)} of {len(result.outcomes)} change(s) not applied "
+                           "(above)")
+        return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -178,7 +225,10 @@ def _resize_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.request import parse_update
     text = f"malleable:cpus={args.cpus}"
     parse_update(text)   # the same check Slurm's job_submit.lua makes
-    _client(args).set_comment(args.job_id, text)
+    try:
+        _client(args).set_comment(args.job_id, text)
+    except UnknownJob:
+        raise CliError(f"no job {args.job_id} in Slurm (squeue shows the running ones)") from None
     print(f"job {args.job_id}: asked for {args.cpus} cores per node")
     return 0
 
@@ -190,7 +240,7 @@ def _cgroups_cmd(args: argparse.Namespace) -> int:
     from malleable_protocol import format_cpu_list
     node = args.node or os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME")
     if not node:
-        raise ValueError("which node? --node NAME (or run it inside a job)")
+        raise CliError("which node? --node NAME (or run it inside a job)")
     layout = discover_layout(node, slurm_conf=args.slurm_conf)
     if args.job is None:
         print(layout.describe())
@@ -200,7 +250,8 @@ def _cgroups_cmd(args: argparse.Namespace) -> int:
         folder = layout.step_dir(args.uid, args.job, args.step)
     cpus = read_cpus(folder)
     if cpus is None:
-        raise ValueError(f"no cgroup folder {folder}")
+        raise CliError(f"no cgroup folder {folder}: job {args.job} is not running on {node}"
+                       + (f" (or has no step {args.step})" if args.step else ""))
     print(format_cpu_list(cpus))
     return 0
 
@@ -215,7 +266,9 @@ def _client(args: argparse.Namespace):
 
 def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
     """Root sees every job and each node's problems; anyone else (PrivateData=jobs) only his
-    own jobs, and only where the feed is readable to him: else exit 2 with what to do."""
+    own jobs, and only where the feed is readable to him. Exit 1 with what to do when there is
+    no status to show: no feed folder, a feed no node was published into yet, a feed this user
+    may not read, a job (``job_id``) not in it; also when a node reports a problem."""
     from .coscheduler.status import (FeedUnreadable, check_feed, collect_problems,
                                      collect_status, format_table)
     from .feed import FeedStore
@@ -224,12 +277,20 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
     try:
         check_feed(store)
     except FeedUnreadable as exc:
-        print(f"malleable status: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(str(exc)) from None
+    job_id = getattr(args, "job_id", None)
     state_dir = Path(getattr(args, "state_dir", None) or Path(args.feed_dir).parent / "agent")
-    rows = collect_status(store, only_malleable=not args.all, uid=None if uid == 0 else uid,
-                          state_dir=state_dir)
+    rows = collect_status(store, only_malleable=not args.all and job_id is None,
+                          uid=None if uid == 0 else uid, state_dir=state_dir)
     problems = collect_problems(store) if uid == 0 else []
+    if job_id is not None:
+        rows = [r for r in rows if r.job_id == job_id]
+        if not rows:
+            raise CliError(f"no job {job_id} in the feed at {store.feed_dir}: not running (or "
+                           "not started yet), not seen by the watcher yet"
+                           + ("" if uid == 0 else ", or not yours") + "; squeue shows the jobs")
+        nodes = {r.node for r in rows}
+        problems = [p for p in problems if p.split(":", 1)[0][len("node "):] in nodes]
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
@@ -341,7 +402,9 @@ def _ip_address(text: str) -> str:
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"not an IP address: {text!r} (127.0.0.1 this node only, 0.0.0.0 every interface, "
+            "or one of the node's own addresses; no host names)") from None
 
 
 def _positive_seconds(text: str) -> float:
@@ -354,18 +417,53 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _version() -> str:
-    """The installed distribution's version (a checkout run without installing: unknown)."""
+DISTRIBUTION = "malleable-hpc"
+
+
+def package_version() -> str:
+    """The installed distribution's version; in a checkout run without installing, the version
+    pyproject.toml beside the package says; else "unknown"."""
     from importlib.metadata import PackageNotFoundError, version
     try:
-        return version("malleable-hpc")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:
-        return "(not installed)"
+        pass
+    try:
+        import tomllib
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        project = tomllib.loads(pyproject.read_text())["project"]
+        if project.get("name", "").replace("_", "-") == DISTRIBUTION:
+            return str(project["version"])
+    except (ImportError, OSError, ValueError, KeyError, TypeError):
+        pass
+    return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the version and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {package_version()}")
+        parser.exit(0)
+
+
+def _job_id(text: str) -> int:
+    try:
+        job_id = int(text)
+    except ValueError:
+        job_id = 0
+    if job_id <= 0:
+        raise argparse.ArgumentTypeError(f"not a Slurm job id: {text!r}")
+    return job_id
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     cl = sub.add_parser("cluster", help="the local Slurm mini-cluster")
     cl.add_argument("action", choices=["up", "down", "status", "env"])
@@ -395,12 +493,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve Prometheus metrics on ADDR:PORT (a port below 1024: no job "
                          "user can take it first; if it is taken, the agent runs on and "
                          "retries)")
-    ag.add_argument("--metrics-addr", type=_ip_address, default="127.0.0.1",
-                    help="the address the metrics are served on (default %(default)s; a "
-                         "central Prometheus needs the node's own)")
+    ag.add_argument("--metrics-address", "--metrics-addr", dest="metrics_address",
+                    type=_ip_address, default="127.0.0.1", metavar="ADDR",
+                    help="the IP address the metrics are served on (default %(default)s: this "
+                         "node only; 0.0.0.0, or the node's own address, for a central "
+                         "Prometheus)")
     ag.add_argument("--metrics-retry", type=_positive_seconds, default=5.0, metavar="SECONDS",
                     help="seconds between attempts to bind a taken metrics port "
                          "(default %(default)s)")
+    add_log_level_option(ag)
     ag.set_defaults(func=_agent_cmd)
 
     co = sub.add_parser("containers", help="the co-scheduler for Docker containers labelled "
@@ -409,17 +510,20 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--cpus", help="the host's CPUs it hands out (default: its own affinity)")
     co.add_argument("--state-dir", default="/run/malleable/containers",
                     help="root-only folder of its admissions (default %(default)s)")
-    co.add_argument("--interval", type=float, default=0.5, help="seconds between cycles")
+    co.add_argument("--interval", type=_positive_seconds, default=0.5,
+                    help="seconds between cycles")
     co.add_argument("--once", action="store_true", help="one cycle, then exit")
+    add_log_level_option(co)
     co.set_defaults(func=_containers_cmd)
 
     wa = sub.add_parser("watcher", help="the cluster's one reader of slurmctld (foreground)")
     wa.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
                                                          "/run/malleable/feed"))
     wa.add_argument("--slurm-conf", help="Slurm's configuration (default: Slurm's own)")
-    wa.add_argument("--resync", type=float, default=10.0,
+    wa.add_argument("--resync", type=_positive_seconds, default=10.0,
                     help="seconds between polls when no event came (default %(default)s)")
     wa.add_argument("--once", action="store_true", help="one poll, then exit")
+    add_log_level_option(wa)
     wa.set_defaults(func=_watcher_cmd)
 
     ih = sub.add_parser("install-slurm-hooks",
@@ -435,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     ih.set_defaults(func=_install_hooks_cmd)
 
     rs = sub.add_parser("resize", help="ask for CPUS cores per node for a malleable job")
-    rs.add_argument("job_id")
+    rs.add_argument("job_id", type=_job_id)
     rs.add_argument("cpus", type=int)
     rs.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")
     rs.set_defaults(func=_resize_cmd)
@@ -449,6 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="malleable jobs: cores and threads per node (root: "
                         "every user's; the feed is root's, like PrivateData=jobs)")
+    st.add_argument("job_id", nargs="?", type=_job_id,
+                    help="only this job (rigid or malleable); exit 1 if it is not in the feed")
     st.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
                                                          "/run/malleable/feed"))
     st.add_argument("--state-dir", default=os.environ.get("MALLEABLE_STATE_DIR"),
@@ -520,14 +626,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_text(exc: BaseException) -> str:
+    """An error's message for a person: an OS error as "path: reason"."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, CliError):
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return f"{where}: {exc.strerror}" if where else exc.strerror
+    return str(exc).strip() or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """0 done, 1 could not be done (one line on stderr: ``malleable <command>: ...``), 2 a usage
+    error (argparse's own exit)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ClusterError, SpecError, CommandError, SlurmClientError, LayoutUnknown, ValueError,
-            OSError) as exc:
-        _log(f"error: {exc}")
-        return 2
+    except RUNTIME_ERRORS as exc:
+        # One line says what was wrong; what an error carries beyond it (daemons' log tails)
+        # follows, indented.
+        first, *rest = error_text(exc).splitlines() or [type(exc).__name__]
+        print(f"malleable {args.command}: {first}", file=sys.stderr, flush=True)
+        for line in rest:
+            print(f"  {line}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

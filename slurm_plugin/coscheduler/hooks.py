@@ -27,6 +27,7 @@ from malleable_protocol.runner import CommandError
 
 from ..cgroups import remove_cgroup_tree
 from ..feed.store import FeedStore
+from ..logs import add_log_level_option, setup_logging
 from .accounting import close_job
 from .cgroup_actuator import walk_job
 from .config import AgentConfig
@@ -188,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", type=int, help="step-start: the job id")
     ap.add_argument("--step", help="step-start: the step's cgroup folder (step_0, step_batch)")
     ap.add_argument("--stepd-pid", type=int, help="step-start: the step's slurmstepd")
+    add_log_level_option(ap, default="WARNING")
     args = ap.parse_args(argv)
+    setup_logging(args.which, args.log_level)   # the reconciler's own records, to stderr
     config = None
     try:
         config = load_config(args.config)

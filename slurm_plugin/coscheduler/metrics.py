@@ -1,4 +1,5 @@
-"""The agent's Prometheus metrics, served on loopback unless told otherwise (``--metrics-addr``).
+"""The agent's Prometheus metrics, served on loopback unless told otherwise
+(``malleable agent --metrics-address``: 0.0.0.0 or the node's address for a central Prometheus).
 
 Any user of the node can bind a port first. The agent's port being taken never stops it:
 ``MetricsServer`` logs the failure, counts it and retries in the background until it binds.

@@ -45,15 +45,25 @@ class StatusRow:
 
 
 class FeedUnreadable(Exception):
-    """This user may not read the feed (anyone but root)."""
+    """There is no feed to show: this user may not read it (anyone but root), or (the
+    subclasses) it is not there."""
+
+
+class FeedMissing(FeedUnreadable):
+    """No feed folder where it was looked for (a wrong ``--feed-dir``)."""
+
+
+class FeedEmpty(FeedUnreadable):
+    """The feed folder is there, but no node was published into it (no watcher ran yet)."""
 
 
 def check_feed(store: FeedStore) -> None:
-    """Raises ``FeedUnreadable`` when there is no feed folder at all (a wrong ``--feed-dir``
-    showed an empty table and exit 0) or when this process may not read it."""
+    """Raises ``FeedMissing`` when there is no feed folder at all (a wrong ``--feed-dir``
+    showed an empty table and exit 0), ``FeedUnreadable`` when this process may not read it,
+    ``FeedEmpty`` when no node's feed was published there yet."""
     if not store.feed_dir.is_dir():
-        raise FeedUnreadable(f"no feed folder at {store.feed_dir}: give the watcher's "
-                             "--feed-dir (agent.json's feed_dir)")
+        raise FeedMissing(f"no feed folder at {store.feed_dir}: give the watcher's "
+                          "--feed-dir (agent.json's feed_dir; or set MALLEABLE_FEED_DIR)")
     try:
         store.check_readable()
     except PermissionError as exc:
@@ -61,6 +71,10 @@ def check_feed(store: FeedStore) -> None:
             f"cannot read the feed at {store.feed_dir} ({exc.strerror or exc}): it holds every "
             "user's jobs, so only root may read it; run `malleable status` as root (or through "
             "a sudo rule your site gives), or see your own jobs with squeue") from None
+    if not store.node_names():
+        raise FeedEmpty(f"the feed folder {store.feed_dir} holds no node's feed yet: is "
+                        f"`malleable watcher --feed-dir {store.feed_dir}` running (on the "
+                        "slurmctld host)? `malleable watcher --once` publishes once")
 
 
 def node_usage(state_dir: Path | None, node: str, now: float) -> dict[int, CoreUsage]:

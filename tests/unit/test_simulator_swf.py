@@ -112,5 +112,5 @@ def test_the_command_line_reads_a_gzipped_log_and_counts_the_dropped(tmp_path, c
     empty = tmp_path / "empty.swf.gz"
     empty.write_bytes(gzip.compress(b"; MaxProcs: 4\n"))
     assert main(["simulate", "--swf", str(empty), "--nodes", "1", "--cores", "4",
-                 "--json", str(out)]) == 2
+                 "--json", str(out)]) == 1      # a runtime error (2: usage errors only)
     assert "0 job lines read" in capsys.readouterr().err
