@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import psutil
-
 from malleable_protocol.cgroupfs import parse_mountinfo
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 
@@ -73,6 +71,10 @@ def default_spec(root: Path = DEFAULT_ROOT, *, runner: CommandRunner = run_comma
 
 
 def port_holder(port: int) -> str:
+    try:
+        import psutil      # the cluster extra's: only to name who holds a port
+    except ImportError:
+        return "another process"
     try:
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
