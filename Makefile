@@ -7,11 +7,12 @@ setup:
 demo: setup
 	.venv/bin/python scripts/demo.py
 
-# The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv,
-# then docker-slurm's end-to-end tests on Slurm 22.05 and 24.11 (containers of their own), then
-# Slurm 24.11 on cgroup v2 in virtual machines (vm-slurm).
+# The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv, and
+# a subset of them on TensorFlow 2.16-2.20 (scripts/lib/tf-matrix.sh, a venv each), then
+# docker-slurm's end-to-end tests on Slurm 22.05 and 24.11 (containers of their own), then Slurm
+# 24.11 on cgroup v2 in virtual machines (vm-slurm).
 test: site-slurm
-	bash scripts/setup.sh --keras3
+	bash scripts/setup.sh --keras3 --tf-matrix
 	rc=0; bash scripts/run_tests.sh || rc=$$?; \
 	$(MAKE) -C docker-slurm test-all || rc=1; \
 	$(MAKE) -C vm-slurm test || rc=1; exit $$rc

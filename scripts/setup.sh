@@ -2,18 +2,25 @@
 # Idempotent installer for a fresh Debian 12 machine (root): apt packages, a virtualenv,
 # the Python dependencies and a Horovod wheel built once and cached.
 # Each step prints what it does and how long it took; a failing step says which one.
-#   --keras3   also the Keras 3 environment (TensorFlow 2.21, no Horovod) that malleable_tf's
-#              own tests run in a second time (make test)
+#   --keras3     also the Keras 3 environment (TensorFlow 2.21, no Horovod) that malleable_tf's
+#                own tests run in a second time (make test)
+#   --tf-matrix  also one environment per TensorFlow version of scripts/lib/tf-matrix.sh
+#                (2.16 ... 2.20, Keras 3, no Horovod) at .venv-tf-<version>, made as the Keras 3
+#                one is, for the subset of malleable_tf's tests run_tests.sh runs in each (make test)
 set -euo pipefail
 WITH_KERAS3=0
+WITH_TF_MATRIX=0
 for arg in "$@"; do
   case "$arg" in
     --keras3) WITH_KERAS3=1 ;;
-    *) echo "usage: setup.sh [--keras3]" >&2; exit 2 ;;
+    --tf-matrix) WITH_TF_MATRIX=1 ;;
+    *) echo "usage: setup.sh [--keras3] [--tf-matrix]" >&2; exit 2 ;;
   esac
 done
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/tf-matrix.sh
+source "$REPO/scripts/lib/tf-matrix.sh"   # TF_MATRIX_VERSIONS
 VENV="${MALLEABLE_VENV:-$REPO/.venv}"
 CACHE="${MALLEABLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/malleable}"
 WHEELS="$CACHE/wheels"
@@ -167,21 +174,37 @@ chmod -R a+rX "$SITE_VENV"
 chmod a+rx "$(dirname "$SITE_VENV")"
 done_step
 
-if [ "$WITH_KERAS3" = 1 ]; then
-  step "Keras 3 environment at $KERAS3_VENV ($KERAS3_TF_PIN, for malleable_tf's own tests)"
-  make_venv "$KERAS3_VENV"
-  KERAS3_DEPS=("$KERAS3_TF_PIN" pytest pytest-timeout psutil prometheus-client)
-  if VENV="$KERAS3_VENV" have_versions "${KERAS3_DEPS[@]}"; then
+# An environment for malleable_tf's own tests on another TensorFlow, at $1 with $2 (a pin such as
+# tensorflow-cpu==2.21.0): on $PY, with the test tools, and this project installed editable
+# without its dependencies (no Horovod, no Slurm side's packages).
+tf_test_env() {
+  local venv="$1" tf_pin="$2" installed_at
+  local deps=("$tf_pin" pytest pytest-timeout psutil prometheus-client)
+  make_venv "$venv"
+  if VENV="$venv" have_versions "${deps[@]}"; then
     echo "[setup] already installed"
   else
-    "$KERAS3_VENV/bin/python" -m pip --disable-pip-version-check -q install "${KERAS3_DEPS[@]}"
+    "$venv/bin/python" -m pip --disable-pip-version-check -q install "${deps[@]}"
   fi
-  installed_at=$("$KERAS3_VENV/bin/python" -I -c "import malleable_tf, os; print(os.path.dirname(os.path.dirname(malleable_tf.__file__)))" 2>/dev/null || true)
+  installed_at=$("$venv/bin/python" -I -c "import malleable_tf, os; print(os.path.dirname(os.path.dirname(malleable_tf.__file__)))" 2>/dev/null || true)
   if [ "$installed_at" != "$REPO" ]; then
-    "$KERAS3_VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
+    "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
       --no-build-isolation -e "$REPO"
   fi
+}
+
+if [ "$WITH_KERAS3" = 1 ]; then
+  step "Keras 3 environment at $KERAS3_VENV ($KERAS3_TF_PIN, for malleable_tf's own tests)"
+  tf_test_env "$KERAS3_VENV" "$KERAS3_TF_PIN"
   done_step
+fi
+
+if [ "$WITH_TF_MATRIX" = 1 ]; then
+  for version in "${TF_MATRIX_VERSIONS[@]}"; do
+    step "TensorFlow $version environment at $REPO/.venv-tf-$version (tensorflow-cpu==$version, for a subset of malleable_tf's tests)"
+    tf_test_env "$REPO/.venv-tf-$version" "tensorflow-cpu==$version"
+    done_step
+  done
 fi
 
 echo "[setup] ready: $VENV (tests, agents) and $SITE_VENV (jobs of every user)"
