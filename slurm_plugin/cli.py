@@ -137,6 +137,18 @@ def _agent_cmd(args: argparse.Namespace) -> int:
                      metrics_addr=args.metrics_address, metrics_retry_s=args.metrics_retry)
 
 
+def _doctor_cmd(args: argparse.Namespace) -> int:
+    from .coscheduler.doctor import Status, diagnose, gather, render
+    overrides = {"node": args.node} if args.node else {}
+    config = load_agent_config(args.config, **overrides)
+    checks = diagnose(gather(config))
+    print(render(checks))
+    failed = [c.name for c in checks if c.status is Status.FAIL]
+    if failed:
+        raise CliError(f"node {config.node}: {len(failed)} check(s) failed: {', '.join(failed)}")
+    return 0
+
+
 def _watcher_cmd(args: argparse.Namespace) -> int:
     import logging
     import signal
@@ -169,10 +181,22 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
         if result.error:
             raise CliError(f"the poll failed: {result.error}")
         return 0
+    server = None
+    if args.metrics_port is not None:
+        from .coscheduler.metrics import MetricsServer
+        from .feed.metrics import WatcherMetrics
+        metrics = WatcherMetrics()
+        server = MetricsServer(metrics, args.metrics_port, args.metrics_address)
+        server.start()
+        watcher.on_poll = metrics.observe
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    watcher.run(stop.is_set)
+    try:
+        watcher.run(stop.is_set)
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 
@@ -516,6 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_level_option(co)
     co.set_defaults(func=_containers_cmd)
 
+    dr = sub.add_parser("doctor", help="check this node's co-scheduler install (root): Slurm's "
+                        "hooks, the SPANK plugin, the cgroup layout, the agent, the feed")
+    dr.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
+    dr.add_argument("--node", help="the node (default: agent.json's, or SLURMD_NODENAME)")
+    dr.set_defaults(func=_doctor_cmd)
+
     wa = sub.add_parser("watcher", help="the cluster's one reader of slurmctld (foreground)")
     wa.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
                                                          "/run/malleable/feed"))
@@ -523,6 +553,10 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--resync", type=_positive_seconds, default=10.0,
                     help="seconds between polls when no event came (default %(default)s)")
     wa.add_argument("--once", action="store_true", help="one poll, then exit")
+    wa.add_argument("--metrics-port", type=_port,
+                    help="serve the watcher's Prometheus metrics on this port")
+    wa.add_argument("--metrics-address", type=_ip_address, default="127.0.0.1",
+                    help="address of the metrics port (default %(default)s)")
     add_log_level_option(wa)
     wa.set_defaults(func=_watcher_cmd)
 

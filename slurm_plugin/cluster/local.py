@@ -297,7 +297,8 @@ class LocalCluster:
             if agents is not None:
                 start("watcher", [sys.executable, "-m", "slurm_plugin.cli", "watcher",
                                   "--feed-dir", str(self.paths.root / "feed"),
-                                  "--slurm-conf", str(p.slurm_conf)])
+                                  "--slurm-conf", str(p.slurm_conf),
+                                  "--metrics-port", str(self.spec.watcher_metrics_port)])
                 for node in self.spec.node_names:
                     start(f"agent {node}", self._agent_argv(node))
         except BaseException:

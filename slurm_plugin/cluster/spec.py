@@ -170,9 +170,14 @@ class ClusterSpec:
         out = {"slurmctld": self.slurmctld_port}
         out.update({f"slurmd {n}": self.node_port(n) for n in self.node_names})
         out.update({f"agent metrics {n}": self.metrics_port(n) for n in self.node_names})
+        out["watcher metrics"] = self.watcher_metrics_port
         if self.accounting:
             out.update({"slurmdbd": self.slurmdbd_port, "mariadb": self.mariadb_port})
         return out
+
+    @property
+    def watcher_metrics_port(self) -> int:
+        return self.port_base + 99
 
     @property
     def slurmdbd_port(self) -> int:

@@ -51,6 +51,7 @@ class PollResult:
     nodes_written: list[str] = field(default_factory=list)
     jobs: int = 0
     usage_closed: list[int] = field(default_factory=list)
+    wakes_sent: int = 0
     error: str | None = None
     seconds: float = 0.0
 
@@ -86,6 +87,9 @@ class ClusterWatcher:
         self.store = store
         self.accounting = accounting    # None: no slurmdbd, usage goes to usage.jsonl only
         self._send_wake = send_wake
+        # Called after every poll of run() with the result, the wall time and the lag behind
+        # the event that caused it (None for a resync): the metrics' (feed/metrics.py).
+        self.on_poll: Callable[..., None] | None = None
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._layout: list[Node] = []
         self._layout_at = float("-inf")
@@ -118,7 +122,7 @@ class ClusterWatcher:
                 self.store.write_node(feed)
                 self._published[name] = feed
                 result.nodes_written.append(name)
-        self._wake_agents(layout, result.nodes_written)
+        result.wakes_sent = self._wake_agents(layout, result.nodes_written)
         try:
             result.usage_closed = self.close_usage(jobs)
         except OSError as exc:
@@ -126,14 +130,18 @@ class ClusterWatcher:
         result.seconds = self._clock() - t0
         return result
 
-    def _wake_agents(self, layout: Sequence[Node], written: Sequence[str]) -> None:
+    def _wake_agents(self, layout: Sequence[Node], written: Sequence[str]) -> int:
         """A wake datagram to each node whose feed was written and whose agent registered a
-        wake port (a shared feed folder: notify.py), at the node's NodeAddr."""
+        wake port (a shared feed folder: notify.py), at the node's NodeAddr. Returns how many
+        were sent."""
         addresses = {n.name: n.address or n.hostname or n.name for n in layout}
+        sent = 0
         for name in written:
             port = self.store.agent_wake_port(name)
             if port is not None:
                 self._send_wake(addresses.get(name, name), port, name)
+                sent += 1
+        return sent
 
     def close_usage(self, jobs) -> list[int]:
         """The usage of the jobs that ended (``jobs_to_close``), at most
@@ -217,9 +225,14 @@ class ClusterWatcher:
                     since >= backoff:
                 if events != last_events:
                     self._sleep(self.config.event_settle_s)
+                evented = events != last_events
                 last_events = self.store.events_stamp()
                 result = self.poll()
                 last_poll = self._clock()
+                if self.on_poll is not None:
+                    wall = self._wall()
+                    lag = wall - last_events.mtime_ns / 1e9 if evented and last_events else None
+                    self.on_poll(result, wall=wall, event_lag_s=lag)
                 if result.error:
                     log.warning("poll failed: %s", result.error)
                     backoff = min(backoff * 2, 60.0)

@@ -51,7 +51,8 @@ def test_ports_and_names():
     assert s.node_names == ["c1", "c2", "c3"]
     assert s.ports == {"slurmctld": 20000, "slurmd c1": 20001, "slurmd c2": 20002,
                        "slurmd c3": 20003, "agent metrics c1": 20100,
-                       "agent metrics c2": 20101, "agent metrics c3": 20102}
+                       "agent metrics c2": 20101, "agent metrics c3": 20102,
+                       "watcher metrics": 20099}
 
 
 def test_json_roundtrip():
