@@ -1,0 +1,195 @@
+"""``malleable doctor``: what a node has of the co-scheduler, checked after an install or when
+something looks wrong. Run as root on the node.
+
+``gather`` reads the node (Slurm's running configuration, the cgroup layout, the agent's pid
+file and socket, the feed); ``diagnose(facts)`` is pure and says, check by check, what is fine,
+what is missing and what to do. Exit 1 when any check fails.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from malleable_protocol.runner import CommandError, CommandRunner, run_command
+
+from ..slurm.parsers import parse_config_value
+from .config import AgentConfig
+
+SPANK_SO = "malleable_spank.so"
+
+
+class Status(enum.Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+
+@dataclass
+class Facts:
+    """What ``gather`` found on the node (each None: could not be read, with ``errors``)."""
+
+    node: str
+    slurm_config: str | None = None               # scontrol show config
+    # Prolog, Epilog, PrologSlurmctld, EpilogSlurmctld -> (the script, whether it runs ours:
+    # it names malleable itself, or a site's script that chains ours does)
+    hooks: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    layout: str | None = None                     # the cgroup layout described
+    plugstack_lines: list[str] | None = None      # PlugStackConfig's lines (files included)
+    spank_so_exists: bool = False
+    agent_pid: int | None = None
+    step_socket: bool = False
+    feed_mode: str | None = None                  # local / shared, and the file system
+    feed_file: dict | None = None                 # the node's feed, parsed
+    feed_age_s: float | None = None
+    wake_port: int | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld")
+
+
+def runs_ours(script_text: str) -> bool:
+    """Whether a hook script runs the malleable hook (ours names malleable; a site's own
+    that chains it names ours)."""
+    return "malleable" in script_text
+
+
+def diagnose(f: Facts) -> list[Check]:
+    """Pure: the checks, in the order an installer would fix them."""
+    out: list[Check] = []
+    if f.slurm_config is None:
+        out.append(Check("slurmctld", Status.FAIL, "scontrol show config failed: "
+                         f"{f.errors.get('slurm', '?')} (is slurmctld up, SLURM_CONF right?)"))
+    else:
+        out.append(Check("slurmctld", Status.OK, "answers scontrol show config"))
+        for key, what in (("Prolog", "takes lent cores back"),
+                          ("Epilog", "frees and accounts the job's cores"),
+                          ("PrologSlurmctld", "tells the watcher a job started"),
+                          ("EpilogSlurmctld", "tells the watcher a job ended")):
+            script, ours = f.hooks.get(key, ("(null)", False))
+            out.append(Check(key, Status.OK if ours else Status.FAIL,
+                             script if ours else f"{script}: does not run the malleable hook "
+                             f"({what}); see docs/install.md to set it or chain it"))
+        plugins = parse_config_value(f.slurm_config, "JobSubmitPlugins") or "(null)"
+        out.append(Check("JobSubmitPlugins", Status.OK if "lua" in plugins else Status.FAIL,
+                         plugins if "lua" in plugins else f"{plugins}: job_submit/lua is not "
+                         "loaded, so --malleable and malleable: requests are not checked"))
+    if f.plugstack_lines is None:
+        out.append(Check("SPANK plugin", Status.FAIL, f"PlugStackConfig not readable: "
+                         f"{f.errors.get('plugstack', '?')}"))
+    else:
+        ours = [line for line in f.plugstack_lines if SPANK_SO in line
+                and not line.lstrip().startswith("#")]
+        if not ours:
+            out.append(Check("SPANK plugin", Status.FAIL, f"no {SPANK_SO} line in "
+                             "PlugStackConfig: --malleable is unknown to sbatch, and steps in "
+                             "grown jobs are not fenced"))
+        elif not f.spank_so_exists:
+            out.append(Check("SPANK plugin", Status.FAIL, f"{ours[0].split()[1]} is missing"))
+        else:
+            out.append(Check("SPANK plugin", Status.OK, ours[0].split()[1]))
+    out.append(Check("cgroup layout", Status.OK if f.layout else Status.FAIL,
+                     f.layout or f"not found: {f.errors.get('layout', '?')}"))
+    out.append(Check("agent", Status.OK if f.agent_pid else Status.FAIL,
+                     f"pid {f.agent_pid}" if f.agent_pid else "not running (no live agent in "
+                     "its pid file): start malleable-agent@<node>"))
+    out.append(Check("step socket", Status.OK if f.step_socket else Status.WARN,
+                     "present" if f.step_socket else "missing: grown jobs' steps fall back to "
+                     "the Python hook (slower)"))
+    if f.feed_file is None:
+        out.append(Check("feed", Status.FAIL, f"no feed for this node: "
+                         f"{f.errors.get('feed', '?')} (is the watcher running, and the feed "
+                         "folder the one it writes?)"))
+    else:
+        jobs = len(f.feed_file.get("jobs", []))
+        out.append(Check("feed", Status.OK, f"{jobs} job(s), written "
+                         f"{f.feed_age_s:.0f} s ago (the watcher writes on change)"))
+    mode = f.feed_mode or "?"
+    if mode.startswith("shared") and f.wake_port is None:
+        out.append(Check("feed mode", Status.FAIL, f"{mode}, but no wake port registered: the "
+                         "agent learns of changes only every feed_refresh_s"))
+    else:
+        out.append(Check("feed mode", Status.OK if f.feed_mode else Status.WARN,
+                         mode + (f", wakes on UDP port {f.wake_port}" if f.wake_port else "")))
+    return out
+
+
+def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:
+    """The file's lines, with ``include`` globs expanded (as slurmstepd reads it)."""
+    lines = []
+    for line in path.read_text().splitlines()[:1000]:
+        words = line.split()
+        if words[:1] == ["include"] and len(words) > 1 and depth < 4:
+            for inc in sorted(Path("/").glob(words[1].lstrip("/"))):
+                lines += _plugstack_lines(inc, depth + 1)
+        else:
+            lines.append(line)
+    return lines
+
+
+def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
+           wall=time.time) -> Facts:
+    from ..feed.notify import FeedMode, discover_feed_mode
+    from ..feed.store import FeedStore
+    from .node import node_layout
+    from .procs import agent_pid
+    f = Facts(node=config.node)
+    env = {"SLURM_CONF": str(config.slurm_conf)} if config.slurm_conf else None
+    try:
+        f.slurm_config = runner(["scontrol", "show", "config"], timeout=20, env=env).stdout
+    except CommandError as exc:
+        f.errors["slurm"] = str(exc)
+    for key in HOOK_KEYS:
+        script = parse_config_value(f.slurm_config or "", key) or "(null)"
+        try:
+            with open(script, "rb") as fh:
+                f.hooks[key] = (script, runs_ours(fh.read(1 << 16).decode(errors="replace")))
+        except OSError:
+            f.hooks[key] = (script, False)
+    try:
+        plugstack = Path(parse_config_value(f.slurm_config or "", "PlugStackConfig")
+                         or Path(config.slurm_conf or "/etc/slurm/slurm.conf").parent
+                         / "plugstack.conf")
+        f.plugstack_lines = _plugstack_lines(plugstack)
+        so = next((line.split()[1] for line in f.plugstack_lines
+                   if SPANK_SO in line and len(line.split()) > 1), None)
+        f.spank_so_exists = so is not None and Path(so).is_file()
+    except OSError as exc:
+        f.errors["plugstack"] = str(exc)
+    try:
+        f.layout = node_layout(config).describe()
+    except Exception as exc:  # noqa: BLE001 - LayoutUnknown and what discovery may raise
+        f.errors["layout"] = str(exc)
+    f.agent_pid = agent_pid(config.pid_file)
+    f.step_socket = config.step_socket.is_socket()
+    store = FeedStore(config.feed_dir)
+    feed_path = store.nodes_dir / f"{config.node}.json"
+    try:
+        f.feed_file = json.loads(feed_path.read_bytes())
+        f.feed_age_s = max(0.0, wall() - os.stat(feed_path).st_mtime)
+    except (OSError, ValueError) as exc:
+        f.errors["feed"] = str(exc)
+    try:
+        mode, fstype = discover_feed_mode(config.feed_dir) \
+            if config.feed_mode == "auto" else (FeedMode(config.feed_mode), "configured")
+        f.feed_mode = f"{mode.value} ({fstype})"
+    except OSError as exc:
+        f.errors["feed mode"] = str(exc)
+    f.wake_port = store.agent_wake_port(config.node)
+    return f
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    return "\n".join(f"{c.status.value:4}  {c.name:{width}}  {c.detail}" for c in checks)
