@@ -50,9 +50,14 @@ def watch_feed(config: AgentConfig, store, on_change: Callable[..., None]):
         for folder in (store.nodes_dir, store.offers_dir):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         watch = InotifyWatch([store.nodes_dir, store.offers_dir], on_change)
-        watch.start()
-        log.info("feed %s: local (%s): inotify", config.feed_dir, fstype)
-        return watch
+        try:
+            watch.start()
+            log.info("feed %s: local (%s): inotify", config.feed_dir, fstype)
+            return watch
+        except OSError as exc:    # out of watches (fs.inotify.max_user_watches), no inotify
+            watch.stop()
+            log.warning("feed %s: inotify failed (%s): taking wakes as on a shared folder",
+                        config.feed_dir, exc)
     listener = WakeListener(config.node, config.wake_port, on_change)
     port = listener.start()
     store.register_agent(config.node, port)

@@ -153,3 +153,23 @@ def test_the_watcher_wakes_the_agents_that_registered(tmp_path):
     assert sorted(w.poll().nodes_written) == ["n1", "n2"]
     assert sent == [("10.0.0.1", 40123, "n1")]
     assert w.poll().nodes_written == [] and len(sent) == 1    # nothing written, nobody woken
+
+
+def test_an_agent_without_inotify_takes_wakes_instead(tmp_path, monkeypatch):
+    """inotify failing (out of watches) does not stop the agent: it registers a wake port."""
+    from slurm_plugin.coscheduler import agent as agent_mod
+    from slurm_plugin.coscheduler.config import AgentConfig
+    from slurm_plugin.feed import notify
+
+    def no_inotify(self):
+        raise OSError(28, "inotify_add_watch: No space left on device")
+    monkeypatch.setattr(notify.InotifyWatch, "start", no_inotify)
+    config = AgentConfig(node="n1", state_dir=tmp_path, feed_dir=tmp_path / "feed",
+                         feed_mode="local")
+    store = FeedStore(config.feed_dir)
+    store.prepare()
+    watch = agent_mod.watch_feed(config, store, lambda *_: None)
+    try:
+        assert isinstance(watch, WakeListener) and store.agent_wake_port("n1") == watch.port
+    finally:
+        watch.stop()
