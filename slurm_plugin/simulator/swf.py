@@ -105,11 +105,19 @@ def parse_swf_text(text: str) -> SWFLog:
         if not line:
             continue
         if line.startswith(";"):
-            m = _ENTRY.fullmatch(line[1:])
-            if m:
+            body = line[1:]
+            text_ = body.strip()
+            # The archive indents an entry's continuation lines under its value (";       the
+            # given submit times ...", ";              http://...": not a key "http").
+            continued = len(body) - len(body.lstrip()) > 2 and bool(entries)
+            m = None if continued else _ENTRY.fullmatch(body)
+            if m and not m[2].startswith("//"):
                 entries.append((m[1], m[2]))
-            elif line[1:].strip():
-                notes.append(line[1:].strip())
+            elif continued and text_:
+                key, value = entries[-1]
+                entries[-1] = (key, f"{value} {text_}".strip())
+            elif text_:
+                notes.append(text_)
             continue
         parts = line.split()
         if len(parts) != N_FIELDS:

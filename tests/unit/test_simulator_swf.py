@@ -114,3 +114,19 @@ def test_the_command_line_reads_a_gzipped_log_and_counts_the_dropped(tmp_path, c
     assert main(["simulate", "--swf", str(empty), "--nodes", "1", "--cores", "4",
                  "--json", str(out)]) == 1      # a runtime error (2: usage errors only)
     assert "0 job lines read" in capsys.readouterr().err
+
+
+def test_indented_header_lines_continue_the_entry_above():
+    """As the archive writes them: a value carried on indented lines (a URL among them) belongs
+    to its entry; an unindented line without a key is a note."""
+    log = parse_swf_text("; Version: 2.2\n; Information: http://www.nas.nasa.gov/\n"
+                         ";              http://www.cs.huji.ac.il/labs/parallel/workload/\n"
+                         "; Note: There is no information on wait times - the given submit\n"
+                         ";       times are actually start times\n;\n; a free note\n")
+    assert list(log.header.entries) == [
+        ("Version", "2.2"),
+        ("Information", "http://www.nas.nasa.gov/ "
+                        "http://www.cs.huji.ac.il/labs/parallel/workload/"),
+        ("Note", "There is no information on wait times - the given submit times are "
+                 "actually start times")]
+    assert list(log.header.notes) == ["a free note"]
