@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (idempotent).
-.PHONY: setup demo test unit site-slurm test-site test-v2
+.PHONY: setup demo test test-tf-all unit site-slurm test-site test-v2
 
 setup:
 	bash scripts/setup.sh
@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/python scripts/demo.py
 
 # The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv, and
-# a subset of them on TensorFlow 2.16-2.20 (scripts/lib/tf-matrix.sh, a venv each), then
+# a subset of them on TensorFlow 2.17 and 2.19 (scripts/lib/tf-matrix.sh, a venv each), then
 # docker-slurm's end-to-end tests on Slurm 22.05 and 24.11 (containers of their own), then Slurm
 # 24.11 on cgroup v2 in virtual machines (vm-slurm).
 test: site-slurm
@@ -16,6 +16,11 @@ test: site-slurm
 	rc=0; bash scripts/run_tests.sh || rc=$$?; \
 	$(MAKE) -C docker-slurm test-all || rc=1; \
 	$(MAKE) -C vm-slurm test || rc=1; exit $$rc
+
+# The subset on every TensorFlow between 2.15 and 2.21 (2.16 to 2.20), not only make test's.
+test-tf-all:
+	MALLEABLE_TF_MATRIX=all bash scripts/setup.sh --tf-matrix
+	MALLEABLE_TF_MATRIX=all bash scripts/run_tests.sh --tf-matrix
 
 unit:
 	.venv/bin/python -m pytest -q tests/unit
