@@ -163,12 +163,26 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
     if config.slurm_conf is not None and not config.slurm_conf.is_file():
         raise CliError(f"no slurm.conf at {config.slurm_conf} (--slurm-conf)")
     client = CliSlurmClient(slurm_conf=config.slurm_conf)
-    # Jobs' borrowed cores go into Slurm's accounting where there is a database.
-    try:
-        storage = client.accounting_storage()
-    except CommandError as exc:
-        raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
-                       "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Jobs' borrowed cores go into Slurm's accounting where there is a database. The watcher
+    # may start before slurmctld (a service started beside it, docker-slurm's controller): it
+    # waits for it, saying so, except for --once.
+    wait_s = 1.0
+    while True:
+        try:
+            storage = client.accounting_storage()
+            break
+        except CommandError as exc:
+            if args.once:
+                raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
+                               "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
+            logging.getLogger("malleable.watcher").warning(
+                "slurmctld does not answer yet (%s): trying again in %g s", exc, wait_s)
+            if stop.wait(wait_s):
+                return 0
+            wait_s = min(wait_s * 2, 30.0)
     accounting = client if storage == "accounting_storage/slurmdbd" else None
     logging.getLogger("malleable.watcher").info(
         "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
@@ -189,9 +203,6 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
         server = MetricsServer(metrics, args.metrics_port, args.metrics_address)
         server.start()
         watcher.on_poll = metrics.observe
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         watcher.run(stop.is_set)
     finally:

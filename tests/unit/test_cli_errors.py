@@ -364,3 +364,29 @@ def test_other_ranks_resize_lines_are_not_shown_by_default(capsys):
             log.addHandler(h)
         log.setLevel(saved[1])
         log.propagate = saved[2]
+
+
+def test_the_watcher_waits_for_slurmctld_and_stops_on_sigterm(tmp_path):
+    """Started before slurmctld (a service beside it, docker-slurm's controller), the watcher
+    waits for it, saying so, instead of exiting; SIGTERM meanwhile stops it cleanly."""
+    import signal
+    import subprocess
+    import time
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=29999\n"
+                    "AuthType=auth/munge\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    err = tmp_path / "err"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_plugin.cli", "watcher",
+                                 "--feed-dir", str(tmp_path / "feed"), "--slurm-conf", str(conf)],
+                                stderr=f, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "does not answer yet" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "does not answer yet" in err.read_text(), err.read_text()
+        assert proc.poll() is None                          # still waiting, not exited
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, err.read_text()
+    finally:
+        proc.kill()
