@@ -127,6 +127,27 @@ def settle(cluster, node: str = NODE, timeout: float = 15.0) -> None:
              show=lambda: violations(cluster, node))
 
 
+# Drain reasons Slurm gives for its own timeouts (slurmctld stopped for 60 s in
+# test_slurmctld_stopped_for_60s: slurmd's messages to it time out), not for a hook's failure.
+SLURMS_OWN_DRAINS = ("not responding", "batch job complete failure")
+
+
+def node_usable(cluster, node: str) -> None:
+    """The node takes jobs: a drain Slurm made for its own timeouts is resumed (and printed);
+    a drain for any other reason (a Prolog or Epilog failure) fails the test, with its reason."""
+    env = {**os.environ, **cluster.env()}
+    reason = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%E"], env=env,
+                            capture_output=True, text=True).stdout.strip()
+    drained = any("DRAIN" in n.state_flags or n.state.startswith("drain")
+                  for n in cluster.client().nodes() if n.name == node)
+    if not drained:
+        return
+    assert reason.lower().startswith(SLURMS_OWN_DRAINS), f"{node} drained: {reason!r}"
+    print(f"\n{node} was drained by Slurm ({reason!r}): resumed")
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env,
+                   check=True, capture_output=True)
+
+
 def test_links_fifos_junk_and_foreign_writes_change_nothing(agent_cluster, alice_job, work):
     c, (a, uid) = agent_cluster, alice_job
     before = fingerprint()
@@ -501,6 +522,7 @@ def test_a_users_own_cgroup_tree_is_his_jobs_fault_only(agent_cluster, users, wo
     starts on the node (no drain); when bob's job ends, the Epilog removes what Slurm could
     not (a job folder left behind would hold its cores against the next job)."""
     c = agent_cluster
+    node_usable(c, OTHER)
     seen = len(events(c, OTHER))
     b = submit_as(c, BOB, work, "bobtree", """
 python3 - "$(cat /proc/self/cpuset)" <<'PYEOF'
