@@ -10,6 +10,7 @@ from pathlib import Path
 from malleable_protocol import parse_cpu_list
 from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import read_bounded
+from slurm_plugin.cgroups import LayoutUnknown
 from slurm_plugin.slurm import JobState
 
 
@@ -47,7 +48,9 @@ def cgroup_cpus(cluster, node: str, job_id: int, step: str = "",
     try:
         return parse_cpu_list(cluster.cgroup_layout(node).cpus_file(uid, job_id, step or None)
                               .read_text())
-    except OSError:
+    except (OSError, LayoutUnknown):
+        # No folder: the job's not made yet, nor (between jobs: slurmstepd removes it with
+        # the last job) the node's slurm_<node> folder the layout is discovered from.
         return None
 
 
