@@ -27,6 +27,7 @@ TF_CONFIG the user set is kept as it is.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -186,7 +187,7 @@ def init(max_threads: int | None = None, **kwargs):
         rank = int(config.get("task", {}).get("index", 0))
         kwargs.setdefault("rank", rank)
     else:
-        found = slurm_workers(os.environ, _cached(node_address))
+        found = slurm_workers(os.environ, functools.cache(node_address))
         os.environ["TF_CONFIG"] = json.dumps(found.tf_config())
         kwargs.setdefault("rank", found.rank)
         kwargs.setdefault("local_rank", found.local_rank)
@@ -201,12 +202,3 @@ def init(max_threads: int | None = None, **kwargs):
     _strategy = made[0]
     return _strategy
 
-
-def _cached(resolve: Callable[[str], str]) -> Callable[[str], str]:
-    seen: dict[str, str] = {}
-
-    def lookup(node: str) -> str:
-        if node not in seen:
-            seen[node] = resolve(node)
-        return seen[node]
-    return lookup
