@@ -157,9 +157,14 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
     from .feed import ClusterWatcher, FeedStore, WatcherConfig
     from .slurm import CliSlurmClient
     setup_logging("watcher", args.log_level)
-    config = WatcherConfig(feed_dir=Path(args.feed_dir),
-                           slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None,
-                           resync_s=args.resync)
+    feed_dir, slurm_conf = args.feed_dir, args.slurm_conf
+    if args.config:   # the nodes' agent.json says where the feed is (the systemd unit's way)
+        agent = load_agent_config(args.config)
+        feed_dir = feed_dir or agent.feed_dir
+        slurm_conf = slurm_conf or agent.slurm_conf
+    config = WatcherConfig(
+        feed_dir=Path(feed_dir or os.environ.get("MALLEABLE_FEED_DIR", "/run/malleable/feed")),
+        slurm_conf=Path(slurm_conf) if slurm_conf else None, resync_s=args.resync)
     if config.slurm_conf is not None and not config.slurm_conf.is_file():
         raise CliError(f"no slurm.conf at {config.slurm_conf} (--slurm-conf)")
     client = CliSlurmClient(slurm_conf=config.slurm_conf)
@@ -248,10 +253,17 @@ def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.config import AgentConfig
     from .coscheduler.install import install
     from .coscheduler.model import Policy
+    from .spank import SpankBuildError
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
                          run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
-                         feed_dir=Path(args.feed_dir), max_cpus=args.max_cpus)
-    for name, path in install(Path(args.dir), config).items():
+                         feed_dir=Path(args.feed_dir), max_cpus=args.max_cpus,
+                         slurm_conf=Path(args.slurm_conf) if args.slurm_conf else None)
+    spank_library = Path(args.spank_plugin) if args.spank_plugin else None
+    try:
+        paths = install(Path(args.dir), config, spank_library=spank_library)
+    except SpankBuildError as exc:
+        raise CliError(str(exc)) from None
+    for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
 
@@ -452,17 +464,21 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-DISTRIBUTION = "malleable-hpc"
+DISTRIBUTION = "malleable-hpc"     # the checkout's (pyproject.toml)
+# Where it may be installed from: pip (the whole project), the Debian package (node side).
+DISTRIBUTIONS = (DISTRIBUTION, "malleable-slurm")
 
 
 def package_version() -> str:
-    """The installed distribution's version; in a checkout run without installing, the version
-    pyproject.toml beside the package says; else "unknown"."""
+    """The installed distribution's version (pip's, or the Debian package's dist-info); in a
+    checkout run without installing, the version pyproject.toml beside the package says; else
+    "unknown"."""
     from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        pass
+    for distribution in DISTRIBUTIONS:
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            pass
     try:
         import tomllib
         pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
@@ -558,8 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.set_defaults(func=_doctor_cmd)
 
     wa = sub.add_parser("watcher", help="the cluster's one reader of slurmctld (foreground)")
-    wa.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
-                                                         "/run/malleable/feed"))
+    wa.add_argument("--config", help="agent.json: the feed folder and slurm.conf from it")
+    wa.add_argument("--feed-dir", help="the feed folder (default: --config's, else "
+                                       "$MALLEABLE_FEED_DIR, else /run/malleable/feed)")
     wa.add_argument("--slurm-conf", help="Slurm's configuration (default: Slurm's own)")
     wa.add_argument("--resync", type=_positive_seconds, default=10.0,
                     help="seconds between polls when no event came (default %(default)s)")
@@ -581,6 +598,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a folder the watcher and every node agent share")
     ih.add_argument("--max-cpus", type=int, default=None,
                     help="site limit on a job's cores per node (min=, max=, cpus=; max=node too)")
+    ih.add_argument("--slurm-conf", help="slurm.conf, where not Slurm's default")
+    ih.add_argument("--spank-plugin", metavar="PATH",
+                    help="a built malleable_spank.so (the Debian package's: "
+                         "/usr/lib/malleable/malleable_spank.so); default: build it into DIR")
     ih.set_defaults(func=_install_hooks_cmd)
 
     rs = sub.add_parser("resize", help="ask for CPUS cores per node for a malleable job")

@@ -8,6 +8,7 @@ what is missing and what to do. Exit 1 when any check fails.
 from __future__ import annotations
 
 import enum
+import glob
 import json
 import os
 import time
@@ -138,6 +139,35 @@ def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:
     return lines
 
 
+def hook_values(config_text: str, key: str) -> list[str]:
+    """A hook's programs in ``scontrol show config``: "Prolog = X" (22.05), "Prolog[0] = X",
+    "Prolog[1] = Y" (24.11); each may be a glob (docs/install.md links ours into prolog.d/)."""
+    values = []
+    for line in config_text.splitlines():
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if sep and (name == key or (name.startswith(key + "[") and name.endswith("]"))):
+            if value.strip() and value.strip() != "(null)":
+                values.append(value.strip())
+    return values
+
+
+def _hook_runs_ours(values: list[str]) -> tuple[str, bool]:
+    """(what slurm.conf names, whether one of its programs runs the malleable hook); a glob is
+    expanded as slurmd does."""
+    shown = ",".join(values) or "(null)"
+    for value in values:
+        scripts = sorted(glob.glob(value)) if glob.has_magic(value) else [value]
+        for script in scripts:
+            try:
+                with open(script, "rb") as fh:
+                    if runs_ours(fh.read(1 << 16).decode(errors="replace")):
+                        return (f"{shown} ({script})" if script != value else shown), True
+            except OSError:
+                continue
+    return shown, False
+
+
 def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
            wall=time.time) -> Facts:
     from ..feed.notify import FeedMode, discover_feed_mode
@@ -151,12 +181,7 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     except CommandError as exc:
         f.errors["slurm"] = str(exc)
     for key in HOOK_KEYS:
-        script = parse_config_value(f.slurm_config or "", key) or "(null)"
-        try:
-            with open(script, "rb") as fh:
-                f.hooks[key] = (script, runs_ours(fh.read(1 << 16).decode(errors="replace")))
-        except OSError:
-            f.hooks[key] = (script, False)
+        f.hooks[key] = _hook_runs_ours(hook_values(f.slurm_config or "", key))
     try:
         plugstack = Path(parse_config_value(f.slurm_config or "", "PlugStackConfig")
                          or Path(config.slurm_conf or "/etc/slurm/slurm.conf").parent

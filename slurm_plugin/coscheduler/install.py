@@ -1,6 +1,6 @@
 """``malleable install-slurm-hooks``: what a site installs for the co-scheduler (the node
-Prolog and Epilog, the controller's event hook, job_submit.lua, agent.json, the SPANK plugin
-and its plugstack.conf line), and the protocol's folders on a node."""
+Prolog and Epilog, the controller's event hook, job_submit.lua or its module form, agent.json,
+the SPANK plugin and its plugstack.conf line), and the protocol's folders on a node."""
 from __future__ import annotations
 
 import string
@@ -20,23 +20,51 @@ def _template(name: str) -> string.Template:
     return string.Template(resources.files("slurm_plugin").joinpath("templates", name).read_text())
 
 
-def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) -> dict[str, Path]:
-    """Render job_submit.lua, the node Prolog and Epilog, the controller's event hook
-    (PrologSlurmctld and EpilogSlurmctld), agent.json and plugstack.conf into ``dest``, and
-    build the SPANK plugin (malleable_spank.so) there. The hooks run ``python`` isolated (-I):
-    it must have this package installed (a venv, a .pth file), never found from a cwd or
-    PYTHONPATH."""
+# How each form of the job_submit template ends: a whole script defines Slurm's two entry points;
+# the module returns its table to the site's job_submit.lua (docs/install.md).
+_SCRIPT_ENDING = """\
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   return malleable.job_submit(job_desc, part_list, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   return malleable.job_modify(job_desc, job_rec, part_list, modify_uid)
+end
+
+return slurm.SUCCESS
+"""
+_MODULE_ENDING = "return malleable\n"
+LUA_MODULE = "job_submit_malleable.lua"
+
+
+def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
+            spank_library: Path | None = None) -> dict[str, Path]:
+    """Render job_submit.lua (a whole script) and job_submit_malleable.lua (the same checks as
+    a module for a site's own script), the node Prolog and Epilog, the controller's event hook
+    (PrologSlurmctld and EpilogSlurmctld), agent.json and plugstack.conf (one line: a
+    plugstack.conf.d drop-in) into ``dest``. The SPANK plugin is ``spank_library`` where given
+    (the Debian package's, built when the package was), else built into ``dest`` here. The
+    hooks run ``python`` isolated (-I): it must have this package installed (a venv, a .pth
+    file, the Debian package), never found from a cwd or PYTHONPATH."""
     dest.mkdir(parents=True, exist_ok=True)
-    names = ("job_submit.lua", "prolog.sh", "epilog.sh", "ctld_event.sh", "agent.json",
-             "plugstack.conf")
+    names = ("job_submit.lua", LUA_MODULE, "prolog.sh", "epilog.sh", "ctld_event.sh",
+             "agent.json", "plugstack.conf")
     paths = {name: dest / name for name in names}
-    paths[spank.LIBRARY] = spank.build(dest)
+    if spank_library is None:
+        paths[spank.LIBRARY] = spank.build(dest)
+    elif not spank_library.is_absolute() or not spank_library.is_file():
+        raise spank.SpankBuildError(f"no SPANK plugin at {spank_library} (an absolute path to "
+                                    f"{spank.LIBRARY}, as the package installs it)")
+    else:
+        paths[spank.LIBRARY] = spank_library
     paths["plugstack.conf"].write_text(spank.plugstack_line(
         paths[spank.LIBRARY], python=python, config=paths["agent.json"],
         state_dir=config.state_dir))
     events = FeedStore(config.feed_dir).events_file
     paths["agent.json"].write_text(config.to_json())
     paths["job_submit.lua"].write_text(render_job_submit(events, max_cpus=config.max_cpus or None))
+    paths[LUA_MODULE].write_text(render_job_submit(events, max_cpus=config.max_cpus or None,
+                                                   module=True))
     paths["ctld_event.sh"].write_text(_template("ctld_event.sh.tmpl").substitute(
         events_file=events))
     for hook in ("prolog.sh", "epilog.sh"):
@@ -46,12 +74,15 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable) ->
     return paths
 
 
-def render_job_submit(events_file: Path, *, max_cpus: int | None = None) -> str:
-    """job_submit.lua: request.py's grammar, its numbers capped at the site's ``max_cpus``
-    (cores per node), and the watcher's event file."""
+def render_job_submit(events_file: Path, *, max_cpus: int | None = None,
+                      module: bool = False) -> str:
+    """job_submit.lua (or, with ``module``, the module a site's script loads): request.py's
+    grammar, its numbers capped at the site's ``max_cpus`` (cores per node), and the watcher's
+    event file."""
     return _template("job_submit.lua.tmpl").substitute(
         grammar=lua_grammar_source(GRAMMAR.for_site(max_cpus)),
-        events_file=lua_literal(str(events_file)))
+        events_file=lua_literal(str(events_file)),
+        ending=_MODULE_ENDING if module else _SCRIPT_ENDING)
 
 
 def render_hook(name: str, *, python: str, config: Path) -> str:

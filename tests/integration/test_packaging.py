@@ -1,26 +1,95 @@
-"""Installing the project into an environment that already has TensorFlow 2.21 (.venv-keras3,
-made by scripts/setup.sh --keras3) installs the project alone: no TensorFlow replaced or
-downgraded, nothing fetched (pip runs with --no-index)."""
+"""The two installables as a site gets them (docs/install.md).
+
+User side: the malleable-tf wheel (packaging/build-wheels.sh) installed into a new environment
+that already has TensorFlow 2.21 (.venv-keras3's, made by scripts/setup.sh --keras3) installs
+itself alone, nothing fetched (--no-index), and TensorFlow is the same afterwards.
+Node side: the malleable-slurm Debian package (packaging/deb/build-deb.sh) built against this
+host's libslurm-dev holds the co-scheduler, the SPANK plugin and the units, depends on this
+host's Slurm release, and its command runs from the package's files alone."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
+TF_VERSION = "import tensorflow as tf; print(tf.__version__)"
 
 
-def test_installing_beside_tensorflow_2_21_replaces_nothing(tmp_path):
+def run(argv, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=True,
+                          timeout=kw.pop("timeout", 300), **kw)
+
+
+def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp_path):
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
-    before = subprocess.run([str(KERAS3_PY), "-c", "import tensorflow as tf; "
-                             "print(tf.__version__)"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    report = tmp_path / "report.json"
-    subprocess.run([str(KERAS3_PY), "-m", "pip", "install", "--dry-run", "--no-index",
-                    "--no-build-isolation", "--quiet", "--report", str(report), str(REPO)],
-                   check=True, capture_output=True, text=True, timeout=300)
-    installs = [(i["metadata"]["name"], i["metadata"]["version"])
-                for i in json.loads(report.read_text())["install"]]
-    assert [name for name, _ in installs] == ["malleable-hpc"], installs
+    run(["bash", REPO / "packaging" / "build-wheels.sh", tmp_path / "dist"])
+    wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
+    # A new environment whose TensorFlow 2.21 is already there (.venv-keras3's packages).
+    env_dir = tmp_path / "venv"
+    run([KERAS3_PY, "-m", "venv", env_dir])
+    py = env_dir / "bin" / "python"
+    keras3_site = run([KERAS3_PY, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+                      ).stdout.strip()
+    own_site = run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+                   ).stdout.strip()
+    Path(own_site, "keras3-env.pth").write_text(keras3_site + "\n")
+    before = run([py, "-c", TF_VERSION]).stdout.strip()
     assert before.startswith("2.21"), before
+    report = tmp_path / "report.json"
+    run([py, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", report,
+         wheel])
+    installs = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
+    assert installs == ["malleable-tf"], installs
+    run([py, "-m", "pip", "install", "--no-index", "--quiet", wheel])
+    assert run([py, "-I", "-c", TF_VERSION]).stdout.strip() == before
+    where = run([py, "-I", "-c", "import malleable_tf, malleable_tf.launcher.srun as s; "
+                 "print(malleable_tf.__file__)"]).stdout
+    assert where.startswith(own_site), where       # the wheel's, not the checkout's
+    usage = run([env_dir / "bin" / "malleable-srun", "--help"], cwd=tmp_path).stdout
+    assert usage.startswith("``malleable-srun``: run a Horovod TensorFlow program")
+    top = run([py, "-I", "-c", "import importlib.metadata as m; "
+               "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
+    assert sorted(top.split()) == ["malleable_protocol", "malleable_tf"]
+
+
+def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tmp_path):
+    run(["bash", REPO / "packaging" / "deb" / "build-deb.sh", tmp_path / "dist"])
+    deb, = (tmp_path / "dist").glob("malleable-slurm_*.deb")
+    slurm = run(["dpkg-query", "-W", "-f", "${Version}", "libslurm-dev"]).stdout
+    release = ".".join(slurm.split(".")[:2])
+    fields = dict(line.split(": ", 1) for line in
+                  run(["dpkg-deb", "-f", deb, "Version", "Depends"]).stdout.splitlines())
+    assert fields["Version"].endswith(f"+slurm{release}")
+    major, minor = release.split(".")
+    assert f"slurm-client (>= {release})" in fields["Depends"]
+    assert f"slurm-client (<< {major}.{int(minor) + 1:02d})" in fields["Depends"]
+    files = set(re.findall(r"\s\.(/\S+)$", run(["dpkg-deb", "-c", deb]).stdout, re.M))
+    for path in ("/usr/bin/malleable", "/usr/lib/malleable/malleable_spank.so",
+                 "/lib/systemd/system/malleable-agent@.service",
+                 "/lib/systemd/system/malleable-watcher.service",
+                 "/usr/share/doc/malleable-slurm/install.md",
+                 "/usr/lib/python3/dist-packages/slurm_plugin/cli.py",
+                 "/usr/lib/python3/dist-packages/slurm_plugin/templates/job_submit.lua.tmpl",
+                 "/usr/lib/python3/dist-packages/malleable_protocol/__init__.py"):
+        assert path in files, path
+    assert not [f for f in files if "__pycache__" in f or "malleable_tf" in f]
+    root = tmp_path / "root"
+    run(["dpkg-deb", "-x", deb, root])
+    # The plugin is a SPANK plugin: slurmstepd looks these symbols up.
+    symbols = run(["nm", "-D", "--defined-only", root / "usr/lib/malleable/malleable_spank.so"]
+                  ).stdout
+    for symbol in ("plugin_name", "plugin_version", "slurm_spank_init"):
+        assert re.search(rf"\b{symbol}\b", symbols), symbol
+    # /usr/bin/malleable with the package's files first on the path (-I: nothing else).
+    script = (root / "usr/bin/malleable").read_text()
+    assert script.startswith("#!/usr/bin/python3 -I\n")
+    site = root / "usr/lib/python3/dist-packages"
+    out = run(["/usr/bin/python3", "-I", "-c",
+               f"import sys; sys.path.insert(0, {str(site)!r}); sys.argv = ['malleable', "
+               f"'--version']; exec(open({str(root / 'usr/bin/malleable')!r}).read())"]).stdout
+    assert out.strip() == f"malleable {fields['Version']}"
+    unit = (root / "lib/systemd/system/malleable-watcher.service").read_text()
+    assert "ExecStart=/usr/bin/malleable watcher --config /etc/malleable/agent.json" in unit

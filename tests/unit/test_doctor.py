@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_plugin.coscheduler.doctor import (HOOK_KEYS, Facts, Status, _plugstack_lines,
-                                             diagnose, render, runs_ours)
+from slurm_plugin.coscheduler.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
+                                             _plugstack_lines, diagnose, hook_values, render,
+                                             runs_ours)
+
+from slurm_plugin.coscheduler.install import render_hook
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -70,3 +73,28 @@ def test_a_chained_site_hook_counts_and_includes_are_followed(tmp_path):
         f"optional /usr/lib/pyxis.so\ninclude {tmp_path}/plugstack.conf.d/*.conf\n")
     assert _plugstack_lines(tmp_path / "plugstack.conf") == [
         "optional /usr/lib/pyxis.so", "required /opt/m/malleable_spank.so"]
+
+
+def test_hook_values_of_both_slurm_versions_and_none():
+    v22 = "Prolog                  = /etc/slurm/prolog.d/*\nPrologFlags             = (null)\n"
+    v24 = ("Prolog[0]               = /etc/slurm/site-prolog\n"
+           "Prolog[1]               = /etc/slurm/prolog.d/*\nPrologEpilogTimeout = 65534\n"
+           "Epilog                  = (null)\n")
+    assert hook_values(v22, "Prolog") == ["/etc/slurm/prolog.d/*"]
+    assert hook_values(v24, "Prolog") == ["/etc/slurm/site-prolog", "/etc/slurm/prolog.d/*"]
+    assert hook_values(v24, "Epilog") == []
+    assert hook_values(v24, "PrologSlurmctld") == []
+
+
+def test_a_prolog_glob_counts_when_one_of_its_programs_runs_ours(tmp_path):
+    folder = tmp_path / "prolog.d"
+    folder.mkdir()
+    (folder / "10-site").write_text("#!/bin/sh\ntrue\n")
+    ours = tmp_path / "malleable-prolog.sh"
+    ours.write_text(render_hook("prolog.sh", python="/usr/bin/python3",
+                                config=Path("/etc/malleable/agent.json")))
+    assert _hook_runs_ours([f"{folder}/*"]) == (f"{folder}/*", False)
+    (folder / "50-malleable").symlink_to(ours)
+    shown, found = _hook_runs_ours([str(tmp_path / "missing"), f"{folder}/*"])
+    assert found and shown.endswith(f"({folder}/50-malleable)"), shown
+    assert _hook_runs_ours([]) == ("(null)", False)

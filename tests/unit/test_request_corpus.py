@@ -42,7 +42,12 @@ local said = nil
 slurm = {SUCCESS = 0, ERROR = -1,
          log_user = function(...) said = string.format(...) end,
          log_info = function(...) said = string.format(...) end}
-assert(dofile(SCRIPT) == slurm.SUCCESS)
+if MODULE then    -- the module form: a site's job_submit.lua calls its two functions
+   local m = dofile(SCRIPT)
+   slurm_job_submit, slurm_job_modify = m.job_submit, m.job_modify
+else
+   assert(dofile(SCRIPT) == slurm.SUCCESS)
+end
 
 local parse_update = assert(upvalue(slurm_job_modify, "parse_update"))
 
@@ -116,14 +121,17 @@ def python_outcome(case: Case, grammar: Grammar) -> str:
     return f"ok cpus={up.cpus or '-'},min={up.min_cpus or '-'},max={mx}"
 
 
-def lua_outcomes(cases: list[Case], grammar: Grammar, folder: Path) -> list[str]:
-    """Every case through the rendered job_submit.lua, one Lua process for all."""
+def lua_outcomes(cases: list[Case], grammar: Grammar, folder: Path, *, module: bool = False
+                 ) -> list[str]:
+    """Every case through the rendered job_submit.lua (or, with ``module``, through the
+    module form a site's own script calls), one Lua process for all."""
     assert LUA is not None, "no Lua interpreter: apt-get install lua5.1 (scripts/setup.sh does)"
     script, corpus, driver = folder / "job_submit.lua", folder / "cases", folder / "driver.lua"
     max_cpus = None if grammar.max_value == GRAMMAR.max_value else grammar.max_value
-    script.write_text(render_job_submit(folder / "events", max_cpus=max_cpus))
+    script.write_text(render_job_submit(folder / "events", max_cpus=max_cpus, module=module))
     corpus.write_text("".join(_line(c) + "\n" for c in cases))
     driver.write_text(f"SCRIPT, CASES = {str(script)!r}, {str(corpus)!r}\n"
+                      f"MODULE = {'true' if module else 'false'}\n"
                       f"MALLEABLE_JOB = {MALLEABLE_JOB!r}\n" + LUA_UPVALUE + DRIVER)
     out = subprocess.run([LUA, str(driver)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -131,11 +139,13 @@ def lua_outcomes(cases: list[Case], grammar: Grammar, folder: Path) -> list[str]
 
 
 def assert_agree(cases: list[Case], grammar: Grammar, folder: Path) -> None:
-    lua = lua_outcomes(cases, grammar, folder)
-    assert len(lua) == len(cases)
-    disagree = [(c, p, l) for c, p, l in zip(cases, (python_outcome(c, grammar) for c in cases),
-                                               lua) if p != l]
-    assert not disagree, "\n".join(f"{c}: python {p!r}, lua {l!r}" for c, p, l in disagree[:10])
+    python = [python_outcome(c, grammar) for c in cases]
+    for module in (False, True):
+        lua = lua_outcomes(cases, grammar, folder, module=module)
+        assert len(lua) == len(cases)
+        disagree = [(c, p, l) for c, p, l in zip(cases, python, lua) if p != l]
+        assert not disagree, (f"{'module' if module else 'script'}:\n" + "\n".join(
+            f"{c}: python {p!r}, lua {l!r}" for c, p, l in disagree[:10]))
 
 
 # --- the hand-picked corpus --------------------------------------------------------------------

@@ -1,0 +1,57 @@
+#!/bin/bash
+# Builds the user side's wheel, malleable-tf (docs/install.md section 9): malleable_tf, the
+# protocol it shares with the node side, and the launcher as malleable_tf.launcher (the
+# `malleable-srun` command). Installed into a user's environment beside the TensorFlow there:
+# it requires none (pip cannot say "tensorflow or tensorflow-cpu or a site build", and requiring
+# one would install it beside, or over, another); the extra [tensorflow] asks for the tested
+# range. Pure Python: the native part (malleable_tf/native) is compiled on first use against the
+# TensorFlow it finds.
+#   packaging/build-wheels.sh [OUT_DIR]     (default: dist/) -> OUT_DIR/malleable_tf-*.whl
+# Needs python3 with pip, setuptools and wheel (the project's .venv has them); no network.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$(mkdir -p "${1:-$REPO/dist}" && cd "${1:-$REPO/dist}" && pwd)
+PY=${PYTHON:-$([ -x "$REPO/.venv/bin/python" ] && echo "$REPO/.venv/bin/python" || echo python3)}
+version=$(sed -n -E 's/^version = "([^"]+)"/\1/p' "$REPO/pyproject.toml" | head -1)
+[ -n "$version" ] || { echo "[build-wheels] no version in pyproject.toml" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+copy() {   # copy SRC_PACKAGE DEST_FOLDER: the package's files, no caches
+  (cd "$REPO" && find "$1" -name __pycache__ -prune -o -type f -print) | while read -r f; do
+    install -D -m 0644 "$REPO/$f" "$work/$2/${f#"$1"/}"; done
+}
+copy malleable_tf malleable_tf
+copy malleable_protocol malleable_protocol
+copy launcher malleable_tf/launcher
+cp "$REPO/README.md" "$work/"
+cat > "$work/pyproject.toml" <<TOML
+[build-system]
+requires = ["setuptools>=61", "wheel"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "malleable-tf"
+version = "$version"
+description = "TensorFlow thread pools that follow a Slurm job's cores as they grow and shrink"
+readme = "README.md"
+requires-python = ">=3.10"
+license = { text = "Apache-2.0" }
+dependencies = []
+
+[project.optional-dependencies]
+# The tested range (README, "TensorFlow versions"), for an environment that has none yet.
+tensorflow = ["tensorflow>=2.15,<2.22"]
+horovod = ["horovod==0.28.1"]
+
+[project.scripts]
+malleable-srun = "malleable_tf.launcher.srun:main"
+
+[tool.setuptools.packages.find]
+include = ["malleable_tf*", "malleable_protocol*"]
+
+[tool.setuptools.package-data]
+malleable_tf = ["native/*.cc", "native/*.h"]
+TOML
+"$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$OUT" "$work" >/dev/null
+ls "$OUT"/malleable_tf-"$version"-*.whl | sed 's/^/[build-wheels] /'
