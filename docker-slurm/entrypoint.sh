@@ -8,7 +8,8 @@ HOOKS=$ROOT/hooks
 
 if [ "${1:-}" = prepare ]; then
   shift
-  exec python -m slurm_plugin.cluster.docker prepare "$@"
+  # The node side is the Debian package's, under Debian's python3 (docs/install.md).
+  exec /usr/bin/python3 -I -m slurm_plugin.cluster.docker prepare "$@"
 fi
 
 install -d -m 0755 /run/munge
@@ -21,7 +22,7 @@ case "${1:-}" in
   controller)
     slurmctld -D -f "$SLURM_CONF" &
     if [ -f "$HOOKS/agent.json" ]; then
-      python -m slurm_plugin.cli watcher --feed-dir "$MALLEABLE_FEED_DIR" --slurm-conf "$SLURM_CONF" \
+      /usr/bin/malleable watcher --feed-dir "$MALLEABLE_FEED_DIR" --slurm-conf "$SLURM_CONF" \
         >> "$ROOT/log/watcher.out" 2>&1 &
     fi
     ;;
@@ -29,7 +30,7 @@ case "${1:-}" in
     node="${2:?node name}"
     slurmd -D -f "$SLURM_CONF" -N "$node" &
     if [ -f "$HOOKS/agent.json" ]; then
-      python -m slurm_plugin.cli agent --config "$HOOKS/agent.json" --node "$node" \
+      /usr/bin/malleable agent --config "$HOOKS/agent.json" --node "$node" \
         >> "$ROOT/log/agent-$node.out" 2>&1 &
     fi
     ;;

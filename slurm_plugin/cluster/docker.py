@@ -29,6 +29,8 @@ CLUSTER_ROOT = Path("/cluster")
 # Each container runs its own munged at Debian's default socket; the key is the cluster folder's.
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 CGROUP_ROOT = "/sys/fs/cgroup"
+# The Debian package's SPANK plugin (packaging/deb/build-deb.sh), built with the image.
+PACKAGED_SPANK_PLUGIN = Path("/usr/lib/malleable/malleable_spank.so")
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ def prepare(cluster: DockerCluster, policy: Policy | None) -> ClusterSpec:
     from .local import hooks_dir, host_topology, install_cluster_hooks, write_cluster_files
     spec = cluster.spec(host_topology())
     if policy is not None:
-        spec = install_cluster_hooks(spec, policy)
+        # The image has the node side as docs/install.md installs it: the package's plugin.
+        spec = install_cluster_hooks(spec, policy, spank_library=PACKAGED_SPANK_PLUGIN)
     else:   # an earlier `up` with a policy left hooks here: the containers would start agents
         shutil.rmtree(hooks_dir(spec), ignore_errors=True)
     write_cluster_files(spec)

@@ -130,14 +130,16 @@ def hooks_dir(spec: ClusterSpec) -> Path:
     return spec.paths.root / "hooks"
 
 
-def install_cluster_hooks(spec: ClusterSpec, policy: Policy) -> ClusterSpec:
-    """What `malleable install-slurm-hooks` does on a real cluster, below the cluster folder:
-    returns the spec with its hook slots filled."""
+def install_cluster_hooks(spec: ClusterSpec, policy: Policy, *,
+                          spank_library: Path | None = None) -> ClusterSpec:
+    """What `malleable install-slurm-hooks` does on a real cluster, below the cluster folder
+    (with ``spank_library``, the Debian package's plugin instead of one built here): returns
+    the spec with its hook slots filled."""
     from ..coscheduler.config import AgentConfig
     from ..coscheduler.install import install, prepare_node_folders
     from ..feed.store import FeedStore
     config = AgentConfig.under(spec.paths.root, policy=policy, slurm_conf=spec.paths.slurm_conf)
-    paths = install(hooks_dir(spec), config)
+    paths = install(hooks_dir(spec), config, spank_library=spank_library)
     prepare_node_folders(config)
     FeedStore(config.feed_dir).prepare()
     return spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],

@@ -32,7 +32,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/rank_*.json")):
     out.append(d)
 print(json.dumps(out))
 """
-MALLEABLE = (f"{VENV}/malleable",)     # the command in the node containers
+MALLEABLE = ("/usr/bin/malleable",)     # the command in the node containers (the package's)
 
 
 def job_cpus(c, node: str, job_id: int, step: str = "") -> frozenset[int] | None:
