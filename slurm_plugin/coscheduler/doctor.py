@@ -139,6 +139,18 @@ def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:
     return lines
 
 
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+def plugstack_path(config_text: str, slurm_conf: Path) -> Path:
+    """The plugstack.conf slurmstepd reads: PlugStackConfig where set; else, Slurm's default,
+    plugstack.conf beside slurm.conf (24.11 shows an unset one as "(null)")."""
+    value = parse_config_value(config_text, "PlugStackConfig")
+    if value and value != "(null)":
+        return Path(value)
+    return Path(slurm_conf).parent / "plugstack.conf"
+
+
 def hook_values(config_text: str, key: str) -> list[str]:
     """A hook's programs in ``scontrol show config``: "Prolog = X" (22.05), "Prolog[0] = X",
     "Prolog[1] = Y" (24.11); each may be a glob (docs/install.md links ours into prolog.d/)."""
@@ -183,9 +195,8 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     for key in HOOK_KEYS:
         f.hooks[key] = _hook_runs_ours(hook_values(f.slurm_config or "", key))
     try:
-        plugstack = Path(parse_config_value(f.slurm_config or "", "PlugStackConfig")
-                         or Path(config.slurm_conf or "/etc/slurm/slurm.conf").parent
-                         / "plugstack.conf")
+        plugstack = plugstack_path(f.slurm_config or "", config.slurm_conf
+                                   or Path(os.environ.get("SLURM_CONF", DEFAULT_SLURM_CONF)))
         f.plugstack_lines = _plugstack_lines(plugstack)
         so = next((line.split()[1] for line in f.plugstack_lines
                    if SPANK_SO in line and len(line.split()) > 1), None)

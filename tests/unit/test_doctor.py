@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_plugin.coscheduler.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
-                                             _plugstack_lines, diagnose, hook_values, render,
-                                             runs_ours)
+                                             _plugstack_lines, diagnose, hook_values,
+                                             plugstack_path, render, runs_ours)
 
 from slurm_plugin.coscheduler.install import render_hook
 
@@ -98,3 +98,13 @@ def test_a_prolog_glob_counts_when_one_of_its_programs_runs_ours(tmp_path):
     shown, found = _hook_runs_ours([str(tmp_path / "missing"), f"{folder}/*"])
     assert found and shown.endswith(f"({folder}/50-malleable)"), shown
     assert _hook_runs_ours([]) == ("(null)", False)
+
+
+def test_plugstack_path_is_slurms_default_where_unset():
+    conf = Path("/etc/slurm/slurm.conf")
+    assert plugstack_path("PlugStackConfig         = /x/plugstack.conf\n", conf) == \
+        Path("/x/plugstack.conf")
+    assert plugstack_path("PlugStackConfig         = (null)\n", conf) == \
+        Path("/etc/slurm/plugstack.conf")
+    assert plugstack_path("ClusterName = c\n", Path("/c/etc/slurm.conf")) == \
+        Path("/c/etc/plugstack.conf")

@@ -4,19 +4,18 @@ Run on the host by `make -C vm-slurm test` (after `up` and the smoke checks), wh
 VM_SLURM_STATE, VM_SLURM_NODES and VM_SLURM_VMCTL. Without them every test here fails, saying so
 (the main suite leaves this folder out, as it does tests/docker).
 
-The install (the `cosched` fixture, once per session), as a site would do it on each node:
-- the project's packages copied into /opt/malleable/src (tar over ssh; no image rebuild for a
-  code change) and put on the guest Python's path with a .pth file, so the Prolog, the Epilog,
-  the SPANK plugin's hook and the jobs of any user import them;
-- `malleable install-slurm-hooks /opt/malleable/hooks --policy lend-idle` (renders the hooks
-  and agent.json, builds the SPANK plugin against the guest's libslurm-dev); job_submit.lua
-  copied beside slurm.conf; slurm.conf gets JobSubmitPlugins, Prolog, Epilog,
-  PrologSlurmctld, EpilogSlurmctld and PlugStackConfig as the project's template writes them;
-  slurmctld and slurmd restarted;
+The install (the `cosched` fixture, once per session) is docs/install.md's, its steps run as
+written by packaging/guide.py (MALLEABLE_FEED_DIR=/shared/feed, the rest the guide's defaults):
+- the project copied into /opt/malleable/src on every VM (tar over ssh; no image rebuild for a
+  code change); the user side (malleable_tf) on the jobs' Python path with a .pth file, as a
+  site's user environment would have it;
+- step build on vm1 (the Debian package, its SPANK plugin compiled against the guest's
+  libslurm-dev), the package put on the 9p share; steps install-package, configure, slurm-conf
+  and job-submit on every VM; restart-slurm (vm1 first); services (the watcher on vm1, the
+  agent malleable-agent@<node> on each node, both systemd units of the package; `journalctl
+  -u` shows their logs); check (`malleable doctor` on every node);
 - the run dir /run/malleable (agent state in /run/malleable/agent) on each VM's own tmpfs;
-  the feed in /shared/feed, a host folder every VM mounts over virtio-9p (vmctl.py);
-- the watcher on vm1 and one agent per node, as transient systemd services
-  (malleable-watcher, malleable-agent: `journalctl -u` shows their logs).
+  the feed in /shared/feed, a host folder every VM mounts over virtio-9p (vmctl.py).
 """
 from __future__ import annotations
 
@@ -34,13 +33,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("malleable_protocol", "malleable_tf", "slurm_plugin", "sbatch_templates",
-            "launcher", "tests/programs")
+            "launcher", "tests/programs", "packaging", "docs/install.md", "pyproject.toml")
 SRC = "/opt/malleable/src"
-HOOKS = "/opt/malleable/hooks"
+HOOKS = "/etc/malleable"            # the guide's MALLEABLE_ETC
+USER_SIDE = "/opt/malleable/user"     # malleable_tf for the jobs (a site's user environment)
+DIST = "/shared/dist"                 # the package, built on vm1, for every VM
+GUIDE = f"python3 {SRC}/packaging/guide.py"
 RUN_DIR = "/run/malleable"
 STATE_DIR = "/run/malleable/agent"
 FEED_DIR = "/shared/feed"
 SLURM_CONF = "/etc/slurm/slurm.conf"
+# The guide's settings for this cluster (docs/install.md, step settings).
+GUIDE_ENV = f"MALLEABLE_FEED_DIR={FEED_DIR}"
 TIMES: list[tuple[str, float]] = []
 NOTES: list[str] = []    # what was observed, printed in the summary
 
@@ -169,14 +173,17 @@ def vms() -> VMs:
 
 @pytest.fixture(scope="session")
 def cosched(vms: VMs) -> VMs:
-    """Stage 1: the co-scheduler installed and running in every VM (see the module's doc)."""
-    with Stage("install: copy the project into every VM (tar over ssh, .pth)"):
+    """Stage 1: the co-scheduler installed by docs/install.md's steps and running (see the
+    module's doc)."""
+    with Stage("install: copy the project into every VM (tar over ssh); the user side on the "
+               "jobs' path (.pth)"):
         data = project_tar()
         for node in vms.nodes:
-            vms.run(node, f"rm -rf {SRC} && mkdir -p {SRC} && tar -xz -C {SRC} && "
+            vms.run(node, f"rm -rf {SRC} {USER_SIDE} && mkdir -p {SRC} {USER_SIDE} && "
+                          f"tar -xz -C {SRC} && cp -r {SRC}/malleable_tf {USER_SIDE}/ && "
                           f"chmod -R a+rX /opt/malleable && "
                           f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
-                          f" && mkdir -p $d && echo {SRC} > $d/malleable.pth", data=data)
+                          f" && mkdir -p $d && echo {USER_SIDE} > $d/malleable-user.pth", data=data)
     with Stage("install: the shared feed folder (9p) is mounted in every VM"):
         for node in vms.nodes:
             fs = vms.out(node, "findmnt -n -o FSTYPE /shared || true").strip()
@@ -184,24 +191,18 @@ def cosched(vms: VMs) -> VMs:
                                 "journalctl -u vmslurm-setup: "
                                 + vms.out(node, "journalctl -b -u vmslurm-setup | tail -5",
                                           check=False))
-    with Stage("install: install-slurm-hooks in every VM (builds the SPANK plugin)"):
-        lines = "\n".join([
-            "# malleable (tests/vm): the co-scheduler hooks, as slurm.conf.tmpl writes them",
-            "JobSubmitPlugins=lua",
-            f"Prolog={HOOKS}/prolog.sh",
-            f"Epilog={HOOKS}/epilog.sh",
-            f"PrologSlurmctld={HOOKS}/ctld_event.sh",
-            f"EpilogSlurmctld={HOOKS}/ctld_event.sh",
-            f"PlugStackConfig={HOOKS}/plugstack.conf"])
-        vms.parallel(lambda node: (
-            f"set -e; python3 -m slurm_plugin.cli install-slurm-hooks {HOOKS} --policy lend-idle "
-            f"--run-dir {RUN_DIR} --state-dir {STATE_DIR} --feed-dir {FEED_DIR} && "
-            f"install -m 644 {HOOKS}/job_submit.lua /etc/slurm/job_submit.lua && "
-            f"grep -q '^PlugStackConfig=' {SLURM_CONF} || "
-            f"printf '%s\\n' {shlex.quote(lines)} >> {SLURM_CONF}"))
-    with Stage("install: restart slurmctld and slurmd, wait until every node is idle"):
-        vms.run("vm1", "systemctl restart slurmctld", timeout=180)
-        vms.parallel(lambda node: "systemctl restart slurmd", timeout=180)
+    with Stage("install: guide step build on vm1 (the Debian package, its plugin compiled)"):
+        out = vms.out("vm1", f"cd {SRC} && {GUIDE} run build 2>&1 && "
+                             f"mkdir -p {DIST} && rm -f {DIST}/*.deb && cp dist/*.deb {DIST}/",
+                      timeout=600)
+        NOTES.append("build: " + " ".join(out.split()[-12:]))
+    with Stage("install: guide steps install-package, configure, slurm-conf, job-submit on "
+               "every VM"):
+        vms.parallel(lambda node: f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package "
+                                  f"configure slurm-conf job-submit 2>&1", timeout=600)
+    with Stage("install: guide step restart-slurm (vm1 first), every node idle again"):
+        vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
+        vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
         want = set(vms.nodes)
 
         def idle():
@@ -215,21 +216,10 @@ def cosched(vms: VMs) -> VMs:
         conf = {k.strip().removesuffix("[0]"): v.strip() for k, _, v in
                 (l.partition("=") for l in vms.out("vm1", "scontrol show config").splitlines())}
         assert conf.get("JobSubmitPlugins") == "lua", conf.get("JobSubmitPlugins")
-        for key, name in (("Prolog", "prolog.sh"), ("Epilog", "epilog.sh"),
-                          ("PrologSlurmctld", "ctld_event.sh"),
-                          ("PlugStackConfig", "plugstack.conf")):
-            assert conf.get(key) == f"{HOOKS}/{name}", (key, conf.get(key))
-    with Stage("install: start the watcher (vm1) and an agent per node"):
-        vms.run("vm1", f"systemctl stop malleable-watcher 2>/dev/null; "
-                       f"systemctl reset-failed malleable-watcher 2>/dev/null; "
-                       f"systemd-run --unit=malleable-watcher --collect python3 -m "
-                       f"slurm_plugin.cli watcher --feed-dir {FEED_DIR} "
-                       f"--slurm-conf {SLURM_CONF} --resync 2")
-        vms.parallel(lambda node: (
-            f"systemctl stop malleable-agent 2>/dev/null; "
-            f"systemctl reset-failed malleable-agent 2>/dev/null; "
-            f"systemd-run --unit=malleable-agent --collect python3 -m slurm_plugin.cli agent "
-            f"--config {HOOKS}/agent.json --node {node}"))
+        assert conf.get("Prolog") == "/etc/slurm/prolog.d/*", conf.get("Prolog")
+        assert conf.get("PrologSlurmctld") == f"{HOOKS}/ctld_event.sh", conf
+    with Stage("install: guide step services (the watcher on vm1, an agent per node)"):
+        vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run services 2>&1")
 
         def published():
             out = vms.out("vm1", f"ls {FEED_DIR}/nodes {FEED_DIR}/reports 2>/dev/null",
@@ -238,6 +228,9 @@ def cosched(vms: VMs) -> VMs:
         wait_for(published, timeout=180, interval=2,
                  what="the feed of every node (watcher) and every agent's report",
                  show=lambda: diagnostics(vms))
+    with Stage("install: guide step check (malleable doctor on every node)"):
+        outs = vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run check 2>&1", timeout=180)
+        NOTES.append("doctor on vm1:\n" + outs["vm1"].strip())
     return vms
 
 
@@ -246,8 +239,8 @@ def diagnostics(vms: VMs, job: int | None = None) -> str:
     parts = []
     for node in vms.nodes:
         parts.append(vms.out(node, (
-            f"echo '=== {node}'; systemctl is-active malleable-agent malleable-watcher; "
-            "journalctl -u malleable-agent -u malleable-watcher --no-pager | tail -25; "
+            f"echo '=== {node}'; systemctl is-active malleable-agent@{node} malleable-watcher; "
+            f"journalctl -u malleable-agent@{node} -u malleable-watcher --no-pager | tail -25; "
             f"tail -15 {STATE_DIR}/hooks-{node}.log 2>/dev/null; "
             "tail -15 /var/log/slurm/slurmd.log; "
             + (f"tail -15 {STATE_DIR}/events-{node}.jsonl 2>/dev/null; " if job else "")
