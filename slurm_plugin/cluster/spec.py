@@ -13,6 +13,9 @@ from importlib import resources
 from pathlib import Path
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+# SchedulerParameters: "bf_interval=1,bf_resolution=1,bf_continue" (one line of slurm.conf).
+_SCHED_ITEM = r"[a-z][a-z0-9_]*(=[A-Za-z0-9_.:-]+)?"
+SCHED_PARAMS_RE = re.compile(rf"^{_SCHED_ITEM}(,{_SCHED_ITEM})*$")
 
 
 class SpecError(ValueError):
@@ -133,6 +136,9 @@ class ClusterSpec:
     # True: slurmdbd on a MariaDB of the cluster's own (loopback), so sacct sees the jobs and
     # the watcher writes each malleable job's borrowed and lent cores into them.
     accounting: bool = False
+    # Slurm's SchedulerParameters line as given ("bf_interval=1,bf_resolution=1"), None: Slurm's
+    # defaults. The backfill parameters a replay of a trace compares the simulator with.
+    scheduler_parameters: str | None = None
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -146,6 +152,10 @@ class ClusterSpec:
                             f"(1024..{65535 - 100 - self.nodes})")
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
             raise SpecError("cpus_per_node must be positive")
+        if self.scheduler_parameters is not None and not SCHED_PARAMS_RE.match(
+                self.scheduler_parameters):
+            raise SpecError(f"scheduler parameters {self.scheduler_parameters!r} must be "
+                            "comma-separated name or name=value items")
         if not Path(self.root).is_absolute():
             raise SpecError(f"cluster folder must be an absolute path, not {self.root}")
 
@@ -226,6 +236,8 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         optional.append("SlurmdParameters=config_overrides")
         layout = (f"CPUs={spec.cpus_per_node} Boards=1 SocketsPerBoard=1 "
                   f"CoresPerSocket={spec.cpus_per_node} ThreadsPerCore=1")
+    if spec.scheduler_parameters is not None:
+        optional.append(f"SchedulerParameters={spec.scheduler_parameters}")
     if spec.job_submit_lua is not None:
         # Slurm reads job_submit.lua from the folder of slurm.conf; the cluster copies it there.
         optional.append("JobSubmitPlugins=lua")

@@ -102,3 +102,16 @@ def test_docker_cluster_refuses_bad_names():
         DockerCluster(project="x;rm -rf", image="i", host_dir=Path("/d"))
     with pytest.raises(SpecError):
         DockerCluster(project="ok", image="i", host_dir=Path("relative"))
+
+
+def test_scheduler_parameters_rendered_and_checked():
+    """SchedulerParameters is written as given (none by default: Slurm's defaults), survives
+    cluster.json, and refuses what would add another line or setting to slurm.conf."""
+    assert "SchedulerParameters" not in render_slurm_conf(spec())
+    s = spec(scheduler_parameters="bf_interval=1,bf_resolution=1,bf_continue")
+    lines = render_slurm_conf(s).splitlines()
+    assert "SchedulerParameters=bf_interval=1,bf_resolution=1,bf_continue" in lines
+    assert ClusterSpec.from_json(s.to_json()) == s
+    for bad in ("", "bf_interval=1\nNodeName=x", "bf_interval=1 PriorityType=x", "a,,b", "=1"):
+        with pytest.raises(SpecError):
+            spec(scheduler_parameters=bad)
