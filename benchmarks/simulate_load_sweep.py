@@ -12,6 +12,12 @@ mean response.
 
     python benchmarks/simulate_load_sweep.py [--nodes 1000 --cores 64 --jobs 50000]
         [--loads 1.2,2,3,4] [--seeds 1] [--asks 0.25] [--orders fcfs] [--name NAME]
+        [--workload project|lublin]
+
+``--workload lublin``: Lublin and Feitelson's published fits with Downey speedup curves
+(``simulator.lublin``), its inter-arrival times scaled to each offered load (``--max-runtime-h``
+does not apply: the model caps runtimes at exp(12) s). The nodes regime (node-count
+malleability) is reported beside lend-idle and throughput.
 
 Writes benchmarks/results/NAME.json and .png (makespan against load for the first order and
 ask; with several orders, bars per order for each load instead).
@@ -29,9 +35,9 @@ sys.path.insert(0, str(HERE.parent))
 from common import RESULTS, machine, save  # noqa: E402
 
 from slurm_plugin.simulator import (QueueOrder, SimPolicy, Simulation, WorkloadModel,  # noqa: E402
-                                    generate)
+                                    generate, generate_lublin)
 
-POLICIES = (SimPolicy.STATIC, SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
+POLICIES = (SimPolicy.STATIC, SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT, SimPolicy.NODES)
 KEPT = ("makespan_s", "mean_response_s", "p95_wait_s", "mean_bounded_slowdown", "utilisation",
         "resizes", "wall_s")
 
@@ -52,11 +58,11 @@ def plot(rows: list[dict], path: Path) -> None:
         for p in POLICIES[1:]:
             axes[0].plot(loads, [r[p.value]["makespan_s"] / r["static"]["makespan_s"] for r in rs],
                          marker="o", label=p.value if seed == seeds[0] else None,
-                         color="C0" if p is SimPolicy.LEND_IDLE else "C1")
+                         color=f"C{POLICIES.index(p) - 1}")
             axes[1].plot(loads, [r[p.value]["mean_response_s"] / r["static"]["mean_response_s"]
                                  for r in rs], marker="o",
                          label=p.value if seed == seeds[0] else None,
-                         color="C0" if p is SimPolicy.LEND_IDLE else "C1")
+                         color=f"C{POLICIES.index(p) - 1}")
     axes[0].axhline(0.75, color="grey", lw=0.8, ls=":", label="goal: 0.75 of static")
     axes[0].set_ylabel("makespan / static's")
     axes[1].set_ylabel("mean response / static's")
@@ -132,15 +138,22 @@ def main() -> None:
     ap.add_argument("--max-runtime-h", type=float, default=4.0)
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--name", default="simulate_load_sweep")
+    ap.add_argument("--workload", default="project", choices=["project", "lublin"],
+                    help="this project's generated model, or Lublin-Feitelson with Downey")
     args = ap.parse_args()
     asks = [float(a) for a in args.asks.split(",")]
     orders = [QueueOrder(o) for o in args.orders.split(",")]
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for load in (float(x) for x in args.loads.split(",")):
-            model = WorkloadModel(offered_load=load, runtime_max_s=args.max_runtime_h * 3600.0)
-            jobs = generate(args.jobs, args.nodes, args.cores, args.malleable_fraction, seed,
-                            model)
+            if args.workload == "lublin":
+                jobs = generate_lublin(args.jobs, args.nodes, args.cores,
+                                       args.malleable_fraction, seed, offered=load)
+            else:
+                model = WorkloadModel(offered_load=load,
+                                      runtime_max_s=args.max_runtime_h * 3600.0)
+                jobs = generate(args.jobs, args.nodes, args.cores, args.malleable_fraction,
+                                seed, model)
             for order in orders:
                 # Static jobs ask for their size whatever the ask: one run serves every ask.
                 static = Simulation(jobs, nodes=args.nodes, cores=args.cores,
@@ -178,7 +191,7 @@ def main() -> None:
                               f"{row[p.value]['mean_response_vs_static']})"
                               for p in POLICIES[1:]), flush=True)
     save(args.name, {"benchmark": "makespan against offered load and queue order, simulated "
-                                  "at scale", "machine": machine(),
+                                  "at scale", "machine": machine(), "workload": args.workload,
                      "max_runtime_h": args.max_runtime_h,
                      "malleable_fraction": args.malleable_fraction, "rows": rows})
     png = RESULTS / f"{args.name}.png"

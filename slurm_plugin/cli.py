@@ -348,8 +348,11 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
 
 
 def _simulate_cmd(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from .simulator import (Backfill, QueueOrder, SimPolicy, Simulation, Workload, WorkloadModel,
-                            closed_batch, generate, read_swf, swf_workload)
+                            closed_batch, generate, generate_lublin, offered_load, read_swf,
+                            scale_to_load, swf_workload)
     from .simulator.metrics import ratios
     if args.swf:
         log = read_swf(Path(args.swf).read_bytes())
@@ -360,6 +363,14 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
             dropped = {k: v for k, v in workload.dropped.items() if v}
             raise ValueError(f"no job of {args.swf} to simulate: {workload.read} job lines "
                              f"read, dropped {dropped}")
+        natural_load = offered_load(workload.jobs, args.nodes * args.cores)
+        if args.swf_offered_load is not None:
+            workload = dataclasses.replace(workload, jobs=tuple(scale_to_load(
+                workload.jobs, args.swf_offered_load, args.nodes * args.cores)))
+    elif args.workload == "lublin":
+        workload = Workload(tuple(generate_lublin(args.jobs or 1000, args.nodes, args.cores,
+                                                  args.malleable_fraction, args.seed,
+                                                  offered=args.offered_load)))
     else:
         model = WorkloadModel(offered_load=args.offered_load,
                               runtime_max_s=args.max_runtime_h * 3600.0)
@@ -383,9 +394,13 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
                    "jobs_adjusted": dict(workload.adjusted)}
         if args.swf:
             summary["swf_header"] = log.header.summary()
+            summary["natural_offered_load"] = natural_load
+            summary["offered_load"] = args.swf_offered_load
         else:
+            summary["workload_model"] = args.workload
             summary["offered_load"] = args.offered_load
-            summary["max_runtime_h"] = args.max_runtime_h
+            if args.workload == "project":
+                summary["max_runtime_h"] = args.max_runtime_h
         results.append(summary)
         print(f"{policy.value:12s} {r.makespan_s:11.0f} {r.lower_bound_makespan_s:11.0f} "
               f"{r.mean_response_s:11.0f} {r.p95_wait_s:11.0f} {r.mean_bounded_slowdown:9.2f} "
@@ -659,8 +674,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "cores (at least 1) under static-ask, lend-idle and throughput, and "
                          "grows from there under the last two; static and cgroup-only run every "
                          "job at its size")
+    sm.add_argument("--workload", default="project", choices=["project", "lublin"],
+                    help="generated: this project's own model (default) or Lublin and "
+                         "Feitelson's published fits with Downey speedup curves")
     sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
-                    help="generated: work arriving per unit of capacity while jobs arrive")
+                    help="generated: work arriving per unit of capacity while jobs arrive "
+                         "(lublin: its inter-arrival times scaled to reach it)")
+    sm.add_argument("--swf-offered-load", type=float,
+                    help="with --swf: scale the log's inter-arrival times so that cores x "
+                         "runtime over cluster cores x arrival span is this (default: the "
+                         "log's own submit times)")
     sm.add_argument("--max-runtime-h", type=float,
                     default=workload_defaults.runtime_max_s / 3600.0,
                     help="generated: the longest job's runtime at its allocation, hours")
@@ -671,7 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "throughput, with no agent); with all, each row is also given against "
                          "static (vs_static) and, where an agent runs, against the regime "
                          "without one whose jobs ask for the same (vs_same_asks: the agent's "
-                         "own effect)")
+                         "own effect); nodes: malleable jobs of whole nodes shrink and grow "
+                         "by whole nodes (Slurm's NumNodes, an expand job), no agent")
     sm.add_argument("--seed", type=int, default=1)
     sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
                     choices=[b.value for b in Backfill],

@@ -39,12 +39,22 @@ curve's rate for the cores its threads use:
                   the plan
     throughput    malleable jobs ask for ``malleable_ask``; decide(THROUGHPUT): the cores of
                   the plan
+    nodes         every job asks for its size, no agent; a malleable job that holds whole nodes
+                  changes its node count as ``scontrol update JobId=J NumNodes=N`` shrinks a
+                  running job and an expand job grows it (``NodeBounds``): when the job first in
+                  Slurm's queue does not fit, running malleable jobs give back whole nodes
+                  (grown ones first, none below ``shrink_to`` of its nodes) if that lets it start
+                  now; after a backfill pass (or with nothing queued), wholly idle nodes go one
+                  at a time to the malleable job whose speedup gains the most from a whole node
+                  more (at least ``min_gain`` of its cores' average worth, up to ``grow_to``
+                  times its nodes). Its width is then all the cores of its nodes.
 """
 from __future__ import annotations
 
 import bisect
 import enum
 import heapq
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -63,6 +73,7 @@ class SimPolicy(enum.Enum):
     CGROUP_ONLY = "cgroup-only"
     LEND_IDLE = "lend-idle"
     THROUGHPUT = "throughput"
+    NODES = "nodes"
 
     @property
     def threads_follow(self) -> bool:
@@ -84,7 +95,10 @@ class SimPolicy(enum.Enum):
     @property
     def same_asks_baseline(self) -> "SimPolicy | None":
         """The regime without an agent whose jobs ask Slurm for the same: against it, what
-        this regime's agent does on its own shows (None: no agent runs)."""
+        this regime's agent does on its own shows (None: no agent runs). Node-count
+        malleability's own effect is against static: its jobs ask for their size."""
+        if self is SimPolicy.NODES:
+            return SimPolicy.STATIC
         if self.agent_policy is None:
             return None
         return SimPolicy.STATIC_ASK if self.asks_less else SimPolicy.STATIC
@@ -93,7 +107,25 @@ class SimPolicy(enum.Enum):
     def agent_policy(self) -> Policy | None:
         return {SimPolicy.STATIC: None, SimPolicy.STATIC_ASK: None,
                 SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
-                SimPolicy.THROUGHPUT: Policy.THROUGHPUT}[self]
+                SimPolicy.THROUGHPUT: Policy.THROUGHPUT, SimPolicy.NODES: None}[self]
+
+
+@dataclass(frozen=True)
+class NodeBounds:
+    """How far the ``nodes`` regime moves a malleable job's node count: down to ``shrink_to``
+    of the nodes it asked for (rounded up, at least 1), up to ``grow_to`` times them, and a
+    whole node more only if its cores add at least ``min_gain`` of what each of the job's cores
+    does now (its speedup curve: Downey's is flat beyond 2A - 1, so such a job never grows)."""
+
+    shrink_to: float = 0.5
+    grow_to: float = 2.0
+    min_gain: float = 0.5
+
+    def fewest(self, asked_nodes: int) -> int:
+        return max(1, math.ceil(asked_nodes * self.shrink_to))
+
+    def most(self, asked_nodes: int) -> int:
+        return max(asked_nodes, int(asked_nodes * self.grow_to))
 
 
 class QueueOrder(enum.Enum):
@@ -272,7 +304,8 @@ class _Profile:
                                     for times, free in [self.steps(n)]
                                     for i, t in enumerate(times) if i)
         released = self._released
-        total, k = sum(self._free), 0
+        # Free now in this view: a job past its expected end counts as ending now (steps).
+        total, k = sum(self.steps(n)[1][0] for n in range(len(self._free))), 0
         for t in sorted({self.now, *(t for t, _ in released),
                          *(end for blocks in self.blocks.values() for _, end in blocks)}):
             while k < len(released) and released[k][0] <= t:
@@ -429,6 +462,7 @@ class Simulation:
     def __init__(self, jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
                  backfill: Backfill = Backfill.CONSERVATIVE, backfill_depth: int = 500,
                  backfill_interval_s: float = 30.0, queue_order: QueueOrder = QueueOrder.FCFS,
+                 node_bounds: NodeBounds = NodeBounds(),
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= nodes * cores:
@@ -439,6 +473,7 @@ class Simulation:
         self.backfill = backfill
         self.backfill_depth = backfill_depth     # Slurm's bf_max_job_test (500 by default)
         self.backfill_interval_s = backfill_interval_s
+        self.node_bounds = node_bounds
         self._backfill_due = False     # a backfill pass is queued
         self._news = True              # a job arrived or ended since the last backfill pass
         self._clock = clock
@@ -515,6 +550,10 @@ class Simulation:
                 self._conservative(window, now)
             for job in waiting:
                 self._queue.push(job)
+        if self.policy is SimPolicy.NODES:
+            self._shrink_for_head(now)
+            if backfill or not self._queue:
+                self._grow_into_idle(now)
         self._settle_agents(now)
 
     def _easy(self, window: list[SimJob], now: float) -> list[SimJob]:
@@ -691,6 +730,108 @@ class Simulation:
                                        now, r.job.cores, r.job.spec is not None, len(r.nodes),
                                        r.job.reference_s))
 
+    # --- node-count malleability (the nodes regime) ------------------------------------------
+
+    def _node_malleable(self, r: _Running) -> bool:
+        """A malleable job that holds at least a node's worth of cores: Slurm's NumNodes
+        applies to it (a job within a node is left to the agents' regimes)."""
+        return r.job.spec is not None and r.job.cores >= self.cores
+
+    def _releasable(self) -> list[tuple[tuple, int, int]]:
+        """(order, job, node) for every whole node a running job could give back now, in the
+        order they are given: grown jobs first (most nodes beyond what they asked for), then
+        the jobs with the most nodes above their floor; a job's highest node first."""
+        out = []
+        for job_id, r in self._running.items():
+            if not self._node_malleable(r):
+                continue
+            asked = r.job.fewest_nodes(self.cores)
+            spare = len(r.nodes) - self.node_bounds.fewest(asked)
+            whole = [n for n, a in zip(r.nodes, r.allocation) if len(a) == self.cores]
+            for k, node in enumerate(sorted(whole, reverse=True)[:max(0, spare)]):
+                out.append(((-(len(r.nodes) - asked - k), -(spare - k), job_id, -node),
+                            job_id, node))
+        out.sort()
+        return out
+
+    def _shrink_for_head(self, now: float) -> None:
+        """The main scheduler, where the first queued job does not fit: it gets whole nodes of
+        running malleable jobs if that many make it fit (else none are taken) and starts; so
+        on until the first job cannot start."""
+        while self._queue:
+            head = self._queue.first()
+            if self._fits_now(head):     # the main scheduler's turn: it fits as things are
+                self._start(self._queue.pop(), self._place(head), now)
+                continue
+            releasable = self._releasable()
+            if head.cores <= self.cores:
+                take = 1
+            else:
+                take = -(-(head.cores - self._free_total) // self.cores)
+            if len(releasable) < take:
+                return
+            for _, job_id, node in releasable[:take]:
+                self._move_node(self._running[job_id], node, now, add=False)
+            placement = self._place(head)
+            assert placement is not None, "whole idle nodes hold the head"
+            self._start(self._queue.pop(), placement, now)
+
+    def _grow_into_idle(self, now: float) -> None:
+        """Each wholly idle node to the malleable job whose rate gains the most from it (at
+        least ``min_gain`` of the average worth of its cores now), one node at a time."""
+        idle = sorted(self._by_free[self.cores])
+        if not idle:
+            return
+        bounds = self.node_bounds
+
+        def gain(r: _Running) -> float | None:
+            if len(r.nodes) >= bounds.most(r.job.fewest_nodes(self.cores)):
+                return None
+            width = sum(len(a) for a in r.allocation)
+            now_rate = r.job.speedup.rate(width)
+            more = r.job.speedup.rate(width + self.cores) - now_rate
+            return more if more >= bounds.min_gain * self.cores * now_rate / width else None
+
+        heap = [(-g, job_id) for job_id, r in self._running.items()
+                if self._node_malleable(r) and (g := gain(r)) is not None]
+        heapq.heapify(heap)
+        for node in idle:
+            if not heap:
+                return
+            _, job_id = heapq.heappop(heap)
+            r = self._running[job_id]
+            self._move_node(r, node, now, add=True)
+            if (g := gain(r)) is not None:
+                heapq.heappush(heap, (-g, job_id))
+
+    def _move_node(self, r: _Running, node: int, now: float, *, add: bool) -> None:
+        """Give the job all the cores of an idle node, or take back one of its whole nodes:
+        Slurm's allocation changes (its expected end does not), and it runs at its new width
+        from now on."""
+        self._settle(r, now)
+        job_id = r.job.job_id
+        if add:
+            cpus = frozenset(self._cpus)
+            self._take(node, cpus)
+            placed = dict(zip(r.nodes, r.allocation)) | {node: cpus}
+            self._on_node[node].add(job_id)
+            bisect.insort(self._ends_on[node], (r.expected_end, job_id, self.cores))
+        else:
+            placed = dict(zip(r.nodes, r.allocation))
+            self._take(node, placed.pop(node), give=True)
+            self._on_node[node].discard(job_id)
+            self._ends_on[node].remove((r.expected_end, job_id, self.cores))
+        r.nodes = tuple(sorted(placed))
+        r.allocation = tuple(placed[n] for n in r.nodes)
+        r.current = list(r.allocation)
+        r.index = {n: i for i, n in enumerate(r.nodes)}
+        r.ranks = tuple(len(a) for a in r.allocation)
+        r.known = [{} for _ in r.nodes]
+        r.offers, r.caps = [None] * len(r.nodes), [None] * len(r.nodes)
+        if r.rate > 0.0:
+            self.resizes += 1
+        self._touched.add(job_id)
+
     # --- the nodes' agents ------------------------------------------------------------------
 
     def _settle_agents(self, now: float) -> None:
@@ -755,7 +896,9 @@ class Simulation:
     def _rerate(self, r: _Running, now: float) -> None:
         self._settle(r, now)
         r.cores_used, width = r.usage(self.policy is SimPolicy.CGROUP_ONLY)
-        if r.multi_node:    # no wider than its fewest nodes, each at its per-node maximum
+        if self.policy is SimPolicy.NODES:    # every core of its nodes, however many
+            r.cores_used = width = sum(len(a) for a in r.allocation)
+        elif r.multi_node:  # no wider than its fewest nodes, each at its per-node maximum
             width = min(width, r.job.max_cores(self.cores))
         r.rate = r.job.speedup.rate(width)
         for i, cpus in enumerate(r.current):
@@ -772,6 +915,21 @@ class Simulation:
 
     # --- results ----------------------------------------------------------------------------
 
+    def _widths(self) -> Callable[[SimJob], tuple[int, int]] | None:
+        """Under the nodes regime, a node-malleable job's widths for the bound: from its
+        fewest whole nodes to its most (None: each job's own)."""
+        if self.policy is not SimPolicy.NODES:
+            return None
+        bounds = self.node_bounds
+
+        def widths(j: SimJob) -> tuple[int, int]:
+            if j.spec is None or j.cores < self.cores:
+                return j.min_cores(self.cores), j.max_cores(self.cores)
+            asked = j.fewest_nodes(self.cores)
+            return (min(j.cores, bounds.fewest(asked) * self.cores),
+                    max(j.cores, min(self.nodes, bounds.most(asked)) * self.cores))
+        return widths
+
     def _result(self, wall_s: float) -> SimResult:
         res = sorted(self._results, key=lambda r: r.job_id)
         first = min(r.submit_s for r in res)
@@ -782,7 +940,8 @@ class Simulation:
             policy=self.policy.value, nodes=self.nodes, cores=self.cores, jobs=len(res),
             malleable_jobs=sum(r.malleable for r in res), core_seconds=self._busy_core_s,
             makespan_s=makespan,
-            lower_bound_makespan_s=fluid_lower_bound(self.jobs, self.nodes, self.cores),
+            lower_bound_makespan_s=fluid_lower_bound(self.jobs, self.nodes, self.cores,
+                                                     widths=self._widths()),
             mean_response_s=sum(response) / len(res), p95_response_s=percentile(response, 95),
             mean_wait_s=sum(wait) / len(res), p95_wait_s=percentile(wait, 95),
             mean_bounded_slowdown=sum(bounded_slowdown(r.response_s, r.reference_s)
@@ -797,7 +956,8 @@ class Simulation:
 def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
              backfill: Backfill = Backfill.CONSERVATIVE, backfill_depth: int = 500,
              backfill_interval_s: float = 30.0,
-             queue_order: QueueOrder = QueueOrder.FCFS) -> SimResult:
+             queue_order: QueueOrder = QueueOrder.FCFS,
+             node_bounds: NodeBounds = NodeBounds()) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
-                      queue_order=queue_order).run()
+                      queue_order=queue_order, node_bounds=node_bounds).run()

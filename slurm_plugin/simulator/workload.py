@@ -8,7 +8,7 @@ import enum
 import math
 import random
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from ..coscheduler.request import MalleableSpec
 from .swf import CANCELLED, PARTIAL_STATUSES, SWFLog, SWFRecord
@@ -313,7 +313,8 @@ def _least_cost_within(frontier: Sequence[tuple[float, float]], per_unit_s: floa
 
 
 def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int,
-                      rel_tol: float = 1e-5) -> float:
+                      rel_tol: float = 1e-5,
+                      widths: Callable[[SimJob], tuple[int, int]] | None = None) -> float:
     """A makespan no schedule can beat, from the first arrival: the earliest end E of a fluid
     schedule (any job may use any share of the whole cluster's cores, within its widths
     min..max) in which every job, started at its arrival plus its start-up, ends by E. A job's
@@ -330,8 +331,9 @@ def fluid_lower_bound(jobs: Iterable[SimJob], nodes: int, cores: int,
         return 0.0
     capacity = nodes * cores
     first = jobs[0].submit_s
-    fronts = [time_cost_frontier(j.speedup, j.min_cores(cores), j.max_cores(cores))
-              for j in jobs]
+    # Each job's narrowest and widest (``widths``: a regime that moves node counts).
+    span = widths or (lambda j: (j.min_cores(cores), j.max_cores(cores)))
+    fronts = [time_cost_frontier(j.speedup, *span(j)) for j in jobs]
     works = [j.work for j in jobs]
     ready = [j.submit_s + j.startup_s for j in jobs]
 

@@ -18,7 +18,7 @@ LINEAR = Amdahl(serial=0.0, comm=0.0)
 
 def test_the_regimes_their_asks_agents_and_baselines():
     assert [p.value for p in SimPolicy] == ["static", "static-ask", "cgroup-only", "lend-idle",
-                                            "throughput"]
+                                            "throughput", "nodes"]
     table = {p: (p.asks_less, p.threads_follow, p.agent_policy, p.same_asks_baseline)
              for p in SimPolicy}
     assert table == {
@@ -26,7 +26,8 @@ def test_the_regimes_their_asks_agents_and_baselines():
         SimPolicy.STATIC_ASK: (True, False, None, None),
         SimPolicy.CGROUP_ONLY: (False, False, Policy.LEND_IDLE, SimPolicy.STATIC),
         SimPolicy.LEND_IDLE: (True, True, Policy.LEND_IDLE, SimPolicy.STATIC_ASK),
-        SimPolicy.THROUGHPUT: (True, True, Policy.THROUGHPUT, SimPolicy.STATIC_ASK)}
+        SimPolicy.THROUGHPUT: (True, True, Policy.THROUGHPUT, SimPolicy.STATIC_ASK),
+        SimPolicy.NODES: (False, False, None, SimPolicy.STATIC)}
 
 
 def test_static_ask_submits_what_the_malleable_regimes_submit_and_runs_it_without_an_agent():
@@ -44,7 +45,7 @@ def test_static_ask_submits_what_the_malleable_regimes_submit_and_runs_it_withou
             for p in SimPolicy}
     assert ends == {SimPolicy.STATIC: 100.0, SimPolicy.STATIC_ASK: 400.0,
                     SimPolicy.CGROUP_ONLY: 100.0, SimPolicy.LEND_IDLE: 100.0,
-                    SimPolicy.THROUGHPUT: 100.0}
+                    SimPolicy.THROUGHPUT: 100.0, SimPolicy.NODES: 100.0}
 
 
 def test_the_json_splits_the_agents_own_effect_from_asking_for_less(tmp_path):

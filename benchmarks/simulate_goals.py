@@ -1,0 +1,253 @@
+"""Issue 26's goals, simulated: every regime (static, static-ask, cgroup-only, lend-idle,
+throughput, nodes) on three real Parallel Workloads Archive traces at offered load 0.85, and on
+the Lublin-Feitelson workload with Downey speedups at offered loads 0.7, 0.85, 0.95 (three
+seeds), each open and as a closed batch; with ``--speed``, the wall time of one run per regime
+of 50,000 jobs on 1,000 nodes x 64 cores.
+
+Offered load (``simulator.lublin.offered_load``): the sum over jobs of cores x runtime at that
+size, over the cluster's cores x (last submit - first submit). A trace or a generated workload
+is brought to a load by multiplying every inter-arrival time by its own offered load / the
+target (``scale_to_load``); sizes and runtimes are kept.
+
+    python benchmarks/simulate_goals.py [--trace-jobs 3000] [--jobs 1500] [--seeds 1,2,3]
+        [--nodes 64 --cores 16] [--name simulate_goals]
+    python benchmarks/simulate_goals.py --speed [--speed-jobs 50000] [--name simulate_speed]
+
+Writes benchmarks/results/NAME.json (and NAME.png: each regime's mean bounded slowdown and mean
+response over static's, per workload).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from common import RESULTS, machine, save  # noqa: E402
+
+from slurm_plugin.simulator import (SimPolicy, Simulation, closed_batch, generate,  # noqa: E402
+                                    read_swf, swf_workload)
+from slurm_plugin.simulator.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
+from slurm_plugin.simulator.metrics import ratios  # noqa: E402
+
+PWA = HERE.parent / "tests" / "fixtures" / "swf" / "pwa"
+# Each trace on a cluster of its machine's processors: (file, nodes, cores per node). NASA's
+# iPSC/860 had 128 single-processor nodes and KTH's SP2 100; grouped into multi-core nodes here
+# so that the agents have cores to lend and node counts can move. Thunder is 1,002 nodes of 4.
+# Thunder's 1,002 nodes make conservative backfill's search of every node's future slow here
+# (over 3 minutes for its first 3,000 jobs under static alone): it runs its first --thunder-jobs.
+TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.gz", 10, 10),
+          ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
+KEPT = ("jobs", "makespan_s", "lower_bound_makespan_s", "mean_response_s", "p95_response_s",
+        "mean_wait_s", "p95_wait_s", "mean_bounded_slowdown", "utilisation", "resizes",
+        "wall_s")
+WIDE_RIGID_NODES = 2     # a "wide rigid job" of the guardrail: rigid and on at least 2 nodes
+
+
+def run_all(jobs, nodes: int, cores: int, ask: float) -> dict:
+    """Every regime on the same jobs; each row with its ratios against static and against
+    the regime without an agent whose jobs ask for the same."""
+    rows = {}
+    for policy in SimPolicy:
+        r = Simulation(policy.submitted(jobs, ask, cores), nodes=nodes, cores=cores,
+                       policy=policy).run()
+        row = {k: round(v, 4) if isinstance(v, float) else v
+               for k, v in r.summary().items() if k in KEPT}
+        wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
+        row["wide_rigid_jobs"] = len(wide)
+        row["wide_rigid_mean_bounded_slowdown"] = round(
+            sum(max(1.0, j.response_s / max(j.reference_s, 10.0)) for j in wide) / len(wide),
+            4) if wide else None
+        rows[policy.value] = row
+        print(f"  {policy.value:12s} makespan {r.makespan_s:12.0f} resp {r.mean_response_s:10.0f} "
+              f"bsld {r.mean_bounded_slowdown:8.2f} p95 wait {r.p95_wait_s:10.0f} "
+              f"wall {r.wall_s:6.1f}", flush=True)
+    for policy in SimPolicy:
+        row = rows[policy.value]
+        if policy is not SimPolicy.STATIC:
+            row["vs_static"] = rounded(ratios(row, rows["static"]))
+            if rows["static"]["wide_rigid_mean_bounded_slowdown"] and \
+                    row["wide_rigid_mean_bounded_slowdown"]:
+                row["vs_static"]["wide_rigid_mean_bounded_slowdown"] = round(
+                    row["wide_rigid_mean_bounded_slowdown"] /
+                    rows["static"]["wide_rigid_mean_bounded_slowdown"], 4)
+        base = policy.same_asks_baseline
+        if base is not None:
+            row["vs_same_asks"] = rounded(ratios(row, rows[base.value]))
+    return rows
+
+
+def rounded(d: dict) -> dict:
+    return {k: None if v is None else round(v, 4) for k, v in d.items()}
+
+
+def best(rows: dict) -> str:
+    """The regime with the lowest mean bounded slowdown (ties: mean response)."""
+    return min((p.value for p in SimPolicy if p is not SimPolicy.STATIC),
+               key=lambda p: (rows[p]["mean_bounded_slowdown"], rows[p]["mean_response_s"]))
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    opens = [r for r in results if not r["closed_batch"]]
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    policies = [p.value for p in SimPolicy if p is not SimPolicy.STATIC]
+    width = 0.8 / len(policies)
+    labels = [r["label"] for r in opens]
+    for row, metric in enumerate(("mean_bounded_slowdown", "mean_response_s")):
+        ax = axes[row]
+        for k, p in enumerate(policies):
+            ax.bar([i + k * width for i in range(len(opens))],
+                   [r["regimes"][p]["vs_static"][metric] for r in opens], width, label=p,
+                   color=f"C{k}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(0.5 if row == 0 else 0.65, color="k", ls=":", lw=0.8,
+                   label="goal" if row == 0 else None)
+        ax.set_ylabel(("mean bounded slowdown" if row == 0 else "mean response") +
+                      "\n/ static's")
+    axes[1].set_xticks([i + 0.4 - width / 2 for i in range(len(opens))], labels, fontsize=7,
+                       rotation=30, ha="right")
+    axes[0].legend(fontsize=7, ncol=3)
+    fig.suptitle("Every regime against static at full size (open streams; goal lines: "
+                 "bounded slowdown 0.5x, response 0.65x)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def goals(args) -> None:
+    # A rerun keeps the workloads already measured under this name (--fresh: none).
+    done = RESULTS / f"{args.name}.json"
+    results = [] if args.fresh or not done.exists() else \
+        json.loads(done.read_text())["results"]
+    kept = {r["label"] for r in results}
+    # Thunder last: the slowest to plan.
+    traces(args, results, kept, [t for t in TRACES if "Thunder" not in t[0]])
+    generated(args, results, kept)
+    traces(args, results, kept, [t for t in TRACES if "Thunder" in t[0]])
+    png = RESULTS / f"{args.name}.png"
+    plot(results, png)
+    print("wrote", png)
+
+
+def traces(args, results: list[dict], kept: set[str], which) -> None:
+    for name, nodes, cores in which:
+        if all(name.split("-cln")[0] + tail in kept for tail in ("", " closed")):
+            continue
+        log = read_swf((PWA / name).read_bytes())
+        wl = swf_workload(log, nodes=nodes, cores=cores,
+                          malleable_fraction=args.malleable_fraction, seed=1,
+                          first=args.thunder_jobs if "Thunder" in name else args.trace_jobs)
+        natural = offered_load(wl.jobs, nodes * cores)
+        scaled = scale_to_load(wl.jobs, args.load, nodes * cores)
+        for closed in (False, True):
+            # A closed batch queues every job at once: conservative backfill then tests 500
+            # jobs a pass, so it runs on the first --closed-jobs only.
+            jobs = scaled[:args.closed_jobs] if closed else scaled
+            print(f"{name} on {nodes} x {cores}: {len(jobs)} jobs, offered load "
+                  f"{natural:.3f} -> {args.load}{' (closed batch)' if closed else ''}", flush=True)
+            rows = run_all(closed_batch(jobs) if closed else jobs, nodes, cores, args.ask)
+            results.append({"label": name.split("-cln")[0] + (" closed" if closed else ""),
+                            "workload": name, "nodes": nodes, "cores": cores,
+                            "jobs": len(jobs), "jobs_read": wl.read,
+                            "jobs_dropped": dict(wl.dropped), "natural_offered_load":
+                            round(natural, 4), "offered_load": None if closed else args.load,
+                            "closed_batch": closed, "best": best(rows), "regimes": rows})
+            checkpoint(args, results)
+
+
+def generated(args, results: list[dict], kept: set[str]) -> None:
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for load in (float(x) for x in args.loads.split(",")):
+            jobs = generate_lublin(args.jobs, args.nodes, args.cores, args.malleable_fraction,
+                                   seed, offered=load)
+            closes = (False, True) if load == float(args.loads.split(",")[1]) else (False,)
+            for closed in closes:
+                if f"lublin {load} s{seed}" + (" closed" if closed else "") in kept:
+                    continue
+                jobs = jobs[:args.closed_jobs] if closed else jobs
+                print(f"lublin seed {seed} load {load} on {args.nodes} x {args.cores}"
+                      f"{' (closed batch)' if closed else ''}", flush=True)
+                rows = run_all(closed_batch(jobs) if closed else jobs, args.nodes, args.cores,
+                               args.ask)
+                results.append({"label": f"lublin {load} s{seed}" + (" closed" if closed
+                                                                      else ""),
+                                "workload": "lublin-feitelson+downey", "seed": seed,
+                                "nodes": args.nodes, "cores": args.cores, "jobs": len(jobs),
+                                "offered_load": None if closed else load,
+                                "closed_batch": closed, "best": best(rows), "regimes": rows})
+                checkpoint(args, results)
+
+
+def checkpoint(args, results: list[dict]) -> None:
+    """The results so far (a long run keeps what it measured)."""
+    save(args.name, {"benchmark": "issue 26 goals: every regime on real traces and the "
+                                  "Lublin-Feitelson workload", "machine": machine(),
+                     "malleable_fraction": args.malleable_fraction, "malleable_ask": args.ask,
+                     "trace_jobs": args.trace_jobs, "thunder_jobs": args.thunder_jobs,
+                     "closed_jobs": args.closed_jobs, "results": results})
+
+
+def speed(args) -> None:
+    """One run per regime of ``--speed-jobs`` jobs on 1,000 x 64: the project's generated
+    workload (as the earlier speed table) and the Lublin-Feitelson one at load 0.85."""
+    rows = []
+    for model in args.speed_models.split(","):
+        if model == "project":
+            jobs = generate(args.speed_jobs, 1000, 64, args.malleable_fraction, 1)
+        else:
+            jobs = generate_lublin(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
+                                   offered=0.85)
+        for policy in SimPolicy:
+            t0 = time.perf_counter()
+            r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
+                           policy=policy).run()
+            rows.append({"workload": model, "policy": policy.value, "jobs": len(jobs),
+                         "wall_s": round(r.wall_s, 2),
+                         "with_bound_s": round(time.perf_counter() - t0, 2),
+                         "makespan_s": round(r.makespan_s, 1)})
+            print(rows[-1], flush=True)
+            save(args.name, {"benchmark": "simulator speed, 1000 x 64 cores",
+                             "machine": machine(), "malleable_ask": args.ask, "rows": rows})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--trace-jobs", type=int, default=3000,
+                    help="the first N job lines of each trace")
+    ap.add_argument("--thunder-jobs", type=int, default=1000,
+                    help="the first N job lines of Thunder (1,002 nodes: slow to plan)")
+    ap.add_argument("--jobs", type=int, default=1500, help="generated jobs per run")
+    ap.add_argument("--closed-jobs", type=int, default=300,
+                    help="jobs of each closed batch (the first N of the open stream's)")
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--cores", type=int, default=16)
+    ap.add_argument("--load", type=float, default=0.85, help="the traces' offered load")
+    ap.add_argument("--loads", default="0.7,0.85,0.95",
+                    help="the generated workload's offered loads (the second also closed)")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--malleable-fraction", type=float, default=0.5)
+    ap.add_argument("--ask", type=float, default=0.25,
+                    help="the share of its size a malleable job asks for where regimes ask less")
+    ap.add_argument("--fresh", action="store_true", help="measure every workload again")
+    ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--speed-jobs", type=int, default=50_000)
+    ap.add_argument("--speed-models", default="project,lublin")
+    ap.add_argument("--name")
+    args = ap.parse_args()
+    if args.speed:
+        args.name = args.name or "simulate_speed"
+        speed(args)
+    else:
+        args.name = args.name or "simulate_goals"
+        goals(args)
+
+
+if __name__ == "__main__":
+    main()
