@@ -4,8 +4,9 @@ User side: the malleable-tf wheel (packaging/build-wheels.sh) installed into a n
 that already has TensorFlow 2.21 (.venv-keras3's, made by scripts/setup.sh --keras3) installs
 itself alone, nothing fetched (--no-index), and TensorFlow is the same afterwards.
 Node side: the malleable-slurm Debian package (packaging/deb/build-deb.sh) built against this
-host's libslurm-dev holds the co-scheduler, the SPANK plugin and the units, depends on this
-host's Slurm release, and its command runs from the package's files alone."""
+host's libslurm-dev holds the co-scheduler, the SPANK plugin and the units (not the
+simulator), depends on this host's Slurm release, and its command runs from the package's
+files alone."""
 from __future__ import annotations
 
 import json
@@ -75,7 +76,8 @@ def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tm
                  "/usr/lib/python3/dist-packages/slurm_plugin/templates/job_submit.lua.tmpl",
                  "/usr/lib/python3/dist-packages/malleable_protocol/__init__.py"):
         assert path in files, path
-    assert not [f for f in files if "__pycache__" in f or "malleable_tf" in f]
+    assert not [f for f in files if "__pycache__" in f or "malleable_tf" in f
+                or "/simulator/" in f]
     root = tmp_path / "root"
     run(["dpkg-deb", "-x", deb, root])
     # The plugin is a SPANK plugin: slurmstepd looks these symbols up.
@@ -91,5 +93,12 @@ def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tm
                f"import sys; sys.path.insert(0, {str(site)!r}); sys.argv = ['malleable', "
                f"'--version']; exec(open({str(root / 'usr/bin/malleable')!r}).read())"]).stdout
     assert out.strip() == f"malleable {fields['Version']}"
+    simulate = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); "
+         f"sys.argv = ['malleable', 'simulate', '--jobs', '5']; "
+         f"exec(open({str(root / 'usr/bin/malleable')!r}).read())"],
+        capture_output=True, text=True, timeout=60)
+    assert simulate.returncode == 1 and "the simulator is not installed here" in \
+        simulate.stderr, simulate.stderr
     unit = (root / "lib/systemd/system/malleable-watcher.service").read_text()
     assert "ExecStart=/usr/bin/malleable watcher --config /etc/malleable/agent.json" in unit
