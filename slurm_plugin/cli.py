@@ -663,72 +663,75 @@ def build_parser() -> argparse.ArgumentParser:
     cg.add_argument("--step", help="a step folder (step_0, step_batch) instead of the job's")
     cg.set_defaults(func=_cgroups_cmd)
 
+    _add_simulate_parser(sub)
+    return parser
+
+
+def _add_simulate_parser(sub) -> None:
+    """``malleable simulate``, where the simulator is installed (the node package leaves it
+    out: a research tool, not root's on every node)."""
     try:
         from .simulator import Backfill, QueueOrder, SimPolicy, WorkloadModel
     except ImportError:
-        # The node package (packaging/deb) leaves the simulator out: a research tool, not
-        # root's on every node.
         sm = sub.add_parser("simulate", help="not installed here (the simulator is a "
                             "research tool: run it from the project's checkout)")
         sm.set_defaults(func=_simulator_missing)    # whatever it is given (main)
-        return parser
-    else:
-        workload_defaults = WorkloadModel()
-        sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
-                                             "discrete-event simulation running the agent's decide)")
-        sm.add_argument("--nodes", type=int, default=100)
-        sm.add_argument("--cores", type=int, default=64, help="cores per node")
-        sm.add_argument("--jobs", type=int, default=0,
-                        help="generated jobs (default 1000), or the first N lines of the SWF log")
-        sm.add_argument("--swf", help="a Standard Workload Format log (.swf, or gzip-compressed "
-                                      ".swf.gz as the Parallel Workloads Archive ships them) instead "
-                                      "of a generated load")
-        sm.add_argument("--malleable-fraction", type=float, default=0.5)
-        sm.add_argument("--malleable-ask", type=float, default=1.0,
-                        help="a malleable job that fits a node asks Slurm for this share of its "
-                             "cores (at least 1) under static-ask, lend-idle and throughput, and "
-                             "grows from there under the last two; static and cgroup-only run every "
-                             "job at its size")
-        sm.add_argument("--workload", default="project", choices=["project", "lublin"],
-                        help="generated: this project's own model (default) or Lublin and "
-                             "Feitelson's published fits with Downey speedup curves")
-        sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
-                        help="generated: work arriving per unit of capacity while jobs arrive "
-                             "(lublin: its inter-arrival times scaled to reach it)")
-        sm.add_argument("--swf-offered-load", type=float,
-                        help="with --swf: scale the log's inter-arrival times so that cores x "
-                             "runtime over cluster cores x arrival span is this (default: the "
-                             "log's own submit times)")
-        sm.add_argument("--max-runtime-h", type=float,
-                        default=workload_defaults.runtime_max_s / 3600.0,
-                        help="generated: the longest job's runtime at its allocation, hours")
-        sm.add_argument("--policy", default="throughput",
-                        choices=[p.value for p in SimPolicy] + ["all"],
-                        help="the regime, or all of them side by side (static-ask: malleable jobs "
-                             "ask for --malleable-ask of their size as under lend-idle and "
-                             "throughput, with no agent); with all, each row is also given against "
-                             "static (vs_static) and, where an agent runs, against the regime "
-                             "without one whose jobs ask for the same (vs_same_asks: the agent's "
-                             "own effect); nodes: malleable jobs of whole nodes shrink and grow "
-                             "by whole nodes (Slurm's NumNodes, an expand job), no agent")
-        sm.add_argument("--seed", type=int, default=1)
-        sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
-                        choices=[b.value for b in Backfill],
-                        help="Slurm's backfill: conservative (default: every job tested gets a "
-                             "reservation, as Slurm does) or easy (only the first)")
-        sm.add_argument("--backfill-depth", type=int, default=500,
-                        help="queued jobs a backfill pass looks at (Slurm's bf_max_job_test)")
-        sm.add_argument("--backfill-interval", type=float, default=30.0,
-                        help="seconds between backfill passes (Slurm's bf_interval)")
-        sm.add_argument("--queue-order", default="fcfs",
-                        choices=[o.value for o in QueueOrder],
-                        help="Slurm's queue order in every regime: submission order (default), the "
-                             "most cores first (multifactor job size), the longest time limit first")
-        sm.add_argument("--closed-batch", action="store_true",
-                        help="every job submitted at 0 (a closed batch) instead of when it arrives")
-        sm.add_argument("--json", help="write the summary (a list with --policy all) here")
-        sm.set_defaults(func=_simulate_cmd)
-    return parser
+        return
+    workload_defaults = WorkloadModel()
+    sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
+                                         "discrete-event simulation running the agent's decide)")
+    sm.add_argument("--nodes", type=int, default=100)
+    sm.add_argument("--cores", type=int, default=64, help="cores per node")
+    sm.add_argument("--jobs", type=int, default=0,
+                    help="generated jobs (default 1000), or the first N lines of the SWF log")
+    sm.add_argument("--swf", help="a Standard Workload Format log (.swf, or gzip-compressed "
+                                  ".swf.gz as the Parallel Workloads Archive ships them) instead "
+                                  "of a generated load")
+    sm.add_argument("--malleable-fraction", type=float, default=0.5)
+    sm.add_argument("--malleable-ask", type=float, default=1.0,
+                    help="a malleable job that fits a node asks Slurm for this share of its "
+                         "cores (at least 1) under static-ask, lend-idle and throughput, and "
+                         "grows from there under the last two; static and cgroup-only run every "
+                         "job at its size")
+    sm.add_argument("--workload", default="project", choices=["project", "lublin"],
+                    help="generated: this project's own model (default) or Lublin and "
+                         "Feitelson's published fits with Downey speedup curves")
+    sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
+                    help="generated: work arriving per unit of capacity while jobs arrive "
+                         "(lublin: its inter-arrival times scaled to reach it)")
+    sm.add_argument("--swf-offered-load", type=float,
+                    help="with --swf: scale the log's inter-arrival times so that cores x "
+                         "runtime over cluster cores x arrival span is this (default: the "
+                         "log's own submit times)")
+    sm.add_argument("--max-runtime-h", type=float,
+                    default=workload_defaults.runtime_max_s / 3600.0,
+                    help="generated: the longest job's runtime at its allocation, hours")
+    sm.add_argument("--policy", default="throughput",
+                    choices=[p.value for p in SimPolicy] + ["all"],
+                    help="the regime, or all of them side by side (static-ask: malleable jobs "
+                         "ask for --malleable-ask of their size as under lend-idle and "
+                         "throughput, with no agent); with all, each row is also given against "
+                         "static (vs_static) and, where an agent runs, against the regime "
+                         "without one whose jobs ask for the same (vs_same_asks: the agent's "
+                         "own effect); nodes: malleable jobs of whole nodes shrink and grow "
+                         "by whole nodes (Slurm's NumNodes, an expand job), no agent")
+    sm.add_argument("--seed", type=int, default=1)
+    sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
+                    choices=[b.value for b in Backfill],
+                    help="Slurm's backfill: conservative (default: every job tested gets a "
+                         "reservation, as Slurm does) or easy (only the first)")
+    sm.add_argument("--backfill-depth", type=int, default=500,
+                    help="queued jobs a backfill pass looks at (Slurm's bf_max_job_test)")
+    sm.add_argument("--backfill-interval", type=float, default=30.0,
+                    help="seconds between backfill passes (Slurm's bf_interval)")
+    sm.add_argument("--queue-order", default="fcfs",
+                    choices=[o.value for o in QueueOrder],
+                    help="Slurm's queue order in every regime: submission order (default), the "
+                         "most cores first (multifactor job size), the longest time limit first")
+    sm.add_argument("--closed-batch", action="store_true",
+                    help="every job submitted at 0 (a closed batch) instead of when it arrives")
+    sm.add_argument("--json", help="write the summary (a list with --policy all) here")
+    sm.set_defaults(func=_simulate_cmd)
 
 
 def error_text(exc: BaseException) -> str:

@@ -52,10 +52,11 @@ def test_a_marker_without_its_block_an_open_block_and_a_repeated_name_are_errors
 
 
 def test_settings_come_first_and_the_environment_overrides_them(tmp_path):
-    out = subprocess.run(["bash", "-euo", "pipefail", "-c", guide.script_for(
-        guide.parse_steps(GUIDE.read_text()), ["settings"]) + 'echo "$MALLEABLE_FEED_DIR $MALLEABLE_ETC"'],
-        env={"PATH": "/usr/bin:/bin", "MALLEABLE_FEED_DIR": "/shared/feed"},
-        capture_output=True, text=True, check=True)
+    script = guide.script_for(guide.parse_steps(GUIDE.read_text()), ["settings"])
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c",
+                          script + 'echo "$MALLEABLE_FEED_DIR $MALLEABLE_ETC"'],
+                         env={"PATH": "/usr/bin:/bin", "MALLEABLE_FEED_DIR": "/shared/feed"},
+                         capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["/shared/feed", "/etc/malleable"]
 
 
