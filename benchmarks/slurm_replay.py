@@ -10,7 +10,10 @@ declare more CPUs than exist), submitted at its compressed submit time:
     sbatch -n P -t LIMIT --wrap 'sleep S'
 
 and the simulator's static regime runs the very same compressed jobs on the same cluster shape
-with the same backfill (conservative, bf_interval, bf_max_job_test). Each job's real start
+with the same backfill (conservative, bf_interval, bf_max_job_test) and, by default, Slurm's
+placement of ``-n P`` (``--placement slurm-tasks``: a job that no node holds now is spread over
+several; ``one-node``, the simulator's earlier rule, makes it wait for one node: both are
+reported, under ``by_placement``). Each job's real start
 (slurmctld's log, milliseconds; its job-completion log, seconds, as a cross-check) is compared
 with the simulated one.
 
@@ -32,7 +35,7 @@ scheduling decisions from what its inputs leave out.
 
     python benchmarks/slurm_replay.py [--trace KTH-SP2-1996-2.1-cln] [--start 19400]
         [--jobs 200] [--factor auto|F] [--target-s 600] [--nodes 4] [--cores 25]
-        [--bf-interval 1] [--name slurm_replay]
+        [--bf-interval 1] [--placement slurm-tasks|one-node] [--name slurm_replay]
     python benchmarks/slurm_replay.py --plan-only     # the slice and its compression, no Slurm
 
 Writes benchmarks/results/NAME.json and NAME.png, and NAME_raw.json: what Slurm wrote (its
@@ -64,8 +67,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, save  # noqa: E402
 
-from slurm_plugin.simulator import (Amdahl, Backfill, QueueOrder, SimJob, SimPolicy,  # noqa: E402
-                                    simulate, swf_workload)
+from slurm_plugin.simulator import (Amdahl, Backfill, Placement, QueueOrder, SimJob,  # noqa: E402
+                                    SimPolicy, simulate, swf_workload)
 from slurm_plugin.simulator.metrics import percentile  # noqa: E402
 from slurm_plugin.simulator.swf import SWFLog, read_swf  # noqa: E402
 
@@ -166,16 +169,23 @@ def sim_jobs(jobs: Iterable[ReplayJob], *, submit: Mapping[int, float] | None = 
             for j in jobs]
 
 
-def run_sim(jobs: Sequence[SimJob], *, nodes: int, cores: int, bf_interval_s: float):
+def run_sim(jobs: Sequence[SimJob], *, nodes: int, cores: int, bf_interval_s: float,
+            placement: Placement = Placement.SLURM_TASKS):
+    """The simulator's static run. ``placement``: SLURM_TASKS is what ``sbatch -n P`` gets
+    from select/cons_tres (a job that no node holds now is spread); ONE_NODE, the stand-in's
+    earlier rule (it waits for one node), is reported beside it."""
     return simulate(jobs, nodes=nodes, cores=cores, policy=SimPolicy.STATIC,
                     backfill=Backfill.CONSERVATIVE, backfill_depth=BF_MAX_JOB_TEST,
-                    backfill_interval_s=bf_interval_s, queue_order=QueueOrder.FCFS)
+                    backfill_interval_s=bf_interval_s, queue_order=QueueOrder.FCFS,
+                    placement=placement)
 
 
 def auto_factor(jobs: Sequence[SimJob], *, nodes: int, cores: int, target_s: float) -> int:
     """The factor that makes the simulated makespan of the uncompressed slice last
-    ``target_s`` (whole number, at least 1)."""
-    res = run_sim(jobs, nodes=nodes, cores=cores, bf_interval_s=30.0)
+    ``target_s`` (whole number, at least 1). Planned with the one-node placement, as the
+    replay of record was (so that ``--from-raw`` compresses the slice as it was replayed)."""
+    res = run_sim(jobs, nodes=nodes, cores=cores, bf_interval_s=30.0,
+                  placement=Placement.ONE_NODE)
     return max(1, round(res.makespan_s / target_s))
 
 
@@ -424,7 +434,7 @@ def sim_times(result) -> dict[int, Times]:
 
 # --- the report ----------------------------------------------------------------------------------
 
-def plot(rows: list[dict], errors: dict, path: Path) -> None:
+def plot(rows: list[dict], errors: dict, path: Path, placement: str = "slurm-tasks") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -443,10 +453,15 @@ def plot(rows: list[dict], errors: dict, path: Path) -> None:
                s=12, marker="^", label="started by Slurm's backfill")
     ax.set_xlabel("real Slurm start (s of the replay)")
     ax.set_ylabel("simulated start (s)")
-    ax.set_title("start times: simulator vs slurmctld")
+    ax.set_title(f"start times: simulator ({placement}) vs slurmctld")
     ax.legend(fontsize=8)
     ax = axes[1]
-    for series, label in ((sim, "simulator, replay's inputs"),
+    other = [p for p in rows[0]["relative_error_by_placement"] if p != placement]
+    for p in other:
+        d = sorted(r["relative_error_by_placement"][p] for r in rows)
+        ax.plot(d, [(k + 1) / len(d) for k in range(len(d))], ls=":",
+                label=f"simulator ({p}), replay's inputs")
+    for series, label in ((sim, f"simulator ({placement}), replay's inputs"),
                           (sim2, "simulator, measured submits and run times"),
                           (sim3, "the same, each start moved to Slurm's next backfill cycle")):
         d = sorted(abs(s - r) / max(rr["real"]["wait_s"], errors["floor_s"])
@@ -477,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf-interval", type=int, default=1)
     ap.add_argument("--floor", type=float, default=None, help="default: bf_interval")
     ap.add_argument("--name", default="slurm_replay")
+    ap.add_argument("--placement", choices=[p.value for p in Placement],
+                    default=Placement.SLURM_TASKS.value,
+                    help="the simulator's placement of a job that fits a node (the other one is "
+                         "reported beside it, under by_placement)")
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--from-raw", action="store_true",
                     help="no replay: analyse the observations of the last one (NAME_raw.json)")
@@ -492,8 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         else float(args.factor)
     jobs = compress(trace_jobs, factor)
     rounding = rounding_report(jobs, factor)
+    placement = Placement(args.placement)
     sim = run_sim(sim_jobs(jobs), nodes=args.nodes, cores=args.cores,
-                  bf_interval_s=args.bf_interval)
+                  bf_interval_s=args.bf_interval, placement=placement)
     print(f"{args.trace} lines {args.start}..{args.start + args.jobs}: {len(jobs)} jobs, "
           f"factor {factor:g}; widest {max(j.procs for j in jobs)} procs on "
           f"{args.nodes} x {args.cores}; simulated makespan {sim.makespan_s:.0f} s, "
@@ -512,12 +532,36 @@ def main(argv: list[str] | None = None) -> int:
     real, info = real_times(jobs, raw)
     missing = [j.index for j in jobs if j.index not in real]
     # The diagnostic simulation: each job's measured submit (slurmctld's) and run (end - start).
-    measured = run_sim(sim_jobs(jobs, submit={i: t.submit_s for i, t in real.items()},
-                                runtime={i: t.end_s - t.start_s for i, t in real.items()}),
-                       nodes=args.nodes, cores=args.cores, bf_interval_s=args.bf_interval)
+    measured_jobs = sim_jobs(jobs, submit={i: t.submit_s for i, t in real.items()},
+                             runtime={i: t.end_s - t.start_s for i, t in real.items()})
+    measured = run_sim(measured_jobs, nodes=args.nodes, cores=args.cores,
+                       bf_interval_s=args.bf_interval, placement=placement)
     simt, simm = sim_times(sim), sim_times(measured)
     errors = start_errors(simt, real, floor_s=floor_s)
     errors_measured = start_errors(simm, real, floor_s=floor_s)
+    # Both placements side by side (the chosen one repeats the figures above).
+    by_placement = {}
+    for p in Placement:
+        pt = sim_times(run_sim(sim_jobs(jobs), nodes=args.nodes, cores=args.cores,
+                               bf_interval_s=args.bf_interval, placement=p))
+        pm = sim_times(run_sim(measured_jobs, nodes=args.nodes, cores=args.cores,
+                               bf_interval_s=args.bf_interval, placement=p))
+        sched = schedule_metrics({i: pt[i] for i in real})
+        err, err_m = start_errors(pt, real, floor_s=floor_s), start_errors(pm, real,
+                                                                           floor_s=floor_s)
+        by_placement[p.value] = {
+            "sim": sched,
+            "sim_over_real": {m: sched[m] / v for m in ("mean_wait_s", "mean_response_s",
+                                                        "makespan_s")
+                              if (v := schedule_metrics(real)[m])},
+            "jobs_on_several_nodes_within_a_node": sum(
+                1 for r in (run_sim(sim_jobs(jobs), nodes=args.nodes, cores=args.cores,
+                                    bf_interval_s=args.bf_interval, placement=p).per_job)
+                if r.cores <= args.cores and r.nodes > 1),
+            "errors": {k: v for k, v in err.items() if k != "per_job_relative"},
+            "errors_measured_inputs": {k: v for k, v in err_m.items()
+                                       if k != "per_job_relative"},
+            "per_job_relative": err["per_job_relative"]}
     # Diagnostic: Slurm started (nearly) every job in a backfill cycle, never at submission;
     # each simulated start moved to the next cycle slurmctld's log shows (measured inputs).
     ticks = cycle_ticks([t.start_s for i, t in real.items() if info[i]["how"] == "backfill"],
@@ -540,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
             "sim_measured_inputs": {"start_s": simm[i].start_s, "end_s": simm[i].end_s,
                                     "start_at_next_cycle_s": simc[i].start_s},
             "relative_error": errors["per_job_relative"][str(i)],
+            "relative_error_by_placement": {p: v["per_job_relative"][str(i)]
+                                            for p, v in by_placement.items()},
             "relative_error_measured_inputs": errors_measured["per_job_relative"][str(i)]})
     lags = [r["submit_lag_s"] for r in rows]
     overheads = [r["overhead_s"] for r in rows]
@@ -558,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         "factor": factor, "cluster": {"nodes": args.nodes, "cpus_per_node": args.cores,
                                       "real_cpus": None},
         "scheduler_parameters": scheduler_parameters(args.bf_interval),
-        "simulator": {"policy": "static", "backfill": "conservative",
+        "simulator": {"policy": "static", "placement": placement.value,
+                      "backfill": "conservative",
                       "backfill_depth": BF_MAX_JOB_TEST,
                       "backfill_interval_s": args.bf_interval, "queue_order": "fcfs"},
         "launch_margin_s": LAUNCH_MARGIN_S, "rounding": rounding,
@@ -573,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
              if r["jobcomp_start_s"] is not None), default=None),
         "summary": summary,
         "errors": {k: v for k, v in errors.items() if k != "per_job_relative"},
+        "by_placement": by_placement,
         "errors_measured_inputs": {k: v for k, v in errors_measured.items()
                                    if k != "per_job_relative"},
         "errors_measured_inputs_next_cycle": {k: v for k, v in errors_cycle.items()
@@ -592,9 +640,14 @@ def main(argv: list[str] | None = None) -> int:
     from slurm_plugin.cluster.local import host_topology
     data["cluster"]["real_cpus"] = host_topology().cpus
     save(args.name, data)
-    plot(rows, errors, RESULTS / f"{args.name}.png")
+    for v in by_placement.values():
+        del v["per_job_relative"]
+    plot(rows, errors, RESULTS / f"{args.name}.png", placement=placement.value)
     print(f"real: {summary['real']}\nsim:  {summary['sim']}\n"
           f"sim (measured inputs): {summary['sim_measured_inputs']}")
+    for p, v in by_placement.items():
+        print(f"{p}: relative start error median {v['errors']['relative']['median']:.3f}, "
+              f"p90 {v['errors']['relative']['p90']:.3f}; sim/real {v['sim_over_real']}")
     print(f"relative start error: median {errors['relative']['median']:.3f}, p90 "
           f"{errors['relative']['p90']:.3f}; with measured inputs: median "
           f"{errors_measured['relative']['median']:.3f}, p90 "

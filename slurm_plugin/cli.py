@@ -356,9 +356,9 @@ def _simulator_missing(args: argparse.Namespace) -> int:
 def _simulate_cmd(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .simulator import (Backfill, QueueOrder, SimPolicy, Simulation, Workload, WorkloadModel,
-                            closed_batch, generate, generate_lublin, offered_load, read_swf,
-                            scale_to_load, swf_workload)
+    from .simulator import (Backfill, Placement, QueueOrder, SimPolicy, Simulation, Workload,
+                            WorkloadModel, closed_batch, generate, generate_lublin,
+                            offered_load, read_swf, scale_to_load, swf_workload)
     from .simulator.metrics import ratios
     if args.swf:
         log = read_swf(Path(args.swf).read_bytes())
@@ -392,7 +392,8 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
                        cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
                        backfill_depth=args.backfill_depth,
                        backfill_interval_s=args.backfill_interval,
-                       queue_order=QueueOrder(args.queue_order)).run()
+                       queue_order=QueueOrder(args.queue_order),
+                       placement=Placement(args.placement)).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
                    args.malleable_fraction, "malleable_ask": args.malleable_ask,
                    "closed_batch": args.closed_batch, "workload": args.swf or "generated",
@@ -671,7 +672,7 @@ def _add_simulate_parser(sub) -> None:
     """``malleable simulate``, where the simulator is installed (the node package leaves it
     out: a research tool, not root's on every node)."""
     try:
-        from .simulator import Backfill, QueueOrder, SimPolicy, WorkloadModel
+        from .simulator import Backfill, Placement, QueueOrder, SimPolicy, WorkloadModel
     except ImportError:
         sm = sub.add_parser("simulate", help="not installed here (the simulator is a "
                             "research tool: run it from the project's checkout)")
@@ -728,6 +729,10 @@ def _add_simulate_parser(sub) -> None:
                     choices=[o.value for o in QueueOrder],
                     help="Slurm's queue order in every regime: submission order (default), the "
                          "most cores first (multifactor job size), the longest time limit first")
+    sm.add_argument("--placement", default=Placement.ONE_NODE.value,
+                    choices=[p.value for p in Placement],
+                    help="a job that fits a node when no node holds it: waits for one "
+                         "(one-node, default) or spreads as Slurm's -n P does (slurm-tasks)")
     sm.add_argument("--closed-batch", action="store_true",
                     help="every job submitted at 0 (a closed batch) instead of when it arrives")
     sm.add_argument("--json", help="write the summary (a list with --policy all) here")

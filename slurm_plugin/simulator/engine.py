@@ -4,7 +4,9 @@ Slurm's part is a stand-in for its two schedulers. The main one runs at every ar
 queued jobs start in queue order (``QueueOrder``: first come, first served unless a site sets a
 priority) until the first that does not fit. Where a job goes is select/cons_tres's choice as
 this stand-in has it: a job that fits a node gets the node with the fewest free cores that holds
-it (best fit); a wider one takes whole idle nodes, lowest-numbered first, and the rest on the
+it (best fit), and where none holds it now it waits for one (``Placement.ONE_NODE``, the
+default) or is spread over several as ``sbatch -n P`` is (``Placement.SLURM_TASKS``, below);
+a wider one takes whole idle nodes, lowest-numbered first, and the rest on the
 node that holds it most tightly, else on the nodes with the most free cores (``select_nodes``):
 Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The backfill pass runs
 every ``backfill_interval_s`` (Slurm's bf_interval) while jobs wait, over the first
@@ -167,6 +169,22 @@ class Backfill(enum.Enum):
 
     CONSERVATIVE = "conservative"
     EASY = "easy"
+
+
+class Placement(enum.Enum):
+    """Where a job that fits a node goes when no single node holds it now.
+
+    one-node      it waits for one node that holds it (best fit): the stand-in's earlier
+                  rule, and ``-N 1`` (or ``--ntasks-per-node=P``) in Slurm
+    slurm-tasks   what select/cons_tres (CR_Core) does with ``sbatch -n P``: one node if one
+                  holds it (best fit), else its tasks spread over several nodes as a job wider
+                  than a node is (``select_nodes``: the node with the most free cores first,
+                  each giving all it has); it then runs as a multi-node job (a rank per core)
+    Jobs wider than a node are placed alike under both.
+    """
+
+    ONE_NODE = "one-node"
+    SLURM_TASKS = "slurm-tasks"
 
 
 class _Queue:
@@ -463,6 +481,7 @@ class Simulation:
                  backfill: Backfill = Backfill.CONSERVATIVE, backfill_depth: int = 500,
                  backfill_interval_s: float = 30.0, queue_order: QueueOrder = QueueOrder.FCFS,
                  node_bounds: NodeBounds = NodeBounds(),
+                 placement: Placement = Placement.ONE_NODE,
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= nodes * cores:
@@ -474,6 +493,7 @@ class Simulation:
         self.backfill_depth = backfill_depth     # Slurm's bf_max_job_test (500 by default)
         self.backfill_interval_s = backfill_interval_s
         self.node_bounds = node_bounds
+        self.placement = placement
         self._backfill_due = False     # a backfill pass is queued
         self._news = True              # a job arrived or ended since the last backfill pass
         self._clock = clock
@@ -498,6 +518,13 @@ class Simulation:
         self._touched: set[int] = set()     # jobs whose cores changed this instant
         self.resizes = 0
         self.decide_calls = 0
+        # The nodes regime's growth candidates, kept between events (a job's gain from a node
+        # more changes only when its nodes do): a heap of (-gain, job, stamp), an entry valid
+        # while its stamp is the job's in _gain_stamp (lazy deletion).
+        self._gain_heap: list[tuple[float, int, int]] = []
+        self._gain_stamp: dict[int, int] = {}
+        self._stamps = 0
+        self._node_jobs: set[int] = set()   # the running jobs _node_malleable holds for
 
     # --- the event loop ---------------------------------------------------------------------
 
@@ -581,7 +608,7 @@ class Simulation:
         # once no job left could start now, its reservation changes nothing this pass.
         least_one, least_wide = [self.cores + 1], [self.nodes * self.cores + 1]
         for job in reversed(window):
-            one = job.cores <= self.cores
+            one = self._one_node(job)
             least_one.append(min(least_one[-1], job.cores if one else self.cores + 1))
             least_wide.append(min(least_wide[-1], self.nodes * self.cores + 1 if one
                                   else job.cores))
@@ -592,12 +619,14 @@ class Simulation:
             if least_one[i] > self._max_free() and least_wide[i] > self._free_total:
                 return waiting + window[i:]
             length = job.expected_s
-            if job.cores <= self.cores:
-                node = self._best_fit_clear(job.cores, length, profile, now)
-                start, node = (now, node) if node is not None else \
-                    profile.earliest_on_one(job.cores, length)
+            node = self._best_fit_clear(job.cores, length, profile, now) \
+                if job.cores <= self.cores else None
+            if node is not None:
+                start, placement = now, {node: job.cores}
+            elif self._one_node(job):
+                start, node = profile.earliest_on_one(job.cores, length)
                 placement = {node: job.cores}
-            else:
+            else:     # wider than a node, or spread: one node if one holds it then
                 start, placement = profile.earliest_wide(job.cores, length)
             # A job past its expected end that still runs (by a rounding error) holds its
             # cores: a start planned on them waits for its end, at once.
@@ -622,21 +651,30 @@ class Simulation:
 
     # --- Slurm's view -----------------------------------------------------------------------
 
+    def _one_node(self, job: SimJob) -> bool:
+        """Whether the job goes on one node only: it fits a node and the placement keeps it
+        there (else its cores may be spread, as a wider job's are)."""
+        return job.cores <= self.cores and self.placement is Placement.ONE_NODE
+
     def _max_free(self) -> int:
         return next((free for free in range(self.cores, 0, -1) if self._by_free[free]), 0)
 
     def _fits_now(self, job: SimJob) -> bool:
-        if job.cores <= self.cores:
+        if self._one_node(job):
             return any(self._by_free[free] for free in range(job.cores, self.cores + 1))
         return job.cores <= self._free_total
 
     def _place(self, job: SimJob, reservation: _Reservation | None = None,
                expected_end: float = 0.0) -> dict[int, int] | None:
         """Where Slurm starts the job now: cores per node, or None. A job that fits a node
-        gets one (best fit); a wider one, nodes by ``select_nodes``."""
+        gets one (best fit), else (``Placement.SLURM_TASKS`` only) nodes as a wider one does;
+        a wider one, nodes by ``select_nodes``."""
         if job.cores <= self.cores:
             node = self._best_fit(job.cores, reservation, expected_end)
-            return None if node is None else {node: job.cores}
+            if node is not None:
+                return {node: job.cores}
+            if self._one_node(job):
+                return None
         if job.cores > self._free_total:
             return None
         usable: Sequence[int] = self._free if reservation is None else \
@@ -657,7 +695,7 @@ class Simulation:
     def _reserve(self, job: SimJob, now: float) -> _Reservation:
         """When and where the job will fit by the running jobs' expected ends, and how many
         cores each of those nodes has spare then beyond it."""
-        if job.cores <= self.cores:
+        if self._one_node(job):
             best: tuple[float, int, int] | None = None   # (time, node, spare cores then)
             for node in range(self.nodes):
                 free, at = self._free[node], now
@@ -670,8 +708,8 @@ class Simulation:
                     best = (at, node, free - job.cores)
             assert best is not None, "every job fits an empty node"
             return _Reservation(start=best[0], spare={best[1]: best[2]})
-        # Wider than a node: the first instant the cluster has its cores free, on the nodes
-        # select_nodes picks from what is free then.
+        # Wider than a node (or spread): the first instant the cluster has its cores free, on
+        # the nodes select_nodes picks from what is free then (one node if one holds it).
         free, total, at = list(self._free), self._free_total, now
         ends = heapq.merge(*([(end, node, cores) for end, _, cores in lst]
                              for node, lst in enumerate(self._ends_on)))
@@ -716,10 +754,16 @@ class Simulation:
         self._starts[job.job_id] = now
         self._dirty.update(nodes)
         self._touched.add(job.job_id)
+        if self.policy is SimPolicy.NODES:
+            if self._node_malleable(r):
+                self._node_jobs.add(job.job_id)
+            self._regain(r)
 
     def _finish(self, r: _Running, now: float) -> None:
         self._settle(r, now)
         del self._running[r.job.job_id]
+        self._gain_stamp.pop(r.job.job_id, None)
+        self._node_jobs.discard(r.job.job_id)
         for node, alloc in zip(r.nodes, r.allocation):
             self._on_node[node].discard(r.job.job_id)
             self._ends_on[node].remove((r.expected_end, r.job.job_id, len(alloc)))
@@ -742,9 +786,8 @@ class Simulation:
         order they are given: grown jobs first (most nodes beyond what they asked for), then
         the jobs with the most nodes above their floor; a job's highest node first."""
         out = []
-        for job_id, r in self._running.items():
-            if not self._node_malleable(r):
-                continue
+        for job_id in self._node_jobs:      # the node-malleable running jobs (order: sorted)
+            r = self._running[job_id]
             asked = r.job.fewest_nodes(self.cores)
             spare = len(r.nodes) - self.node_bounds.fewest(asked)
             whole = [n for n, a in zip(r.nodes, r.allocation) if len(a) == self.cores]
@@ -776,33 +819,46 @@ class Simulation:
             assert placement is not None, "whole idle nodes hold the head"
             self._start(self._queue.pop(), placement, now)
 
+    def _gain(self, r: _Running) -> float | None:
+        """What a whole node more adds to the job's rate, if it may grow (below ``grow_to``
+        times its nodes) and that is at least ``min_gain`` of the average worth of its cores
+        now; else None."""
+        bounds = self.node_bounds
+        if len(r.nodes) >= bounds.most(r.job.fewest_nodes(self.cores)):
+            return None
+        width = sum(len(a) for a in r.allocation)
+        now_rate = r.job.speedup.rate(width)
+        more = r.job.speedup.rate(width + self.cores) - now_rate
+        return more if more >= bounds.min_gain * self.cores * now_rate / width else None
+
+    def _regain(self, r: _Running) -> None:
+        """The job's nodes changed (or it started): its entry among the growth candidates."""
+        job_id = r.job.job_id
+        self._gain_stamp.pop(job_id, None)
+        if not self._node_malleable(r) or (g := self._gain(r)) is None:
+            return
+        self._stamps += 1
+        self._gain_stamp[job_id] = self._stamps
+        heapq.heappush(self._gain_heap, (-g, job_id, self._stamps))
+
+    def _best_candidate(self) -> int | None:
+        """The running job that gains the most from a node more (ties: the lowest id)."""
+        heap = self._gain_heap
+        while heap and self._gain_stamp.get(heap[0][1]) != heap[0][2]:
+            heapq.heappop(heap)     # stale: the job's nodes changed since, or it ended
+        return heap[0][1] if heap else None
+
     def _grow_into_idle(self, now: float) -> None:
         """Each wholly idle node to the malleable job whose rate gains the most from it (at
-        least ``min_gain`` of the average worth of its cores now), one node at a time."""
-        idle = sorted(self._by_free[self.cores])
-        if not idle:
+        least ``min_gain`` of the average worth of its cores now), one node at a time. The
+        candidates are kept between events (``_regain``), not weighed again at each."""
+        if not self._by_free[self.cores] or self._best_candidate() is None:
             return
-        bounds = self.node_bounds
-
-        def gain(r: _Running) -> float | None:
-            if len(r.nodes) >= bounds.most(r.job.fewest_nodes(self.cores)):
-                return None
-            width = sum(len(a) for a in r.allocation)
-            now_rate = r.job.speedup.rate(width)
-            more = r.job.speedup.rate(width + self.cores) - now_rate
-            return more if more >= bounds.min_gain * self.cores * now_rate / width else None
-
-        heap = [(-g, job_id) for job_id, r in self._running.items()
-                if self._node_malleable(r) and (g := gain(r)) is not None]
-        heapq.heapify(heap)
-        for node in idle:
-            if not heap:
+        for node in sorted(self._by_free[self.cores]):
+            job_id = self._best_candidate()
+            if job_id is None:
                 return
-            _, job_id = heapq.heappop(heap)
-            r = self._running[job_id]
-            self._move_node(r, node, now, add=True)
-            if (g := gain(r)) is not None:
-                heapq.heappush(heap, (-g, job_id))
+            self._move_node(self._running[job_id], node, now, add=True)   # re-enters it
 
     def _move_node(self, r: _Running, node: int, now: float, *, add: bool) -> None:
         """Give the job all the cores of an idle node, or take back one of its whole nodes:
@@ -831,6 +887,7 @@ class Simulation:
         if r.rate > 0.0:
             self.resizes += 1
         self._touched.add(job_id)
+        self._regain(r)
 
     # --- the nodes' agents ------------------------------------------------------------------
 
@@ -957,7 +1014,9 @@ def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolic
              backfill: Backfill = Backfill.CONSERVATIVE, backfill_depth: int = 500,
              backfill_interval_s: float = 30.0,
              queue_order: QueueOrder = QueueOrder.FCFS,
-             node_bounds: NodeBounds = NodeBounds()) -> SimResult:
+             node_bounds: NodeBounds = NodeBounds(),
+             placement: Placement = Placement.ONE_NODE) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
-                      queue_order=queue_order, node_bounds=node_bounds).run()
+                      queue_order=queue_order, node_bounds=node_bounds,
+                      placement=placement).run()
