@@ -30,10 +30,10 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, save  # noqa: E402
 
-from slurm_plugin.simulator import (SimPolicy, Simulation, closed_batch, generate,  # noqa: E402
+from malleable_sim import (SimPolicy, Simulation, closed_batch, generate,  # noqa: E402
                                     read_swf, swf_workload)
-from slurm_plugin.simulator.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
-from slurm_plugin.simulator.metrics import ratios  # noqa: E402
+from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
+from malleable_sim.metrics import ratios  # noqa: E402
 
 PWA = HERE.parent / "tests" / "fixtures" / "swf" / "pwa"
 # Each trace on a cluster of its machine's processors: (file, nodes, cores per node). NASA's

@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, save  # noqa: E402
 
-from slurm_plugin.simulator import (QueueOrder, SimPolicy, Simulation, WorkloadModel,  # noqa: E402
+from malleable_sim import (QueueOrder, SimPolicy, Simulation, WorkloadModel,  # noqa: E402
                                     generate, generate_lublin)
 
 POLICIES = (SimPolicy.STATIC, SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT, SimPolicy.NODES)

@@ -67,10 +67,10 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, save  # noqa: E402
 
-from slurm_plugin.simulator import (Amdahl, Backfill, Placement, QueueOrder, SimJob,  # noqa: E402
+from malleable_sim import (Amdahl, Backfill, Placement, QueueOrder, SimJob,  # noqa: E402
                                     SimPolicy, simulate, swf_workload)
-from slurm_plugin.simulator.metrics import percentile  # noqa: E402
-from slurm_plugin.simulator.swf import SWFLog, read_swf  # noqa: E402
+from malleable_sim.metrics import percentile  # noqa: E402
+from malleable_sim.swf import SWFLog, read_swf  # noqa: E402
 
 TRACES = HERE.parent / "tests" / "fixtures" / "swf" / "pwa"
 BASE = Path("/tmp/replay-cluster")

@@ -356,10 +356,10 @@ def _simulator_missing(args: argparse.Namespace) -> int:
 def _simulate_cmd(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .simulator import (Backfill, Placement, QueueOrder, SimPolicy, Simulation, Workload,
+    from malleable_sim import (Backfill, Placement, QueueOrder, SimPolicy, Simulation, Workload,
                             WorkloadModel, closed_batch, generate, generate_lublin,
                             offered_load, read_swf, scale_to_load, swf_workload)
-    from .simulator.metrics import ratios
+    from malleable_sim.metrics import ratios
     if args.swf:
         log = read_swf(Path(args.swf).read_bytes())
         workload = swf_workload(log, nodes=args.nodes, cores=args.cores,
@@ -672,7 +672,7 @@ def _add_simulate_parser(sub) -> None:
     """``malleable simulate``, where the simulator is installed (the node package leaves it
     out: a research tool, not root's on every node)."""
     try:
-        from .simulator import Backfill, Placement, QueueOrder, SimPolicy, WorkloadModel
+        from malleable_sim import Backfill, Placement, QueueOrder, SimPolicy, WorkloadModel
     except ImportError:
         sm = sub.add_parser("simulate", help="not installed here (the simulator is a "
                             "research tool: run it from the project's checkout)")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 from common import RESULTS, save  # noqa: E402
 
 from slurm_plugin.coscheduler.request import MalleableSpec  # noqa: E402
-from slurm_plugin.simulator import Amdahl, Measured, SimJob, SimPolicy, simulate  # noqa: E402
+from malleable_sim import Amdahl, Measured, SimJob, SimPolicy, simulate  # noqa: E402
 
 
 METRICS = ("makespan_s", "mean_completion_s")

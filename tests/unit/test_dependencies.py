@@ -8,7 +8,8 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("malleable_protocol", "slurm_plugin", "malleable_tf", "launcher", "sbatch_templates")
+PACKAGES = ("malleable_protocol", "slurm_plugin", "malleable_tf", "launcher", "sbatch_templates",
+            "malleable_sim")
 # The training stack a user brings (never required: requiring one would replace another).
 USERS_OWN = {"tensorflow", "keras", "numpy", "horovod", "sklearn", "pyslurm"}
 # Distribution name -> import name, where they differ.

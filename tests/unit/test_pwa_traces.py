@@ -6,7 +6,7 @@ raw file with zcat and awk, not with the reader, for example
     zcat F | awk '!/^;/ && $5 > 64 {n++} END {print n}'             # allocated processors > 64
 
 and, for the counts of dropped lines, an awk program applying the rules of
-``slurm_plugin.simulator.workload._drop_reason`` in their order (partial execution; status 5 and
+``malleable_sim.workload._drop_reason`` in their order (partial execution; status 5 and
 no run time; run time -1; submit time -1; neither processor field known; requested processors, or
 the allocated ones where none are requested, above the cluster's cores)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.simulator import Adjustment, DropReason, SWFLog, read_swf, swf_workload
+from malleable_sim import Adjustment, DropReason, SWFLog, read_swf, swf_workload
 
 PWA = Path(__file__).resolve().parents[1] / "fixtures" / "swf" / "pwa"
 

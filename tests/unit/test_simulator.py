@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import (Amdahl, Backfill, Measured, QueueOrder, SimJob, SimPolicy,
+from malleable_sim import (Amdahl, Backfill, Measured, QueueOrder, SimJob, SimPolicy,
                                     Simulation, ask_share, fluid_lower_bound, generate, simulate)
-from slurm_plugin.simulator.workload import time_cost_frontier
+from malleable_sim.workload import time_cost_frontier
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 

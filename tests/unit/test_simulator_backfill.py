@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from slurm_plugin.simulator import Amdahl, Backfill, SimJob, SimPolicy, generate, simulate
+from malleable_sim import Amdahl, Backfill, SimJob, SimPolicy, generate, simulate
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 

@@ -10,8 +10,8 @@ import pytest
 
 from slurm_plugin.coscheduler.model import Policy
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import Amdahl, SimJob, SimPolicy, generate, simulate
-from slurm_plugin.simulator.metrics import COMPARED
+from malleable_sim import Amdahl, SimJob, SimPolicy, generate, simulate
+from malleable_sim.metrics import COMPARED
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 

@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from slurm_plugin.simulator import SimJob, SimPolicy, simulate
-from slurm_plugin.simulator.lublin import (BATCH, BUCKETS, INTERACTIVE, Downey, JobClass,
+from malleable_sim import SimJob, SimPolicy, simulate
+from malleable_sim.lublin import (BATCH, BUCKETS, INTERACTIVE, Downey, JobClass,
                                            LublinModel, arrivals, daily_weights, gamma_cdf,
                                            generate_lublin, job_size, offered_load, runtime_s,
                                            scale_to_load)
@@ -103,7 +103,7 @@ def test_runtimes_lengthen_with_size():
 
 
 def test_offered_load_and_scaling_to_a_target():
-    from slurm_plugin.simulator import Amdahl
+    from malleable_sim import Amdahl
     linear = Amdahl(0.0, 0.0)
     jobs = [SimJob(1, 0.0, 2, 100.0, linear), SimJob(2, 50.0, 4, 50.0, linear),
             SimJob(3, 100.0, 1, 200.0, linear)]

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import (Amdahl, SimJob, SimPolicy, ask_share, closed_batch, generate,
+from malleable_sim import (Amdahl, SimJob, SimPolicy, ask_share, closed_batch, generate,
                                     simulate)
-from slurm_plugin.simulator.metrics import TAU_S, bounded_slowdown, percentile
+from malleable_sim.metrics import TAU_S, bounded_slowdown, percentile
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 METRICS = {"jobs", "jobs_dropped", "core_seconds", "makespan_s", "lower_bound_makespan_s",

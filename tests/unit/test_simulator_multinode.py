@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import (Amdahl, Backfill, SimJob, SimPolicy, ask_share,
+from malleable_sim import (Amdahl, Backfill, SimJob, SimPolicy, ask_share,
                                     fluid_lower_bound, read_swf, simulate, swf_workload)
-from slurm_plugin.simulator.engine import peer_cap, select_nodes
+from malleable_sim.engine import peer_cap, select_nodes
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 NODE = MalleableSpec(min_cpus=1, max_cpus=None)

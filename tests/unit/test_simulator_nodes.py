@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from slurm_plugin.coscheduler.request import MalleableSpec
-from slurm_plugin.simulator import Amdahl, SimJob, SimPolicy, simulate
-from slurm_plugin.simulator.engine import NodeBounds, _Profile
-from slurm_plugin.simulator.lublin import Downey
+from malleable_sim import Amdahl, SimJob, SimPolicy, simulate
+from malleable_sim.engine import NodeBounds, _Profile
+from malleable_sim.lublin import Downey
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 SPEC = MalleableSpec(min_cpus=1)

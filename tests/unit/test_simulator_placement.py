@@ -8,7 +8,7 @@ import json
 import pytest
 
 from slurm_plugin.cli import main
-from slurm_plugin.simulator import Amdahl, Backfill, Placement, SimJob, SimPolicy, simulate
+from malleable_sim import Amdahl, Backfill, Placement, SimJob, SimPolicy, simulate
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 

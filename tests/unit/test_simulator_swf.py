@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.simulator import (Adjustment, DropReason, SWFError, SWFRecord, parse_swf_text,
+from malleable_sim import (Adjustment, DropReason, SWFError, SWFRecord, parse_swf_text,
                                     read_swf, swf_workload)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "swf"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.simulator import Amdahl, SimJob
-from slurm_plugin.simulator.swf import SWFRecord, SWFHeader, SWFLog
+from malleable_sim import Amdahl, SimJob
+from malleable_sim.swf import SWFRecord, SWFHeader, SWFLog
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "slurm_replay.py"
 _spec = importlib.util.spec_from_file_location("slurm_replay", BENCH)

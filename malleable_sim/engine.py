@@ -61,8 +61,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..coscheduler.model import JobView, NodeSnapshot, Policy, RankView
-from ..coscheduler.policy import decide
+from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Policy, RankView
+from slurm_plugin.coscheduler.policy import decide
 from .metrics import bounded_slowdown, percentile
 from .workload import SimJob, ask_share, fluid_lower_bound
 
