@@ -17,7 +17,7 @@ from pathlib import Path
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
-from ..slurm.parsers import parse_config_value
+from ..slurm.parsers import parse_config_value, parse_config_values
 from .config import AgentConfig
 
 SPANK_SO = "malleable_spank.so"
@@ -145,23 +145,8 @@ DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 def plugstack_path(config_text: str, slurm_conf: Path) -> Path:
     """The plugstack.conf slurmstepd reads: PlugStackConfig where set; else, Slurm's default,
     plugstack.conf beside slurm.conf (24.11 shows an unset one as "(null)")."""
-    value = parse_config_value(config_text, "PlugStackConfig")
-    if value and value != "(null)":
-        return Path(value)
-    return Path(slurm_conf).parent / "plugstack.conf"
-
-
-def hook_values(config_text: str, key: str) -> list[str]:
-    """A hook's programs in ``scontrol show config``: "Prolog = X" (22.05), "Prolog[0] = X",
-    "Prolog[1] = Y" (24.11); each may be a glob (docs/install.md links ours into prolog.d/)."""
-    values = []
-    for line in config_text.splitlines():
-        name, sep, value = line.partition("=")
-        name = name.strip()
-        if sep and (name == key or (name.startswith(key + "[") and name.endswith("]"))):
-            if value.strip() and value.strip() != "(null)":
-                values.append(value.strip())
-    return values
+    set_to = parse_config_values(config_text, "PlugStackConfig")
+    return Path(set_to[0]) if set_to else Path(slurm_conf).parent / "plugstack.conf"
 
 
 def _hook_runs_ours(values: list[str]) -> tuple[str, bool]:
@@ -193,7 +178,7 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     except CommandError as exc:
         f.errors["slurm"] = str(exc)
     for key in HOOK_KEYS:
-        f.hooks[key] = _hook_runs_ours(hook_values(f.slurm_config or "", key))
+        f.hooks[key] = _hook_runs_ours(parse_config_values(f.slurm_config or "", key))
     try:
         plugstack = plugstack_path(f.slurm_config or "", config.slurm_conf
                                    or Path(os.environ.get("SLURM_CONF", DEFAULT_SLURM_CONF)))

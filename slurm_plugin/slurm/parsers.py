@@ -185,6 +185,19 @@ def parse_config_value(text: str, key: str) -> str | None:
     return None
 
 
+def parse_config_values(text: str, key: str) -> list[str]:
+    """Every value of ``key`` in ``scontrol show config``, "(null)" left out: a hook's programs
+    are "Prolog = X" in 22.05, "Prolog[0] = X", "Prolog[1] = Y" in 24.11."""
+    values = []
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if sep and (name == key or (name.startswith(key + "[") and name.endswith("]"))):
+            if value.strip() and value.strip() != "(null)":
+                values.append(value.strip())
+    return values
+
+
 def parse_sacct_field(text: str) -> str | None:
     """One field of ``sacct -X -n -P -o FIELD`` for one job id: the last record's (a requeued
     job has one per run, the latest last); None when the database has no record of it."""

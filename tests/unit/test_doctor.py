@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_plugin.coscheduler.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
-                                             _plugstack_lines, diagnose, hook_values,
-                                             plugstack_path, render, runs_ours)
-
+                                             _plugstack_lines, diagnose, plugstack_path, render,
+                                             runs_ours)
 from slurm_plugin.coscheduler.install import render_hook
+from slurm_plugin.slurm.parsers import parse_config_values
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -75,15 +75,15 @@ def test_a_chained_site_hook_counts_and_includes_are_followed(tmp_path):
         "optional /usr/lib/pyxis.so", "required /opt/m/malleable_spank.so"]
 
 
-def test_hook_values_of_both_slurm_versions_and_none():
+def test_hook_programs_of_both_slurm_versions_and_none():
     v22 = "Prolog                  = /etc/slurm/prolog.d/*\nPrologFlags             = (null)\n"
     v24 = ("Prolog[0]               = /etc/slurm/site-prolog\n"
            "Prolog[1]               = /etc/slurm/prolog.d/*\nPrologEpilogTimeout = 65534\n"
            "Epilog                  = (null)\n")
-    assert hook_values(v22, "Prolog") == ["/etc/slurm/prolog.d/*"]
-    assert hook_values(v24, "Prolog") == ["/etc/slurm/site-prolog", "/etc/slurm/prolog.d/*"]
-    assert hook_values(v24, "Epilog") == []
-    assert hook_values(v24, "PrologSlurmctld") == []
+    assert parse_config_values(v22, "Prolog") == ["/etc/slurm/prolog.d/*"]
+    assert parse_config_values(v24, "Prolog") == ["/etc/slurm/site-prolog", "/etc/slurm/prolog.d/*"]
+    assert parse_config_values(v24, "Epilog") == []
+    assert parse_config_values(v24, "PrologSlurmctld") == []
 
 
 def test_a_prolog_glob_counts_when_one_of_its_programs_runs_ours(tmp_path):
