@@ -392,6 +392,7 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
                        cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
                        backfill_depth=args.backfill_depth,
                        backfill_interval_s=args.backfill_interval,
+                       batch_sched_delay_s=args.batch_sched_delay,
                        queue_order=QueueOrder(args.queue_order),
                        placement=Placement(args.placement)).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
@@ -725,14 +726,17 @@ def _add_simulate_parser(sub) -> None:
                     help="queued jobs a backfill pass looks at (Slurm's bf_max_job_test)")
     sm.add_argument("--backfill-interval", type=float, default=30.0,
                     help="seconds between backfill passes (Slurm's bf_interval)")
+    sm.add_argument("--batch-sched-delay", type=float, default=3.0,
+                    help="the main scheduler runs for arrivals and ends at most once in this "
+                         "many seconds (Slurm's batch_sched_delay, 3 by default)")
     sm.add_argument("--queue-order", default="fcfs",
                     choices=[o.value for o in QueueOrder],
                     help="Slurm's queue order in every regime: submission order (default), the "
                          "most cores first (multifactor job size), the longest time limit first")
-    sm.add_argument("--placement", default=Placement.ONE_NODE.value,
+    sm.add_argument("--placement", default=Placement.SLURM_TASKS.value,
                     choices=[p.value for p in Placement],
-                    help="a job that fits a node when no node holds it: waits for one "
-                         "(one-node, default) or spreads as Slurm's -n P does (slurm-tasks)")
+                    help="a job that fits a node when no node holds it: spreads as Slurm's "
+                         "-n P does (slurm-tasks, default) or waits for one (one-node)")
     sm.add_argument("--closed-batch", action="store_true",
                     help="every job submitted at 0 (a closed batch) instead of when it arrives")
     sm.add_argument("--json", help="write the summary (a list with --policy all) here")

@@ -85,3 +85,41 @@ def test_a_job_past_its_expected_end_still_holds_its_cores(policy):
     r = simulate(jobs, nodes=1, cores=4, policy=policy, backfill_interval_s=1.0)
     assert {j.job_id: j.start_s for j in r.per_job}[2] == 100.0
     assert r.core_seconds == pytest.approx(300 + 40 + 60 + 5)
+
+
+def test_backfill_passes_keep_slurmctlds_cadence_not_the_queues():
+    """bf_interval is a fixed cadence (backfill's thread sleeps it between passes whatever the
+    queue does): a job that cannot start by queue order at 5 s starts at the pass at 10 s (or
+    at 13 s with the cadence's phase at 3 s), not 10 s after it began to wait."""
+    jobs = [SimJob(1, 0.0, 3, 50.0, LINEAR), SimJob(2, 4.0, 2, 10.0, LINEAR),
+            SimJob(3, 5.0, 1, 10.0, LINEAR)]
+    for phase, start in ((0.0, 10.0), (3.0, 13.0)):
+        r = {j.job_id: j for j in simulate(jobs, nodes=1, cores=4, policy=SimPolicy.STATIC,
+                                           backfill_interval_s=10.0,
+                                           backfill_phase_s=phase).per_job}
+        assert r[3].start_s == pytest.approx(start) and r[2].start_s == pytest.approx(50.0)
+
+
+def test_the_main_scheduler_runs_at_most_once_every_batch_sched_delay():
+    """slurmctld calls schedule() for arrivals and ends only when batch_sched_delay (3 s) has
+    passed since its last call; backfill may start a job sooner. Idle 1 x 4 cluster, 1-core
+    jobs at 0, 1 and 1.5 s: the first starts at once, the others at 3 s (the backfill pass
+    at 30 s is later); with a 2 s bf_interval, the pass at 2 s starts them."""
+    jobs = [SimJob(i, t, 1, 10.0, LINEAR) for i, t in ((1, 0.0), (2, 1.0), (3, 1.5))]
+
+    def starts(**kw):
+        return [j.start_s for j in sorted(simulate(jobs, nodes=1, cores=4,
+                                                   policy=SimPolicy.STATIC, **kw).per_job,
+                                          key=lambda j: j.job_id)]
+    assert starts() == [0.0, 3.0, 3.0]
+    assert starts(backfill_interval_s=2.0) == [0.0, 2.0, 2.0]
+    assert starts(batch_sched_delay_s=0.0) == [0.0, 1.0, 1.5]
+    # An end is such an event too: job 2 arrives at 9 s (the main scheduler runs, it does not
+    # fit), job 1 ends at 10 s; the next call is at 12 s.
+    r = {j.job_id: j for j in simulate([SimJob(1, 0.0, 4, 10.0, LINEAR),
+                                        SimJob(2, 9.0, 1, 5.0, LINEAR)], nodes=1, cores=4,
+                                       policy=SimPolicy.STATIC,
+                                       backfill_interval_s=100.0).per_job}
+    assert r[2].start_s == pytest.approx(12.0)
+    with pytest.raises(ValueError, match="batch_sched_delay_s"):
+        simulate(jobs, nodes=1, cores=4, policy=SimPolicy.STATIC, batch_sched_delay_s=-1.0)

@@ -75,7 +75,9 @@ def test_the_agents_hold_a_multi_node_job_to_its_slowest_nodes_offer():
             SimJob(3, 0.0, 5, 30.0, LINEAR), SimJob(4, 1.0, 9, 100.0, LINEAR, NODE),
             SimJob(5, 10.0, 1, 40.0, LINEAR, NODE)]
     for policy in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT):
-        r = simulate(jobs, nodes=3, cores=8, policy=policy, backfill_interval_s=1.0)
+        # The main scheduler at every arrival (batch_sched_delay 0): job 4 starts at 1 s.
+        r = simulate(jobs, nodes=3, cores=8, policy=policy, backfill_interval_s=1.0,
+                     batch_sched_delay_s=0.0)
         j = by_id(r)
         assert j[4].nodes == 3 and j[5].end_s == pytest.approx(18.0)
         # 261 of 900 units done at 9 cores by 30 s; then 2 threads per rank (18 cores) is
@@ -83,7 +85,8 @@ def test_the_agents_hold_a_multi_node_job_to_its_slowest_nodes_offer():
         assert j[4].end_s == pytest.approx(30.0 + 639 / 16)
         assert r.resizes == 3
     for policy in (SimPolicy.STATIC, SimPolicy.CGROUP_ONLY):
-        j = by_id(simulate(jobs, nodes=3, cores=8, policy=policy, backfill_interval_s=1.0))
+        j = by_id(simulate(jobs, nodes=3, cores=8, policy=policy, backfill_interval_s=1.0,
+                           batch_sched_delay_s=0.0))
         assert j[4].end_s == pytest.approx(101.0) and j[5].end_s == pytest.approx(50.0)
     assert fluid_lower_bound(jobs, 3, 8) <= 30.0 + 639 / 16
 

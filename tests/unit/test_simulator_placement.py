@@ -18,8 +18,9 @@ def job(i, submit, cores, run, limit=None):
 
 
 def run(jobs, placement, backfill=Backfill.CONSERVATIVE, nodes=2, cores=4):
+    # The main scheduler at every arrival (batch_sched_delay 0): where jobs go, not when.
     res = simulate(jobs, nodes=nodes, cores=cores, policy=SimPolicy.STATIC, backfill=backfill,
-                   backfill_interval_s=1.0, placement=placement)
+                   backfill_interval_s=1.0, placement=placement, batch_sched_delay_s=0.0)
     return {j.job_id: j for j in res.per_job}
 
 
@@ -27,13 +28,15 @@ def run(jobs, placement, backfill=Backfill.CONSERVATIVE, nodes=2, cores=4):
 BUSY = [job(1, 0.0, 3, 100.0), job(2, 0.0, 3, 100.0)]
 
 
-def test_one_node_is_the_default_and_a_job_waits_for_one_node():
+def test_slurm_tasks_is_the_default_and_one_node_waits_for_one_node():
     jobs = BUSY + [job(3, 1.0, 2, 10.0)]
-    default = {j.job_id: j for j in simulate(jobs, nodes=2, cores=4,
-                                             policy=SimPolicy.STATIC).per_job}
+    default = {j.job_id: j for j in simulate(jobs, nodes=2, cores=4, policy=SimPolicy.STATIC,
+                                             batch_sched_delay_s=0.0).per_job}
     one = run(jobs, Placement.ONE_NODE)
     assert one[3].start_s == pytest.approx(100.0) and one[3].nodes == 1
-    assert default[3].start_s == one[3].start_s
+    tasks = run(jobs, Placement.SLURM_TASKS)
+    assert (default[3].start_s, default[3].nodes) == (tasks[3].start_s, tasks[3].nodes) \
+        == (1.0, 2)
 
 
 @pytest.mark.parametrize("backfill", list(Backfill))

@@ -146,10 +146,17 @@ def test_scheduler_parameters_match_the_simulators():
     assert math.isclose(replay.BF_MAX_JOB_TEST, 500)
 
 
-def test_cycle_ticks_fill_the_cycles_that_started_nothing():
-    ticks = replay.cycle_ticks([10.334, 10.3341, 11.336, 14.338], 1.0)
-    # 10.33 and 10.3341 are one cycle; 11.34 -> 14.34 holds two cycles that started nothing.
-    assert ticks == pytest.approx([10.33, 11.34, 12.34, 13.34, 14.34], abs=0.001)
-    assert replay.snap_up(11.0, ticks, 1.0) == pytest.approx(11.34)
-    assert replay.snap_up(11.34, ticks, 1.0) == pytest.approx(11.34)   # at a tick: that tick
-    assert replay.snap_up(16.0, ticks, 1.0) == pytest.approx(16.34)    # beyond the log
+def test_fit_cadence_numbers_the_passes_that_started_nothing():
+    # 10.334 and 10.344 are one pass (its starts take a few ms); 11.336 -> 14.338 holds two
+    # passes that started nothing: passes 0, 1, 4 at a period a little over 1 s.
+    c = replay.fit_cadence([10.334, 10.344, 11.336, 14.338], 1.0)
+    assert c.passes_seen == 3
+    assert c.period_s == pytest.approx(1.001, abs=5e-4)
+    assert c.phase_s == pytest.approx(10.333, abs=2e-3)
+    assert c.max_residual_s < 0.005
+    # A drift that adds up over many passes (1.003 s each) is still numbered pass by pass.
+    drifting = [5.0 + 1.003 * k for k in range(0, 600, 3)]
+    c = replay.fit_cadence(drifting, 1.0)
+    assert c.period_s == pytest.approx(1.003, abs=1e-4) and c.max_residual_s < 0.01
+    with pytest.raises(ValueError, match="fewer than two"):
+        replay.fit_cadence([3.0, 3.001], 1.0)
