@@ -30,8 +30,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, machine, save  # noqa: E402
 
-from malleable_sim import (SimPolicy, Simulation, closed_batch, generate,  # noqa: E402
-                                    read_swf, swf_workload)
+from malleable_sim import (Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
+                           generate, read_swf, swf_workload)
 from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
 from malleable_sim.metrics import ratios  # noqa: E402
 
@@ -207,14 +207,54 @@ def speed(args) -> None:
         for policy in SimPolicy:
             t0 = time.perf_counter()
             r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
-                           policy=policy).run()
+                           policy=policy, placement=Placement(args.placement)).run()
             rows.append({"workload": model, "policy": policy.value, "jobs": len(jobs),
+                         "placement": args.placement,
                          "wall_s": round(r.wall_s, 2),
                          "with_bound_s": round(time.perf_counter() - t0, 2),
                          "makespan_s": round(r.makespan_s, 1)})
             print(rows[-1], flush=True)
             save(args.name, {"benchmark": "simulator speed, 1000 x 64 cores",
                              "machine": machine(), "malleable_ask": args.ask, "rows": rows})
+
+
+def markdown_tables(results: list[dict]) -> str:
+    """docs/evaluation.md's two tables from a results JSON: every open run's regimes against
+    static (the best in bold), and every closed batch's makespan against static and the
+    bound."""
+    head = ("| workload (jobs) | regime | bsld / static | resp / static | makespan / static | "
+            "p95 wait / static | own effect: resp, p95 wait | wide rigid bsld / static |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = [head]
+
+    def f(v) -> str:
+        return "-" if v is None else f"{v:.3f}"
+    for r in (r for r in results if not r["closed_batch"]):
+        st = r["regimes"]["static"]
+        first = (f"{r['label']} ({r['jobs']}; static bsld {st['mean_bounded_slowdown']:.1f}, "
+                 f"resp {st['mean_response_s']:.0f} s)")
+        for p in (p.value for p in SimPolicy if p is not SimPolicy.STATIC):
+            v, own = r["regimes"][p]["vs_static"], r["regimes"][p].get("vs_same_asks", {})
+            name = f"**{p}**" if p == r["best"] else p
+            lines.append(f"| {first} | {name} | {f(v['mean_bounded_slowdown'])} | "
+                         f"{f(v['mean_response_s'])} | {f(v['makespan_s'])} | "
+                         f"{f(v['p95_wait_s'])} | {f(own.get('mean_response_s'))}, "
+                         f"{f(own.get('p95_wait_s'))} | "
+                         f"{f(v.get('wide_rigid_mean_bounded_slowdown'))} |")
+            first = ""
+    lines += ["", "| closed batch (jobs) | static makespan | bound | bound / static | "
+                  "best makespan / static (regime) | best x bound |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in (r for r in results if r["closed_batch"]):
+        st = r["regimes"]["static"]
+        p, best_row = min(((p, row) for p, row in r["regimes"].items() if p != "static"),
+                          key=lambda pr: pr[1]["makespan_s"])
+        bound = st["lower_bound_makespan_s"]
+        lines.append(f"| {r['label']} ({r['jobs']}) | {st['makespan_s']:.0f} s | {bound:.0f} s "
+                     f"| {bound / st['makespan_s']:.3f} | "
+                     f"{best_row['makespan_s'] / st['makespan_s']:.3f} ({p}) | "
+                     f"{best_row['makespan_s'] / bound:.3f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -239,9 +279,16 @@ def main() -> None:
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--speed-jobs", type=int, default=50_000)
     ap.add_argument("--speed-models", default="project,lublin")
+    ap.add_argument("--placement", default=Placement.SLURM_TASKS.value,
+                    choices=[p.value for p in Placement], help="--speed's placement")
     ap.add_argument("--name")
+    ap.add_argument("--tables", action="store_true",
+                    help="print docs/evaluation.md's tables from the results JSON; run nothing")
     args = ap.parse_args()
-    if args.speed:
+    if args.tables:
+        done = RESULTS / f"{args.name or 'simulate_goals'}.json"
+        print(markdown_tables(json.loads(done.read_text())["results"]))
+    elif args.speed:
         args.name = args.name or "simulate_speed"
         speed(args)
     else:
