@@ -1,7 +1,7 @@
 """A discrete-event simulation of a cluster whose nodes run the co-scheduler's own policy.
 
-Slurm's part is a stand-in for its two schedulers. The main one runs at every arrival and end:
-queued jobs start in queue order (``QueueOrder``: first come, first served unless a site sets a
+Slurm's part is a stand-in for its two schedulers. The main one runs for arrivals and ends (when,
+below): queued jobs start in queue order (``QueueOrder``: first come, first served unless a site sets a
 priority) until the first that does not fit. Where a job goes is select/cons_tres's choice as
 this stand-in has it: a job that fits a node gets the node with the fewest free cores that holds
 it (best fit), and where none holds it now it is spread over several as ``sbatch -n P`` is
