@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from malleable_sim import Amdahl, Backfill, SimJob, SimPolicy, generate, simulate
+from malleable_sim import Amdahl, Backfill, SimJob, SimPolicy, Simulation, generate, simulate
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 
@@ -123,3 +123,18 @@ def test_the_main_scheduler_runs_at_most_once_every_batch_sched_delay():
     assert r[2].start_s == pytest.approx(12.0)
     with pytest.raises(ValueError, match="batch_sched_delay_s"):
         simulate(jobs, nodes=1, cores=4, policy=SimPolicy.STATIC, batch_sched_delay_s=-1.0)
+
+
+def test_the_next_backfill_pass_is_always_after_now():
+    """At a pass's own time (computed as the cadence computes it) the next pass is the one
+    after, whatever the float rounding of (now - phase) / interval: a pass at now would be
+    queued again and again at the same instant. The cadence fitted from the replay's log
+    (benchmarks/slurm_replay.py) hung the simulation so; from its pass 1,031 on, the rounding
+    puts (now - phase) / interval just under the pass's number."""
+    sim = Simulation([SimJob(1, 0.0, 1, 1.0, LINEAR)], nodes=1, cores=4,
+                     policy=SimPolicy.STATIC, backfill_interval_s=1.0017917482641847,
+                     backfill_phase_s=0.48179666596467996)
+    for k in range(3000):
+        now = sim.backfill_phase_s + k * sim.backfill_interval_s
+        nxt = sim._next_backfill(now)
+        assert now < nxt <= now + sim.backfill_interval_s * 1.000001
