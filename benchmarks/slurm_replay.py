@@ -45,7 +45,6 @@ folder /tmp/replay-cluster/cluster) is brought down at the end, also on an error
 from __future__ import annotations
 
 import argparse
-import bisect
 import dataclasses
 import json
 import math
@@ -220,6 +219,11 @@ def schedule_metrics(times: Mapping[int, Times]) -> dict:
             "p95_wait_s": percentile(waits, 95),
             "mean_response_s": statistics.fmean(t.end_s - t.submit_s for t in rows),
             "makespan_s": max(t.end_s for t in rows) - min(t.submit_s for t in rows)}
+
+
+def summary_of(errors: dict) -> dict:
+    """``start_errors``'s result without its per-job entries (what the JSON's summaries keep)."""
+    return {k: v for k, v in errors.items() if k != "per_job_relative"}
 
 
 def start_errors(sim: Mapping[int, Times], real: Mapping[int, Times], *, floor_s: float,
@@ -574,9 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                 1 for r in (run_sim(sim_jobs(jobs), nodes=args.nodes, cores=args.cores,
                                     bf_interval_s=args.bf_interval, placement=p).per_job)
                 if r.cores <= args.cores and r.nodes > 1),
-            "errors": {k: v for k, v in err.items() if k != "per_job_relative"},
-            "errors_measured_inputs": {k: v for k, v in err_m.items()
-                                       if k != "per_job_relative"},
+            "errors": summary_of(err),
+            "errors_measured_inputs": summary_of(err_m),
             "per_job_relative": err["per_job_relative"]}
     # Measured inputs and Slurm's measured cadence: the backfill passes where its log shows
     # them (the phase of slurmctld's clock, which no trace can know, and its period).
@@ -652,13 +655,11 @@ def main(argv: list[str] | None = None) -> int:
             (abs(r["jobcomp_start_s"] - r["real"]["start_s"]) for r in rows
              if r["jobcomp_start_s"] is not None), default=None),
         "summary": summary,
-        "errors": {k: v for k, v in errors.items() if k != "per_job_relative"},
+        "errors": summary_of(errors),
         "by_placement": by_placement,
-        "errors_measured_inputs": {k: v for k, v in errors_measured.items()
-                                   if k != "per_job_relative"},
+        "errors_measured_inputs": summary_of(errors_measured),
         "cadence": dataclasses.asdict(cadence),
-        "errors_measured_inputs_and_cadence": {k: v for k, v in errors_cycle.items()
-                                               if k != "per_job_relative"},
+        "errors_measured_inputs_and_cadence": summary_of(errors_cycle),
         "sim_start_at_submit": {
             "jobs": sum(simt[i].wait_s < 1e-9 for i in real),
             "their_real_wait_s": {
@@ -666,8 +667,7 @@ def main(argv: list[str] | None = None) -> int:
                                              if simt[i].wait_s < 1e-9] or [math.nan]),
                 "max": max([real[i].wait_s for i in real if simt[i].wait_s < 1e-9] or
                            [math.nan])}},
-        "errors_with_cadence": {k: v for k, v in errors_cadence.items()
-                                if k != "per_job_relative"},
+        "errors_with_cadence": summary_of(errors_cadence),
         "phase_sweep": {"phases": phase_sweep, "median_of_medians": sweep_median},
         "goal": "median relative start error <= 0.10",
         "goal_met_knowing_cadence": errors_cadence["relative"]["median"] <= 0.10,
@@ -690,8 +690,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{errors['relative']['p90']:.3f}; with measured inputs: median "
           f"{errors_measured['relative']['median']:.3f}, p90 "
           f"{errors_measured['relative']['p90']:.3f}; and Slurm's measured backfill "
-          f"cadence (period {cadence.period_s:.4f} s): median {errors_cycle['relative']['median']:.3f}, p90 "
-          f"{errors_cycle['relative']['p90']:.3f}")
+          f"cadence (period {cadence.period_s:.4f} s): median "
+          f"{errors_cycle['relative']['median']:.3f}, p90 {errors_cycle['relative']['p90']:.3f}")
     print(f"the trace's inputs with Slurm's cadence: median "
           f"{errors_cadence['relative']['median']:.3f}, p90 "
           f"{errors_cadence['relative']['p90']:.3f}; over {PHASES} phases of it: median of "

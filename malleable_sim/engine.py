@@ -1,14 +1,14 @@
 """A discrete-event simulation of a cluster whose nodes run the co-scheduler's own policy.
 
-Slurm's part is a stand-in for its two schedulers. The main one runs for arrivals and ends (when,
-below): queued jobs start in queue order (``QueueOrder``: first come, first served unless a site sets a
-priority) until the first that does not fit. Where a job goes is select/cons_tres's choice as
-this stand-in has it: a job that fits a node gets the node with the fewest free cores that holds
-it (best fit), and where none holds it now it is spread over several as ``sbatch -n P`` is
-(``Placement.SLURM_TASKS``, the default) or waits for one (``Placement.ONE_NODE``, below);
-a wider one takes whole idle nodes, lowest-numbered first, and the rest on the
-node that holds it most tightly, else on the nodes with the most free cores (``select_nodes``):
-Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The two schedulers run
+Slurm's part is a stand-in for its two schedulers. The main one runs for arrivals and ends
+(when, below): queued jobs start in queue order (``QueueOrder``: first come, first served unless
+a site sets a priority) until the first that does not fit. Where a job goes is
+select/cons_tres's choice as this stand-in has it: a job that fits a node gets the node with
+the fewest free cores that holds it (best fit), and where none holds it now it is spread over
+several as ``sbatch -n P`` is (``Placement.SLURM_TASKS``, the default) or waits for one
+(``Placement.ONE_NODE``, below); a wider one takes whole idle nodes, lowest-numbered first, and
+the rest on the node that holds it most tightly, else on the nodes with the most free cores
+(``select_nodes``): Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The two schedulers run
 when slurmctld runs them: the main one for a batch job's arrival or an end at most once every
 ``batch_sched_delay_s`` (slurmctld's background loop calls schedule() only when that long has
 passed since its last call, 3 s by default), the backfill pass on a fixed cadence, at
@@ -639,7 +639,7 @@ class Simulation:
             t = self.backfill_phase_s + k * self.backfill_interval_s
         return t
 
-    def _schedule(self, now: float, *, main: bool = True, backfill: bool = False) -> None:
+    def _schedule(self, now: float, *, main: bool, backfill: bool) -> None:
         if main:
             self._last_main = now
         # The main scheduler's queue-order starts; a backfill pass starts the same jobs first
