@@ -3,23 +3,23 @@
 Slurm's part is a stand-in for its two schedulers. The main one runs for arrivals and ends
 (when, below): queued jobs start in queue order (``QueueOrder``: first come, first served unless
 a site sets a priority) until the first that does not fit. Where a job goes is
-select/cons_tres's choice as this stand-in has it: a job that fits a node gets the node with
-the fewest free cores that holds it (best fit), and where none holds it now it is spread over
+select/cons_tres's choice as this stand-in has it: a job that fits a node gets the node with the
+fewest free cores that holds it (best fit), and where none holds it now it is spread over
 several as ``sbatch -n P`` is (``Placement.SLURM_TASKS``, the default) or waits for one
 (``Placement.ONE_NODE``, below); a wider one takes whole idle nodes, lowest-numbered first, and
 the rest on the node that holds it most tightly, else on the nodes with the most free cores
-(``select_nodes``): Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The two schedulers run
-when slurmctld runs them: the main one for a batch job's arrival or an end at most once every
-``batch_sched_delay_s`` (slurmctld's background loop calls schedule() only when that long has
-passed since its last call, 3 s by default), the backfill pass on a fixed cadence, at
-``backfill_phase_s + k * backfill_interval_s`` (Slurm's bf_interval; its thread sleeps that long
-between passes whatever the queue does), while jobs wait, over the first
-``backfill_depth`` queued jobs (bf_max_job_test), planning with the running jobs' expected ends
-(start + time limit: a log's requested time, else start-up + runtime at the allocation; a job
-that grew ends sooner): conservatively, as Slurm does (each job that cannot start now is
-reserved where it fits earliest, and no job after it may delay it), or EASY (only the first is
-reserved), see ``Backfill``. Slurm never sees lent cores: an allocation is taken from cores no
-running job was allocated.
+(``select_nodes``): Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The
+two schedulers run when slurmctld runs them: the main one for a batch job's arrival or an end at
+most once every ``batch_sched_delay_s`` (slurmctld's background loop calls schedule() only when
+that long has passed since its last call, 3 s by default), the backfill pass on a fixed cadence,
+at ``backfill_phase_s + k * backfill_interval_s`` (Slurm's bf_interval; its thread sleeps that
+long between passes whatever the queue does), while jobs wait, over the first ``backfill_depth``
+queued jobs (bf_max_job_test), planning with the running jobs' expected ends (start + time
+limit: a log's requested time, else start-up + runtime at the allocation; a job that grew ends
+sooner): conservatively, as Slurm does (each job that cannot start now is reserved where it fits
+earliest, and no job after it may delay it), or EASY (only the first is reserved), see
+``Backfill``. Slurm never sees lent cores: an allocation is taken from cores no running job was
+allocated.
 
 The nodes' part is the agents': on every node where a job started or ended,
 ``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
