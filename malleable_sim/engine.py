@@ -267,7 +267,8 @@ class _Profile:
         self._by_reach: dict[int, list[tuple[float, int, int]]] = {}
         self._changed: set[int] = set()
         self._released: list[tuple[float, int, int]] | None = None  # for jobs wider than a node
-        self._total_now: int | None = None
+        self._free_now: list[int] = []
+        self._total_now = 0
         # The reservations as (start, node, end) and (end, node, start), sorted as made.
         self._by_start: list[tuple[float, int, float]] = []
         self._by_end: list[tuple[float, int, float]] = []
@@ -329,36 +330,36 @@ class _Profile:
         reservation holds then, and the nodes ``select_nodes`` picks from what is free then.
 
         One sweep over the candidate times (now, each release, each reservation's end): a
-        node is held at t while a reservation of this pass overlaps [t, t + length); the free
-        cores of the held nodes are kept as the sweep goes (reservations enter by start and
-        leave by end, releases add to a held node), so that each time costs its changes, not
-        a pass over every node (1,002 nodes in LLNL's Thunder)."""
-        if self._released is None:     # every node's releases, in time order
+        node is held at t while a reservation of this pass overlaps [t, t + length); each
+        node's free cores and the held nodes' sum are kept as the sweep goes (releases add to
+        a node, reservations enter by start and leave by end), so that each time costs its
+        changes, not a pass over every node (1,002 nodes in LLNL's Thunder)."""
+        if self._released is None:     # every node's releases after now, in time order
             self._released = sorted((t, free[i] - free[i - 1], n)
                                     for n in range(len(self._free))
                                     for times, free in [self.steps(n)]
                                     for i, t in enumerate(times) if i)
-        if self._total_now is None:
             # Free now in this view: a job past its expected end counts as ending now.
-            self._total_now = sum(self.steps(n)[1][0] for n in range(len(self._free)))
+            self._free_now = [self.steps(n)[1][0] for n in range(len(self._free))]
+            self._total_now = sum(self._free_now)
         released, by_start, by_end = self._released, self._by_start, self._by_end
+        n_released, n_start, n_end = len(released), len(by_start), len(by_end)
+        cur = list(self._free_now)      # each node's free cores at t
         total = self._total_now
         holds: dict[int, int] = {}      # node -> reservations overlapping the window
         entered: dict[tuple[float, int, float], int] = {}   # those reservations, counted
         held_free = k = i_start = i_end = 0
-        last = None
-        for t in heapq.merge((self.now,), (t for t, _, _ in released),
-                             (e for e, _, _ in by_end)):
-            if t == last:
-                continue
-            last = t
-            while k < len(released) and released[k][0] <= t:
+        inf = math.inf
+        t = self.now
+        while True:
+            while k < n_released and released[k][0] <= t:
                 _, cores, node = released[k]
+                cur[node] += cores
                 total += cores
                 if node in holds:
                     held_free += cores
                 k += 1
-            while i_start < len(by_start) and by_start[i_start][0] < t + length:
+            while i_start < n_start and by_start[i_start][0] < t + length:
                 start, node, end = by_start[i_start]
                 i_start += 1
                 if end <= t:
@@ -366,9 +367,9 @@ class _Profile:
                 entered[start, node, end] = entered.get((start, node, end), 0) + 1
                 if node not in holds:
                     holds[node] = 0
-                    held_free += self.free_at(node, t)
+                    held_free += cur[node]
                 holds[node] += 1
-            while i_end < len(by_end) and by_end[i_end][0] <= t:
+            while i_end < n_end and by_end[i_end][0] <= t:
                 end, node, start = by_end[i_end]
                 i_end += 1
                 if not entered.get((start, node, end)):
@@ -377,14 +378,18 @@ class _Profile:
                 holds[node] -= 1
                 if not holds[node]:
                     del holds[node]
-                    held_free -= self.free_at(node, t)
-            if t < self.now or total - held_free < need:
-                continue
-            usable = [0 if n in holds else self.free_at(n, t) for n in range(len(self._free))]
-            placement = select_nodes(usable, need, self.node_cores)
-            assert placement is not None
-            return t, placement
-        raise AssertionError("every job fits the empty cluster")
+                    held_free -= cur[node]
+            if t >= self.now and total - held_free >= need:
+                for node in holds:
+                    cur[node] = 0
+                placement = select_nodes(cur, need, self.node_cores)
+                assert placement is not None
+                return t, placement
+            # The next candidate: the next release or reservation end after t.
+            t = min(released[k][0] if k < n_released else inf,
+                    by_end[i_end][0] if i_end < n_end else inf)
+            if t == inf:
+                raise AssertionError("every job fits the empty cluster")
 
     def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
         for node in placement:
@@ -393,7 +398,7 @@ class _Profile:
             bisect.insort(self._by_end, (start + length, node, start))
 
     def started(self, placement: dict[int, int]) -> None:
-        self._released = self._total_now = None
+        self._released = None
         for node in placement:
             self._steps.pop(node, None)
             self._changed.add(node)

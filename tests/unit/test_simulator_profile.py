@@ -52,3 +52,17 @@ def test_the_sweep_finds_what_the_direct_rule_finds(pn, data):
     need = data.draw(st.integers(1, n * CORES))
     length = 5.0 * data.draw(st.integers(0, 4))
     assert profile.earliest_wide(need, length) == direct(profile, need, length)
+
+
+@settings(max_examples=300, deadline=None)
+@given(profiles(), st.data())
+def test_a_pass_of_searches_and_reservations_finds_what_the_direct_rule_finds(pn, data):
+    """As a pass uses it: searches one after another, each reserved before the next, so the
+    held nodes change between searches."""
+    profile, n = pn
+    for _ in range(data.draw(st.integers(2, 5))):
+        need = data.draw(st.integers(1, n * CORES))
+        length = 5.0 * data.draw(st.integers(0, 4))
+        found = profile.earliest_wide(need, length)
+        assert found == direct(profile, need, length)
+        profile.reserve(found[1], found[0], length)
