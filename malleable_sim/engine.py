@@ -266,12 +266,18 @@ class _Profile:
         # pass, so a node where a job started since appears too early (it is read again).
         self._by_reach: dict[int, list[tuple[float, int, int]]] = {}
         self._changed: set[int] = set()
-        self._released: list[tuple[float, int, int]] | None = None  # for jobs wider than a node
+        # Every node's releases after now (for jobs wider than a node): times (None: to be
+        # read again), cores, nodes.
+        self._release_times: list[float] | None = None
+        self._release_cores: list[int] = []
+        self._release_nodes: list[int] = []
         self._free_now: list[int] = []
         self._total_now = 0
-        # The reservations as (start, node, end) and (end, node, start), sorted as made.
-        self._by_start: list[tuple[float, int, float]] = []
-        self._by_end: list[tuple[float, int, float]] = []
+        # The reservations, numbered as made, as (start, number, node, end) and (end, number,
+        # node), sorted.
+        self._reservations = 0
+        self._by_start: list[tuple[float, int, int, float]] = []
+        self._by_end: list[tuple[float, int, int]] = []
 
     def steps(self, node: int) -> tuple[list[float], list[int]]:
         """The node's free cores from now on: (times, free), free non-decreasing."""
@@ -334,59 +340,64 @@ class _Profile:
         node's free cores and the held nodes' sum are kept as the sweep goes (releases add to
         a node, reservations enter by start and leave by end), so that each time costs its
         changes, not a pass over every node (1,002 nodes in LLNL's Thunder)."""
-        if self._released is None:     # every node's releases after now, in time order
-            self._released = sorted((t, free[i] - free[i - 1], n)
-                                    for n in range(len(self._free))
-                                    for times, free in [self.steps(n)]
-                                    for i, t in enumerate(times) if i)
+        if self._release_times is None:     # every node's releases after now, in time order
+            released = sorted((t, free[i] - free[i - 1], n)
+                              for n in range(len(self._free))
+                              for times, free in [self.steps(n)]
+                              for i, t in enumerate(times) if i)
+            self._release_times = [t for t, _, _ in released]
+            self._release_cores = [c for _, c, _ in released]
+            self._release_nodes = [n for _, _, n in released]
             # Free now in this view: a job past its expected end counts as ending now.
             self._free_now = [self.steps(n)[1][0] for n in range(len(self._free))]
             self._total_now = sum(self._free_now)
-        released, by_start, by_end = self._released, self._by_start, self._by_end
-        n_released, n_start, n_end = len(released), len(by_start), len(by_end)
+        rel_t, rel_c, rel_n = self._release_times, self._release_cores, self._release_nodes
+        by_start, by_end = self._by_start, self._by_end
+        n_released, n_start, n_end = len(rel_t), len(by_start), len(by_end)
         cur = list(self._free_now)      # each node's free cores at t
         total = self._total_now
         holds: dict[int, int] = {}      # node -> reservations overlapping the window
-        entered: dict[tuple[float, int, float], int] = {}   # those reservations, counted
+        entered: set[int] = set()       # those reservations
         held_free = k = i_start = i_end = 0
         inf = math.inf
         t = self.now
         while True:
-            while k < n_released and released[k][0] <= t:
-                _, cores, node = released[k]
-                cur[node] += cores
-                total += cores
+            while k < n_released and rel_t[k] <= t:
+                node = rel_n[k]
+                cur[node] += rel_c[k]
+                total += rel_c[k]
                 if node in holds:
-                    held_free += cores
+                    held_free += rel_c[k]
                 k += 1
             while i_start < n_start and by_start[i_start][0] < t + length:
-                start, node, end = by_start[i_start]
+                _, rid, node, end = by_start[i_start]
                 i_start += 1
                 if end <= t:
                     continue           # over before the window (a zero-length window)
-                entered[start, node, end] = entered.get((start, node, end), 0) + 1
-                if node not in holds:
-                    holds[node] = 0
+                entered.add(rid)
+                if node in holds:
+                    holds[node] += 1
+                else:
+                    holds[node] = 1
                     held_free += cur[node]
-                holds[node] += 1
             while i_end < n_end and by_end[i_end][0] <= t:
-                end, node, start = by_end[i_end]
+                _, rid, node = by_end[i_end]
                 i_end += 1
-                if not entered.get((start, node, end)):
+                if rid not in entered:
                     continue
-                entered[start, node, end] -= 1
+                entered.discard(rid)
                 holds[node] -= 1
                 if not holds[node]:
                     del holds[node]
                     held_free -= cur[node]
-            if t >= self.now and total - held_free >= need:
+            if total - held_free >= need and t >= self.now:
                 for node in holds:
                     cur[node] = 0
                 placement = select_nodes(cur, need, self.node_cores)
                 assert placement is not None
                 return t, placement
             # The next candidate: the next release or reservation end after t.
-            t = min(released[k][0] if k < n_released else inf,
+            t = min(rel_t[k] if k < n_released else inf,
                     by_end[i_end][0] if i_end < n_end else inf)
             if t == inf:
                 raise AssertionError("every job fits the empty cluster")
@@ -394,11 +405,12 @@ class _Profile:
     def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
         for node in placement:
             bisect.insort(self.blocks.setdefault(node, []), (start, start + length))
-            bisect.insort(self._by_start, (start, node, start + length))
-            bisect.insort(self._by_end, (start + length, node, start))
+            self._reservations += 1
+            bisect.insort(self._by_start, (start, self._reservations, node, start + length))
+            bisect.insort(self._by_end, (start + length, self._reservations, node))
 
     def started(self, placement: dict[int, int]) -> None:
-        self._released = None
+        self._release_times = None
         for node in placement:
             self._steps.pop(node, None)
             self._changed.add(node)
