@@ -403,17 +403,37 @@ class _Profile:
                 raise AssertionError("every job fits the empty cluster")
 
     def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
+        end = start + length
+        starts, ends = [], []
         for node in placement:
-            bisect.insort(self.blocks.setdefault(node, []), (start, start + length))
+            bisect.insort(self.blocks.setdefault(node, []), (start, end))
             self._reservations += 1
-            bisect.insort(self._by_start, (start, self._reservations, node, start + length))
-            bisect.insort(self._by_end, (start + length, self._reservations, node))
+            starts.append((start, self._reservations, node, end))
+            ends.append((end, self._reservations, node))
+        if len(placement) <= 8:
+            for entry in starts:
+                bisect.insort(self._by_start, entry)
+            for entry in ends:
+                bisect.insort(self._by_end, entry)
+        else:       # a wide job's nodes at once: one merge of two sorted runs, not an insert each
+            self._by_start += starts
+            self._by_start.sort()
+            self._by_end += ends
+            self._by_end.sort()
 
-    def started(self, placement: dict[int, int]) -> None:
-        self._release_times = None
-        for node in placement:
+    def started(self, placement: dict[int, int], expected_end: float) -> None:
+        """A job of this pass started now on ``placement`` (the simulation's state already
+        holds it): its nodes are read again, and its cores come back at its expected end."""
+        for node, cores in placement.items():
             self._steps.pop(node, None)
             self._changed.add(node)
+            if self._release_times is not None and expected_end > self.now:
+                self._free_now[node] -= cores
+                self._total_now -= cores
+                i = bisect.bisect_right(self._release_times, expected_end)
+                self._release_times.insert(i, expected_end)
+                self._release_cores.insert(i, cores)
+                self._release_nodes.insert(i, node)
 
 
 @dataclass
@@ -726,7 +746,7 @@ class Simulation:
             # cores: a start planned on them waits for its end, at once.
             if start <= now and all(self._free[n] >= k for n, k in placement.items()):
                 self._start(job, placement, now)
-                profile.started(placement)
+                profile.started(placement, now + job.expected_s)
             else:
                 profile.reserve(placement, max(start, now), length)
                 waiting.append(job)

@@ -25,7 +25,7 @@ def direct(profile: _Profile, need: int, length: float) -> tuple[float, dict[int
 
 @st.composite
 def profiles(draw):
-    n = draw(st.integers(2, 6))
+    n = draw(st.integers(2, 10))     # up to 10: a reservation of more than 8 nodes merges
     now = 10.0
     free, ends_on = [], []
     for _ in range(n):
@@ -56,13 +56,27 @@ def test_the_sweep_finds_what_the_direct_rule_finds(pn, data):
 
 @settings(max_examples=300, deadline=None)
 @given(profiles(), st.data())
-def test_a_pass_of_searches_and_reservations_finds_what_the_direct_rule_finds(pn, data):
-    """As a pass uses it: searches one after another, each reserved before the next, so the
-    held nodes change between searches."""
+def test_a_pass_of_searches_starts_and_reservations_finds_what_the_direct_rule_finds(pn, data):
+    """As a pass uses it: searches one after another, each job reserved or started now before
+    the next (a start changes the simulation's state, which the profile reads, and adds a
+    release at the job's expected end), so the held nodes and the releases change between
+    searches."""
     profile, n = pn
-    for _ in range(data.draw(st.integers(2, 5))):
+    for job in range(data.draw(st.integers(2, 5))):
         need = data.draw(st.integers(1, n * CORES))
         length = 5.0 * data.draw(st.integers(0, 4))
         found = profile.earliest_wide(need, length)
         assert found == direct(profile, need, length)
-        profile.reserve(found[1], found[0], length)
+        free = profile._free
+        with_free = [node for node in range(n) if free[node] > 0]
+        if with_free and data.draw(st.booleans()):      # a job of this pass starts now
+            nodes = data.draw(st.sets(st.sampled_from(with_free), min_size=1))
+            placement = {node: data.draw(st.integers(1, free[node])) for node in nodes}
+            end = profile.now + 5.0 * data.draw(st.integers(1, 4))
+            for node, cores in placement.items():
+                free[node] -= cores
+                profile._ends_on[node].append((end, 100 + job, cores))
+                profile._ends_on[node].sort()
+            profile.started(placement, end)
+        else:
+            profile.reserve(found[1], found[0], length)
