@@ -11,7 +11,8 @@ target (``scale_to_load``); sizes and runtimes are kept.
 
     python benchmarks/simulate_goals.py [--trace-jobs 3000] [--jobs 1500] [--seeds 1,2,3]
         [--nodes 64 --cores 16] [--name simulate_goals]
-    python benchmarks/simulate_goals.py --speed [--speed-jobs 50000] [--name simulate_speed]
+    python benchmarks/simulate_goals.py --speed [--speed-jobs 50000] [--speed-models project,lublin]
+        [--speed-policies static,throughput] [--name simulate_speed]
 
 Writes benchmarks/results/NAME.json (and NAME.png: each regime's mean bounded slowdown and mean
 response over static's, per workload).
@@ -204,7 +205,7 @@ def speed(args) -> None:
         else:
             jobs = generate_lublin(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
                                    offered=0.85)
-        for policy in SimPolicy:
+        for policy in [SimPolicy(p) for p in args.speed_policies.split(",")]:
             t0 = time.perf_counter()
             r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
                            policy=policy, placement=Placement(args.placement)).run()
@@ -279,6 +280,8 @@ def main() -> None:
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--speed-jobs", type=int, default=50_000)
     ap.add_argument("--speed-models", default="project,lublin")
+    ap.add_argument("--speed-policies", default=",".join(p.value for p in SimPolicy),
+                    help="--speed's regimes (comma-separated)")
     ap.add_argument("--placement", default=Placement.SLURM_TASKS.value,
                     choices=[p.value for p in Placement], help="--speed's placement")
     ap.add_argument("--name")
