@@ -618,6 +618,8 @@ class Simulation:
         self._gain_stamp: dict[int, int] = {}
         self._stamps = 0
         self._node_jobs: set[int] = set()   # the running jobs _node_malleable holds for
+        # Of those, the ones with whole nodes to give back: their _releasable entries.
+        self._release_entries: dict[int, list[tuple[tuple, int, int]]] = {}
 
     # --- the event loop ---------------------------------------------------------------------
 
@@ -872,12 +874,14 @@ class Simulation:
             if self._node_malleable(r):
                 self._node_jobs.add(job.job_id)
             self._regain(r)
+            self._reenter_releasable(r)
 
     def _finish(self, r: _Running, now: float) -> None:
         self._settle(r, now)
         del self._running[r.job.job_id]
         self._gain_stamp.pop(r.job.job_id, None)
         self._node_jobs.discard(r.job.job_id)
+        self._release_entries.pop(r.job.job_id, None)
         for node, alloc in zip(r.nodes, r.allocation):
             self._on_node[node].discard(r.job.job_id)
             self._ends_on[node].remove((r.expected_end, r.job.job_id, len(alloc)))
@@ -899,17 +903,24 @@ class Simulation:
         """(order, job, node) for every whole node a running job could give back now, in the
         order they are given: grown jobs first (most nodes beyond what they asked for), then
         the jobs with the most nodes above their floor; a job's highest node first."""
-        out = []
-        for job_id in self._node_jobs:      # the node-malleable running jobs (order: sorted)
-            r = self._running[job_id]
-            asked = r.job.fewest_nodes(self.cores)
-            spare = len(r.nodes) - self.node_bounds.fewest(asked)
-            whole = [n for n, a in zip(r.nodes, r.allocation) if len(a) == self.cores]
-            for k, node in enumerate(sorted(whole, reverse=True)[:max(0, spare)]):
-                out.append(((-(len(r.nodes) - asked - k), -(spare - k), job_id, -node),
-                            job_id, node))
+        out = [entry for entries in self._release_entries.values() for entry in entries]
         out.sort()
         return out
+
+    def _reenter_releasable(self, r: _Running) -> None:
+        """The job's nodes changed (or it started): the whole nodes it could give back, kept
+        between events (``_releasable`` runs at every event where the first job is blocked)."""
+        job_id = r.job.job_id
+        self._release_entries.pop(job_id, None)
+        if job_id not in self._node_jobs:
+            return
+        asked = r.job.fewest_nodes(self.cores)
+        spare = len(r.nodes) - self.node_bounds.fewest(asked)
+        whole = [n for n, a in zip(r.nodes, r.allocation) if len(a) == self.cores]
+        entries = [((-(len(r.nodes) - asked - k), -(spare - k), job_id, -node), job_id, node)
+                   for k, node in enumerate(sorted(whole, reverse=True)[:max(0, spare)])]
+        if entries:
+            self._release_entries[job_id] = entries
 
     def _shrink_for_head(self, now: float) -> None:
         """The main scheduler, where the first queued job does not fit: it gets whole nodes of
@@ -1002,6 +1013,7 @@ class Simulation:
             self.resizes += 1
         self._touched.add(job_id)
         self._regain(r)
+        self._reenter_releasable(r)
 
     # --- the nodes' agents ------------------------------------------------------------------
 
