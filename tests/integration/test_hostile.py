@@ -142,7 +142,15 @@ def node_usable(cluster, node: str) -> None:
                   for n in cluster.client().nodes() if n.name == node)
     if not drained:
         return
-    assert reason.lower().startswith(SLURMS_OWN_DRAINS), f"{node} drained: {reason!r}"
+    if not reason.lower().startswith(SLURMS_OWN_DRAINS):
+        # Why, from the node's slurmd (one CI run saw "Kill task failed" here: a step whose
+        # processes outlived SIGKILL by UnkillableStepTimeout): its last errors.
+        log = cluster.paths.log / f"slurmd-{node}.log"
+        errors = [line for line in (log.read_text(errors="replace").splitlines()
+                                    if log.exists() else [])
+                  if "error" in line.lower() or "TERMINATED" in line][-30:]
+        raise AssertionError(f"{node} drained: {reason!r}; slurmd's last errors:\n"
+                             + "\n".join(errors))
     print(f"\n{node} was drained by Slurm ({reason!r}): resumed")
     subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env,
                    check=True, capture_output=True)
