@@ -348,6 +348,12 @@ def test_a_storm_of_1000_resizes_from_several_users(agent_cluster, alice_job, wo
     (work / f"stop-{b}").touch()
     time.sleep(1)
     c.client().cancel(b)
+    # Off the node before the next test stops slurmctld for 60 s: a step that ends then retries
+    # its completion message to slurmctld, and slurmstepd's kill timer (started by the cancel,
+    # UnkillableStepTimeout 60 s) drains the node "Kill task failed" (seen in two CI runs).
+    wait_for(lambda: next(n for n in c.client().nodes() if n.name == OTHER).alloc_cpus == 0,
+             timeout=60, what="bob's job off an2",
+             show=lambda: [n for n in c.client().nodes() if n.name == OTHER])
 
 
 def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
