@@ -132,14 +132,19 @@ def settle(cluster, node: str = NODE, timeout: float = 15.0) -> None:
 SLURMS_OWN_DRAINS = ("not responding", "batch job complete failure")
 
 
+def slurm_node(cluster, name: str):
+    """The node as Slurm reports it now."""
+    return next(n for n in cluster.client().nodes() if n.name == name)
+
+
 def node_usable(cluster, node: str) -> None:
     """The node takes jobs: a drain Slurm made for its own timeouts is resumed (and printed);
     a drain for any other reason (a Prolog or Epilog failure) fails the test, with its reason."""
     env = {**os.environ, **cluster.env()}
     reason = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%E"], env=env,
                             capture_output=True, text=True).stdout.strip()
-    drained = any("DRAIN" in n.state_flags or n.state.startswith("drain")
-                  for n in cluster.client().nodes() if n.name == node)
+    state = slurm_node(cluster, node)
+    drained = "DRAIN" in state.state_flags or state.state.startswith("drain")
     if not drained:
         return
     if not reason.lower().startswith(SLURMS_OWN_DRAINS):
@@ -351,9 +356,8 @@ def test_a_storm_of_1000_resizes_from_several_users(agent_cluster, alice_job, wo
     # Off the node before the next test stops slurmctld for 60 s: a step that ends then retries
     # its completion message to slurmctld, and slurmstepd's kill timer (started by the cancel,
     # UnkillableStepTimeout 60 s) drains the node "Kill task failed" (seen in two CI runs).
-    wait_for(lambda: next(n for n in c.client().nodes() if n.name == OTHER).alloc_cpus == 0,
-             timeout=60, what="bob's job off an2",
-             show=lambda: [n for n in c.client().nodes() if n.name == OTHER])
+    wait_for(lambda: slurm_node(c, OTHER).alloc_cpus == 0, timeout=60,
+             what="bob's job off an2", show=lambda: slurm_node(c, OTHER))
 
 
 def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
@@ -401,7 +405,7 @@ def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
                       ["-N1", "-n1", f"-w{NODE}", f"--output={work}/bobclosed-%j.out"])
 
         def drained():
-            node = next(n for n in c.client().nodes() if n.name == NODE)
+            node = slurm_node(c, NODE)
             return "DRAIN" in node.state_flags or node.state.startswith("drain")
         wait_for(drained, timeout=90, what="the node drained after the Prolog failed",
                  show=lambda: c.client().nodes())
@@ -445,7 +449,7 @@ def rigid_job_runs(cluster, work: Path, name: str, node: str = NODE) -> frozense
     out = work / f"{name}-{b}.out"
     wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=60,
              what=f"bob's job {name} ran", show=lambda: cluster.client().job(b).state)
-    node_state = next(n for n in cluster.client().nodes() if n.name == node)
+    node_state = slurm_node(cluster, node)
     assert "DRAIN" not in node_state.state_flags, node_state
     return parse_cpu_list(out.read_text().split()[-1])
 
@@ -561,7 +565,7 @@ sleep 120
         wait_for(lambda: out.exists() and "nested 1200" in out.read_text(), timeout=120,
                  what="bob's tree made",
                  show=lambda: (out.exists() and out.read_text()[-500:], c.client().job(b).state,
-                               [n for n in c.client().nodes() if n.name == OTHER],
+                               slurm_node(c, OTHER),
                                hooks_log.exists() and hooks_log.read_text()[-1500:]))
         wait_for(lambda: any(e["event"] == "job-fault" and f"job {b}:" in e["error"]
                              for e in events(c, OTHER)[seen:]), timeout=20,
