@@ -155,10 +155,16 @@ def test_up_job_down_leaves_no_process_and_no_cgroup():
         script = root / "job.sh"
         script.write_text("#!/bin/bash\nsrun sleep 300\n")
         job_id = c.client().submit(script, ["-N2", "-n2", f"--output={root}/out"])
-        wait_for(lambda: all(job_cpuset(c, n, 0, job_id).exists() for n in ("ud1", "ud2")),
-                 what="job cgroups")
-        tasks = [int(p) for n in ("ud1", "ud2") for p in
-                 (job_cpuset(c, n, 0, job_id).parent / "step_0" / "cgroup.procs").read_text().split()]
+        # The step's folder, not only the job's: slurmstepd makes the job folder first (one CI
+        # run read step_0 between the two and found nothing).
+        def step_tasks(node: str) -> list[int]:
+            procs = job_cpuset(c, node, 0, job_id).parent / "step_0" / "cgroup.procs"
+            try:
+                return [int(p) for p in procs.read_text().split()]
+            except FileNotFoundError:
+                return []
+        wait_for(lambda: all(step_tasks(n) for n in ("ud1", "ud2")), what="step 0's tasks")
+        tasks = [p for n in ("ud1", "ud2") for p in step_tasks(n)]
         assert tasks
     finally:
         problems = c.down()

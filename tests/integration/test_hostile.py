@@ -22,7 +22,7 @@ import pytest
 
 from malleable_protocol import RankStatus, parse_cpu_list
 from slurm_plugin.cluster import daemons
-from slurm_plugin.slurm import JobState
+from slurm_plugin.slurm import JobState, UnknownJob
 
 from .helpers import cgroup_cpus, rank_statuses, wait_for
 from .invariants import fingerprint, violations
@@ -353,11 +353,20 @@ def test_a_storm_of_1000_resizes_from_several_users(agent_cluster, alice_job, wo
     (work / f"stop-{b}").touch()
     time.sleep(1)
     c.client().cancel(b)
-    # Off the node before the next test stops slurmctld for 60 s: a step that ends then retries
-    # its completion message to slurmctld, and slurmstepd's kill timer (started by the cancel,
-    # UnkillableStepTimeout 60 s) drains the node "Kill task failed" (seen in two CI runs).
-    wait_for(lambda: slurm_node(c, OTHER).alloc_cpus == 0, timeout=60,
-             what="bob's job off an2", show=lambda: slurm_node(c, OTHER))
+    # Ended, not only off its CPUs, before the next test stops slurmctld for 60 s: a step that
+    # ends then retries its completion message to slurmctld, and slurmstepd's kill timer (started
+    # by the cancel, UnkillableStepTimeout 60 s) drains the node "Kill task failed" (three CI
+    # runs). Slurm frees a cancelled job's CPUs at once; the job leaves COMPLETING, and the
+    # node its COMPLETING flag, only when every slurmstepd of it has reported and exited.
+    def ended() -> bool:
+        try:
+            job_done = not c.client().job(b).state.holds_cores
+        except UnknownJob:        # purged: long ended
+            job_done = True
+        return (job_done and "COMPLETING" not in slurm_node(c, OTHER).state_flags
+                and cgroup_cpus(c, OTHER, b, uid=buid) is None)
+    wait_for(ended, timeout=90, what="bob's job ended on an2",
+             show=lambda: (c.client().job(b), slurm_node(c, OTHER)))
 
 
 def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
