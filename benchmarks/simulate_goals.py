@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent))
 from common import RESULTS, machine, save  # noqa: E402
 
 from malleable_sim import (Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
-                           generate, read_swf, swf_workload)
+                           WorkloadModel, generate, read_swf, swf_workload)
 from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
 from malleable_sim.metrics import ratios  # noqa: E402
 
@@ -201,7 +201,9 @@ def speed(args) -> None:
     rows = []
     for model in args.speed_models.split(","):
         if model == "project":
-            jobs = generate(args.speed_jobs, 1000, 64, args.malleable_fraction, 1)
+            load = args.speed_load or WorkloadModel().offered_load
+            jobs = generate(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
+                            WorkloadModel(offered_load=load))
         else:
             jobs = generate_lublin(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
                                    offered=0.85)
@@ -210,6 +212,7 @@ def speed(args) -> None:
             r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
                            policy=policy, placement=Placement(args.placement)).run()
             rows.append({"workload": model, "policy": policy.value, "jobs": len(jobs),
+                         "offered_load": load if model == "project" else 0.85,
                          "placement": args.placement,
                          "wall_s": round(r.wall_s, 2),
                          "with_bound_s": round(time.perf_counter() - t0, 2),
@@ -280,6 +283,9 @@ def main() -> None:
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--speed-jobs", type=int, default=50_000)
     ap.add_argument("--speed-models", default="project,lublin")
+    ap.add_argument("--speed-load", type=float, default=None,
+                    help="--speed's offered load for the project's workload (default: its "
+                         "model's, 1.2: the queue grows while jobs arrive)")
     ap.add_argument("--speed-policies", default=",".join(p.value for p in SimPolicy),
                     help="--speed's regimes (comma-separated)")
     ap.add_argument("--placement", default=Placement.SLURM_TASKS.value,

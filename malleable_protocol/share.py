@@ -29,6 +29,15 @@ def rank_share(cpus: Iterable[int], local_rank: int, local_size: int,
 
 
 def threads_per_rank(cpus: Iterable[int], local_size: int) -> tuple[int, ...]:
-    """Each local rank's thread target for a node's cores, in local-rank order."""
-    cpus = frozenset(cpus)
-    return tuple(len(rank_share(cpus, r, local_size)) for r in range(local_size))
+    """Each local rank's thread target for a node's cores, in local-rank order: the sizes of
+    ``rank_share``'s blocks, counted rather than built (the agent asks this of every job it
+    resizes; a job with a rank per core made as many sorted copies of its cores)."""
+    n = len(frozenset(cpus))
+    if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
+        raise ValueError(f"bad local size {local_size!r}")
+    if n == 0:
+        raise ValueError("no cores to share")
+    if n < local_size:
+        return (1,) * local_size
+    base, extra = divmod(n, local_size)
+    return (base + 1,) * extra + (base,) * (local_size - extra)

@@ -461,6 +461,11 @@ class _Running:
     # malleable_tf worker); a job on several is an MPI job with a rank per allocated core
     # (SWF's processors), each rank's threads following its share.
     ranks: tuple[int, ...] = (1,)
+    # Per node index, the agent's last view of the job there: made again only when the objects
+    # it shows (cores, allocation, steps/s dict: compared by identity, which the view keeps
+    # alive) or its peer cap changed. The steps/s dict is shared, so the view reads it live.
+    # Made for every job at every replan, views cost a tenth of a cgroup-only run.
+    views: dict[int, JobView] = field(default_factory=dict)
 
     @property
     def multi_node(self) -> bool:
@@ -1051,13 +1056,21 @@ class Simulation:
             i = r.index[node]
             if r.job.spec is not None and r.multi_node:
                 r.caps[i] = peer_cap(r.offers, i)
-            views.append(JobView(
-                job_id=r.job.job_id, uid=1000, user="sim", allocation=r.allocation[i],
-                current=r.current[i], spec=r.job.spec, nodes=len(r.nodes),
-                peer_cap_per_rank=r.caps[i],
-                ranks=(RankView(pid=1, rank=i, local_rank=0, local_size=r.ranks[i],
-                                intra_active=len(r.current[i]) // r.ranks[i],
-                                steps_per_s=r.known[i]),)))
+            view = r.views.get(i)
+            if view is None or not (view.current is r.current[i]
+                                    and view.allocation is r.allocation[i]
+                                    and view.ranks[0].steps_per_s is r.known[i]
+                                    and view.peer_cap_per_rank == r.caps[i]
+                                    and view.nodes == len(r.nodes)
+                                    and view.ranks[0].local_size == r.ranks[i]):
+                view = r.views[i] = JobView(
+                    job_id=r.job.job_id, uid=1000, user="sim", allocation=r.allocation[i],
+                    current=r.current[i], spec=r.job.spec, nodes=len(r.nodes),
+                    peer_cap_per_rank=r.caps[i],
+                    ranks=(RankView(pid=1, rank=i, local_rank=0, local_size=r.ranks[i],
+                                    intra_active=len(r.current[i]) // r.ranks[i],
+                                    steps_per_s=r.known[i]),))
+            views.append(view)
         self.decide_calls += 1
         plan = decide(NodeSnapshot(node=f"n{node}", cpus=self._cpus, jobs=tuple(views)),
                       self.policy.agent_policy)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import signal
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -84,7 +85,7 @@ class JobView:
     def malleable(self) -> bool:
         return self.spec is not None
 
-    @property
+    @functools.cached_property   # asked dozens of times per decide; the fields never change
     def resizable(self) -> bool:
         """Whether the policy may choose this job's cores now (else: exactly its allocation)."""
         return self.malleable and self.has_folder and not self.fenced and self.fault is None
@@ -97,7 +98,7 @@ class JobView:
             out[r.step] = max(out.get(r.step, 1), r.local_size)
         return out
 
-    @property
+    @functools.cached_property
     def local_size(self) -> int:
         """Ranks of the job on this node, every step's (1 when none has reported)."""
         return max(1, sum(self.ranks_per_step.values()))
@@ -254,18 +255,19 @@ class PlanInvariantError(AssertionError):
 
 def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
     """The rules no plan may break: raise if one does."""
-    seen: dict[int, int] = {}
+    given: set[int] = set()     # cores of the jobs checked so far
     n_node = len(snapshot.cpus)
-    for job in snapshot.jobs:
+    for i, job in enumerate(snapshot.jobs):
         target = plan.targets.get(job.job_id)
         if not target:
             raise PlanInvariantError(f"job {job.job_id} left without cores")
         if not target <= snapshot.cpus:
             raise PlanInvariantError(f"job {job.job_id} given cores outside the node")
-        for c in target:
-            if c in seen:
-                raise PlanInvariantError(f"core {c} given to jobs {seen[c]} and {job.job_id}")
-            seen[c] = job.job_id
+        if not given.isdisjoint(target):
+            c = min(given & target)
+            other = next(j.job_id for j in snapshot.jobs[:i] if c in plan.targets[j.job_id])
+            raise PlanInvariantError(f"core {c} given to jobs {other} and {job.job_id}")
+        given |= target
         if not job.resizable:
             if target != job.allocation:
                 raise PlanInvariantError(f"job {job.job_id} moved off its allocation")

@@ -151,7 +151,7 @@ def test_random_snapshots_never_break_invariants(policy):
 
 def test_check_plan_catches_double_booking():
     snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M()), job(2, {1}, spec=M())))
-    with pytest.raises(PlanInvariantError):
+    with pytest.raises(PlanInvariantError, match="core 1 given to jobs 1 and 2"):
         check_plan(snap, Plan("n", Policy.STATIC, {1: frozenset({0, 1}), 2: frozenset({1})}, {}, ()))
 
 
@@ -341,3 +341,34 @@ def test_a_new_srun_step_gets_its_own_block_before_its_ranks_report():
     # Two new sruns from the shell, neither reported yet: one core each from the start.
     j = job(1, {0}, current=cpus, spec=M(1, None), steps=("step_batch", "step_3", "step_4"))
     assert j.step_cpus(cpus) == {"step_3": {0}, "step_4": {1}}
+
+
+def test_the_fast_helpers_give_what_the_direct_rules_give():
+    """_water_fill's heap and _distance_to_nearest's bisect (made for speed) against the rules
+    they stand for: a core at a time to the job furthest below its weighted share, lowest id on
+    ties; the smallest distance to any core held."""
+    from slurm_plugin.coscheduler.policy import _distance_to_nearest, _water_fill
+
+    def water_fill_direct(counts, caps, weights, spare):
+        counts = dict(counts)
+        while spare > 0:
+            open_jobs = [j for j in counts if counts[j] < caps[j]]
+            if not open_jobs:
+                break
+            j = min(open_jobs, key=lambda j: (counts[j] / weights[j], j))
+            counts[j] += 1
+            spare -= 1
+        return counts
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        jobs = rng.sample(range(1, 40), rng.randint(1, 8))
+        counts = {j: rng.randint(0, 6) for j in jobs}
+        caps = {j: counts[j] + rng.randint(-2, 10) for j in jobs}
+        weights = {j: rng.choice([1, 1, 2, 3, 7]) for j in jobs}
+        spare = rng.randint(0, 40)
+        assert _water_fill(counts, caps, weights, spare) == \
+            water_fill_direct(counts, caps, weights, spare)
+        held = sorted(rng.sample(range(64), rng.randint(0, 10)))
+        c = rng.randrange(64)
+        assert _distance_to_nearest(held, c) == min((abs(c - m) for m in held), default=0)

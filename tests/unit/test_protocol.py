@@ -82,6 +82,23 @@ def test_rank_share_splits_without_overlap(cpus, size, shares):
     assert threads_per_rank(cpus, size) == tuple(len(s) for s in shares)
 
 
+def test_threads_per_rank_counts_rank_shares_blocks():
+    """threads_per_rank counts the blocks' sizes without making them: the same as rank_share's,
+    for every size of set and of rank count up to 70 (more ranks than cores too)."""
+    import random
+    rng = random.Random(3)
+    for n in range(1, 70):
+        cpus = frozenset(rng.sample(range(128), n))
+        for size in range(1, 71):
+            assert threads_per_rank(cpus, size) == \
+                tuple(len(rank_share(cpus, r, size)) for r in range(size)), (n, size)
+    for bad_size in (0, -1, True):
+        with pytest.raises(ValueError):
+            threads_per_rank({0}, bad_size)
+    with pytest.raises(ValueError):
+        threads_per_rank(set(), 1)
+
+
 def test_rank_share_bad_input():
     for lr, ls in ((1, 1), (-1, 2), (0, 0), (True, 2)):
         with pytest.raises(ValueError):
