@@ -94,15 +94,14 @@ def main() -> None:
             roots[args.against] = tmp / "against"
         try:
             runs: dict[str, list[dict]] = {name: [] for name in roots}
+            plans = {name: tmp / f"plans-{k}.pkl" for k, name in enumerate(roots)}
             for _ in range(args.rounds):       # in turns: the machine's drifts hit both alike
                 for name, root in roots.items():
-                    runs[name].append(worker(root, corpus, tmp / f"plans-{len(runs[name])}-"
-                                             f"{name.replace(' ', '_')}.pkl", args.repeats))
+                    runs[name].append(worker(root, corpus, plans[name], args.repeats))
                     print(name, f"{runs[name][-1]['us_per_decide']:.1f} us", flush=True)
             differing = None
             if args.against:
-                mine = pickle.loads((tmp / "plans-0-this_checkout.pkl").read_bytes())
-                theirs = pickle.loads((tmp / f"plans-0-{args.against}.pkl").read_bytes())
+                mine, theirs = (pickle.loads(plans[name].read_bytes()) for name in roots)
                 differing = sum(a != b for a, b in zip(mine, theirs)) + abs(len(mine) -
                                                                             len(theirs))
         finally:

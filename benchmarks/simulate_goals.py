@@ -205,14 +205,15 @@ def speed(args) -> None:
             jobs = generate(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
                             WorkloadModel(offered_load=load))
         else:
+            load = 0.85
             jobs = generate_lublin(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
-                                   offered=0.85)
+                                   offered=load)
         for policy in [SimPolicy(p) for p in args.speed_policies.split(",")]:
             t0 = time.perf_counter()
             r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
                            policy=policy, placement=Placement(args.placement)).run()
             rows.append({"workload": model, "policy": policy.value, "jobs": len(jobs),
-                         "offered_load": load if model == "project" else 0.85,
+                         "offered_load": load,
                          "placement": args.placement,
                          "wall_s": round(r.wall_s, 2),
                          "with_bound_s": round(time.perf_counter() - t0, 2),

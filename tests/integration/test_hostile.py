@@ -137,15 +137,19 @@ def slurm_node(cluster, name: str):
     return next(n for n in cluster.client().nodes() if n.name == name)
 
 
+def drained(cluster, name: str) -> bool:
+    """Slurm drains the node (22.05: a "drain..." state; 24.11: a DRAIN flag)."""
+    node = slurm_node(cluster, name)
+    return "DRAIN" in node.state_flags or node.state.startswith("drain")
+
+
 def node_usable(cluster, node: str) -> None:
     """The node takes jobs: a drain Slurm made for its own timeouts is resumed (and printed);
     a drain for any other reason (a Prolog or Epilog failure) fails the test, with its reason."""
     env = {**os.environ, **cluster.env()}
     reason = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%E"], env=env,
                             capture_output=True, text=True).stdout.strip()
-    state = slurm_node(cluster, node)
-    drained = "DRAIN" in state.state_flags or state.state.startswith("drain")
-    if not drained:
+    if not drained(cluster, node):
         return
     if not reason.lower().startswith(SLURMS_OWN_DRAINS):
         # Why, from the node's slurmd (one CI run saw "Kill task failed" here: a step whose
@@ -413,10 +417,8 @@ def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
         b = submit_as(c, BOB, work, "bobclosed", "echo ran\n",
                       ["-N1", "-n1", f"-w{NODE}", f"--output={work}/bobclosed-%j.out"])
 
-        def drained():
-            node = slurm_node(c, NODE)
-            return "DRAIN" in node.state_flags or node.state.startswith("drain")
-        wait_for(drained, timeout=90, what="the node drained after the Prolog failed",
+        wait_for(lambda: drained(c, NODE), timeout=90,
+                 what="the node drained after the Prolog failed",
                  show=lambda: c.client().nodes())
         def detail():
             return subprocess.run(["scontrol", "show", "job", str(b)], env=env,
