@@ -193,8 +193,7 @@ def attempt(name, f):
         f(); out[name] = "done"
     except OSError as e:
         out[name] = errno.errorcode[e.errno]
-jobs = os.path.dirname(d)
-attempt("mkdir next job folder", lambda: os.mkdir(jobs + "/job_{a + 1}"))
+attempt("mkdir next job folder", lambda: os.mkdir({str(c.run_layout.job_dir(a + 1))!r}))
 attempt("write a target", lambda: open({str(c.run_layout.target_file(a + 1, NODE))!r}, "w"))
 attempt("link in targets", lambda: os.symlink("/etc/shadow",
         {str(c.run_layout.targets_dir / "x.json")!r}))
