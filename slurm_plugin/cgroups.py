@@ -46,6 +46,12 @@ class LayoutUnknown(RuntimeError):
     """The node's layout could not be told from the node: the message says what was looked for."""
 
 
+def hierarchy_dir(version: CgroupVersion, mount: Path = DEFAULT_MOUNT) -> Path:
+    """Where the hierarchy with the cpuset controller is mounted: v1 ``<mount>/cpuset``, v2 the
+    unified mount itself."""
+    return Path(mount) / "cpuset" if version is CgroupVersion.V1 else Path(mount)
+
+
 def _check_uid(uid: int) -> int:
     if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32:
         raise ValueError(f"invalid uid {uid!r}")
@@ -70,9 +76,9 @@ class SlurmCgroupLayout:
         """The layout Slurm's naming rule gives for a build and version (no look at the node)."""
         check_node_name(node)
         if version is CgroupVersion.V1:
-            return cls(node, version, Path(mount) / "cpuset",
+            return cls(node, version, hierarchy_dir(version, mount),
                        f"/slurm_{node}" if multiple_slurmd else "/slurm")
-        return cls(node, version, Path(mount),
+        return cls(node, version, hierarchy_dir(version, mount),
                    f"/system.slice/{node + '_' if multiple_slurmd else ''}slurmstepd.scope")
 
     @property
@@ -384,12 +390,25 @@ def cgroup_conf_of(slurm_conf: Path | str | None) -> Path | None:
     return default if default.exists() else None
 
 
+def _node_evidence(node: str, slurm_conf: Path | str | None, mount: Path | None) -> LayoutEvidence:
+    conf = cgroup_conf_of(slurm_conf if slurm_conf is not None
+                          else os.environ.get("SLURM_CONF"))
+    return gather_evidence(node, cgroup_conf=conf, mount=mount)
+
+
 def discover_layout(node: str, *, slurm_conf: Path | str | None = None,
                     mount: Path | None = None) -> SlurmCgroupLayout:
     """This node's layout, from the node (see the module's docstring)."""
-    conf = cgroup_conf_of(slurm_conf if slurm_conf is not None
-                          else os.environ.get("SLURM_CONF"))
-    return decide_layout(gather_evidence(node, cgroup_conf=conf, mount=mount))
+    return decide_layout(_node_evidence(node, slurm_conf, mount))
+
+
+def discover_hierarchy(node: str, *, slurm_conf: Path | str | None = None,
+                       mount: Path | None = None) -> Path:
+    """The folder of the hierarchy Slurm puts this node's cpusets in, from the mount table and
+    cgroup.conf alone: unlike ``discover_layout`` it needs no Slurm folder or slurmstepd yet
+    (before the node's first job)."""
+    ev = _node_evidence(node, slurm_conf, mount)
+    return hierarchy_dir(cgroup_version_of(ev), ev.mount)
 
 
 # --- the local cluster's clean-up -------------------------------------------------------------

@@ -198,6 +198,10 @@ class LocalCluster:
         """Where this cluster's slurmd for ``node`` puts its jobs' cgroup folders (discovered)."""
         return cgroups.discover_layout(node, slurm_conf=self.paths.slurm_conf)
 
+    def cgroup_hierarchy(self, node: str) -> Path:
+        """The cpuset hierarchy's folder ``node``'s jobs live in; known before its first job."""
+        return cgroups.discover_hierarchy(node, slurm_conf=self.paths.slurm_conf)
+
     def env_lines(self) -> list[str]:
         return [f"export {k}={v}" for k, v in self.env().items()]
 

@@ -555,7 +555,7 @@ def test_a_users_own_cgroup_tree_is_his_jobs_fault_only(agent_cluster, users, wo
     b = submit_as(c, BOB, work, "bobtree", """
 python3 - "$(cat /proc/self/cpuset)" <<'PYEOF'
 import os, sys
-d = "/sys/fs/cgroup/cpuset" + sys.argv[1]
+d = HIERARCHY + sys.argv[1]
 cpus, mems = (open(f"{d}/cpuset.{k}").read().strip() for k in ("cpus", "mems"))
 os.chdir(d)
 for i in range(1200):
@@ -567,7 +567,7 @@ for i in range(1200):
 print("nested 1200", flush=True)
 PYEOF
 sleep 120
-""", ["-N1", "-n1", f"-w{OTHER}", "--comment=malleable:min=1,max=1",
+""".replace("HIERARCHY", repr(str(c.cgroup_hierarchy(OTHER)))), ["-N1", "-n1", f"-w{OTHER}", "--comment=malleable:min=1,max=1",
       f"--output={work}/bobtree-%j.out"])
     out = work / f"bobtree-{b}.out"
     try:

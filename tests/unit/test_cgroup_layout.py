@@ -120,6 +120,22 @@ def test_discovery_on_v2_and_from_slurmstepd_processes():
     assert decide_layout(ev) == layout(version=CgroupVersion.V2)
 
 
+def test_the_hierarchy_is_known_from_the_mounts_before_any_slurm_folder():
+    """What discover_hierarchy judges: the version alone (no folder, no slurmstepd yet), and the
+    folder every layout of that version is under."""
+    from slurm_plugin.cgroups import cgroup_version_of, hierarchy_dir
+    for ev in (evidence(), evidence(mounts=V2_MOUNTS, plugin=None,
+                                    v2_controllers=V2_CONTROLLERS)):
+        with pytest.raises(LayoutUnknown):
+            decide_layout(ev)
+        version = cgroup_version_of(ev)
+        assert hierarchy_dir(version, MOUNT) == (MOUNT / "cpuset" if ev.mounts == V1_MOUNTS
+                                                 else MOUNT)
+        for multiple in (True, False):
+            assert layout(version=version, multiple=multiple).hierarchy == \
+                hierarchy_dir(version, MOUNT)
+
+
 @pytest.mark.parametrize("kw,says", [
     (dict(), "no Slurm cgroup folder for node n1"),                       # nothing to go by
     (dict(stepd_paths=("/slurm_n2/uid_0/job_1/step_0",)), "looked for"),  # another node's
