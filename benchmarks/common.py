@@ -1,6 +1,7 @@
 """Helpers for the benchmark scripts: run a worker process, save JSON, draw a PNG."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -16,6 +17,7 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+REPO = HERE.parent
 
 
 def run_worker(args: list[str], *, timeout: float = 600, env: dict | None = None) -> dict:
@@ -27,6 +29,19 @@ def run_worker(args: list[str], *, timeout: float = 600, env: dict | None = None
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"worker {args} printed no result (exit {proc.returncode}):\n"
                        f"{proc.stderr[-3000:]}")
+
+
+@contextlib.contextmanager
+def checkout_of(ref: str, folder: Path):
+    """The repository at ``ref`` in ``folder`` (a detached git worktree, removed after): code
+    of another commit to measure beside this checkout's."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(folder),
+                    ref], check=True, timeout=120)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(folder)],
+                       timeout=120)
 
 
 class BurstWorker:

@@ -10,16 +10,14 @@ project's workload on 200 x 64 cores and Lublin-Feitelson's on 64 x 16), the sam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pickle
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from common import HERE, machine, median, run_worker, save
-
-REPO = HERE.parent
+from common import HERE, REPO, checkout_of, machine, median, run_worker, save
 
 
 def record(path: Path) -> int:
@@ -88,11 +86,10 @@ def main() -> None:
         n = record(corpus)
         print(f"{n} snapshots recorded", flush=True)
         roots = {"this checkout": REPO}
-        if args.against:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q",
-                            str(tmp / "against"), args.against], check=True, timeout=120)
-            roots[args.against] = tmp / "against"
-        try:
+        with contextlib.ExitStack() as stack:
+            if args.against:
+                roots[args.against] = stack.enter_context(checkout_of(args.against,
+                                                                      tmp / "against"))
             runs: dict[str, list[dict]] = {name: [] for name in roots}
             plans = {name: tmp / f"plans-{k}.pkl" for k, name in enumerate(roots)}
             for _ in range(args.rounds):       # in turns: the machine's drifts hit both alike
@@ -104,10 +101,6 @@ def main() -> None:
                 mine, theirs = (pickle.loads(plans[name].read_bytes()) for name in roots)
                 differing = sum(a != b for a, b in zip(mine, theirs)) + abs(len(mine) -
                                                                             len(theirs))
-        finally:
-            if args.against:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                                str(tmp / "against")], timeout=120)
     result = {"benchmark": "decide per node snapshot (recorded from simulator runs)",
               "machine": machine(), "snapshots": n, "rounds": args.rounds,
               "us_per_decide": {name: [round(r["us_per_decide"], 1) for r in rs]

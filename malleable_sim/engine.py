@@ -213,7 +213,7 @@ class _Queue:
         return heapq.heappop(self._heap)[1]
 
 
-def select_nodes(usable: Sequence[int], need: int, node_cores: int) -> dict[int, int] | None:
+def select_nodes(usable: list[int], need: int, node_cores: int) -> dict[int, int] | None:
     """Slurm's choice of nodes for a job wider than a node (select/cons_tres, as this stand-in
     has it): whole idle nodes first, lowest-numbered first; what is left on the one node that
     holds it with the fewest cores to spare; else on the nodes with the most usable cores first.
@@ -223,17 +223,24 @@ def select_nodes(usable: Sequence[int], need: int, node_cores: int) -> dict[int,
     if sum(usable) < need:
         return None
     chosen: dict[int, int] = {}
-    for node, free in enumerate(usable):
-        if need < node_cores:
+    idle = -1       # the last idle node taken: they are taken lowest-numbered first
+    while need >= node_cores:
+        try:    # list.index: the nodes are scanned in C (1,002 of them in LLNL's Thunder)
+            idle = usable.index(node_cores, idle + 1)
+        except ValueError:
             break
-        if free == node_cores:
-            chosen[node] = node_cores
-            need -= node_cores
+        chosen[idle] = node_cores
+        need -= node_cores
     if need == 0:
         return chosen
-    fits = [(free, node) for node, free in enumerate(usable) if free >= need and node not in chosen]
-    if fits:
-        chosen[min(fits)[1]] = need
+    # The node that holds the rest with the fewest cores to spare, lowest-numbered among
+    # equals: the first node with the least free count from ``need`` up that some node has.
+    for free in sorted(f for f in set(usable) if f >= need):
+        try:
+            node = usable.index(free, idle + 1 if free == node_cores else 0)
+        except ValueError:
+            continue        # every idle node is taken already
+        chosen[node] = need
         return chosen
     for free, node in sorted((-f, n) for n, f in enumerate(usable) if f > 0 and n not in chosen):
         chosen[node] = min(-free, need)
@@ -247,7 +254,9 @@ def peer_cap(offers: Sequence[int | None], i: int) -> int | None:
     """The smallest per-rank offer of a job's other nodes (None if none has offered yet): what
     the agent's observer reads from the feed (``NodeObserver._peer_cap``), here from the offers
     the simulated agents made."""
-    caps = [o for k, o in enumerate(offers) if k != i and o is not None]
+    caps = [*offers[:i], *offers[i + 1:]]
+    if None in caps:
+        caps = [o for o in caps if o is not None]
     return min(caps) if caps else None
 
 
@@ -256,6 +265,8 @@ class _Profile:
     (Slurm's view now, and the cores of each running job back at its expected end) and the
     reservations made in this pass (whole nodes, for their jobs' time limits). Jobs started in
     the pass are in the simulation's own state; a node where one started is read again."""
+
+    REMEMBERED = 16     # earlier searches kept for where a search may begin
 
     def __init__(self, free: Sequence[int], ends_on: Sequence[Sequence[tuple[float, int, int]]],
                  node_cores: int, now: float):
@@ -278,6 +289,11 @@ class _Profile:
         self._reservations = 0
         self._by_start: list[tuple[float, int, int, float]] = []
         self._by_end: list[tuple[float, int, int]] = []
+        # What the last searches for wider jobs found: (cores, length, earliest start).
+        self._found: list[tuple[int, float, float]] = []
+        # At each of those times: the releases up to it, each node's free cores, their sum
+        # (until a job starts in the pass: its start changes them).
+        self._released: dict[float, tuple[int, list[int], int]] = {}
 
     def steps(self, node: int) -> tuple[list[float], list[int]]:
         """The node's free cores from now on: (times, free), free non-decreasing."""
@@ -354,16 +370,42 @@ class _Profile:
         rel_t, rel_c, rel_n = self._release_times, self._release_cores, self._release_nodes
         by_start, by_end = self._by_start, self._by_end
         n_released, n_start, n_end = len(rel_t), len(by_start), len(by_end)
-        cur = list(self._free_now)      # each node's free cores at t
-        total = self._total_now
-        # Per node, the reservations overlapping the window, and the held nodes' free cores;
-        # per reservation number, whether it entered the window (lists, not a dict and a set:
-        # a search of Thunder's 1,002 nodes walks thousands of reservations).
-        holds = [0] * len(cur)
-        entered = bytearray(self._reservations + 1)
-        held_free = k = i_start = i_end = 0
-        inf = math.inf
+        # Where the sweep may begin: the pass only takes cores away (a start holds its cores
+        # until its expected end, a reservation holds its nodes), and a job that asks more
+        # cores for longer fits no sooner, so no such job fits before what an earlier search
+        # of this pass found for fewer cores and no longer (a time every search looks at).
         t = self.now
+        for asked, longest, found in self._found:
+            if found > t and asked <= need and longest <= length:
+                t = found
+        # The state at t without a check at each time before it: each node's free cores after
+        # the releases up to t; the nodes held by the reservations overlapping [t, t + length).
+        if t in self._released:         # as an earlier search left it at t
+            k, cur, total = self._released[t]
+            cur = list(cur)
+        else:
+            k = bisect.bisect_right(rel_t, t)
+            cur = list(self._free_now)
+            for j in range(k):
+                cur[rel_n[j]] += rel_c[j]
+            total = self._total_now + sum(rel_c[:k])
+        # Per node, the reservations overlapping the window; per reservation number, whether
+        # it entered the window (lists, not a dict and a set: a search of Thunder's 1,002
+        # nodes walks thousands of reservations).
+        holds = [0] * len(cur)
+        held_nodes = []         # every node held at some time of this search
+        entered = bytearray(self._reservations + 1)
+        held_free = 0
+        i_start = bisect.bisect_left(by_start, (t + length,))
+        for _, rid, node, end in by_start[:i_start]:
+            if end > t:
+                entered[rid] = 1
+                if not holds[node]:
+                    held_free += cur[node]
+                    held_nodes.append(node)
+                holds[node] += 1
+        i_end = bisect.bisect_right(by_end, (t, math.inf))
+        inf = math.inf
         while True:
             while k < n_released and rel_t[k] <= t:
                 node = rel_n[k]
@@ -381,6 +423,7 @@ class _Profile:
                 holds[node] += 1
                 if holds[node] == 1:
                     held_free += cur[node]
+                    held_nodes.append(node)
             while i_end < n_end and by_end[i_end][0] <= t:
                 _, rid, node = by_end[i_end]
                 i_end += 1
@@ -389,9 +432,15 @@ class _Profile:
                 holds[node] -= 1
                 if not holds[node]:
                     held_free -= cur[node]
-            if total - held_free >= need and t >= self.now:
-                for node, held in enumerate(holds):
-                    if held:
+            if total - held_free >= need:
+                self._found.append((need, length, t))
+                self._released[t] = (k, list(cur), total)
+                if len(self._found) > self.REMEMBERED:
+                    gone = self._found.pop(0)[2]
+                    if all(found != gone for _, _, found in self._found):
+                        self._released.pop(gone, None)
+                for node in held_nodes:
+                    if holds[node]:
                         cur[node] = 0
                 placement = select_nodes(cur, need, self.node_cores)
                 assert placement is not None
@@ -424,6 +473,7 @@ class _Profile:
     def started(self, placement: dict[int, int], expected_end: float) -> None:
         """A job of this pass started now on ``placement`` (the simulation's state already
         holds it): its nodes are read again, and its cores come back at its expected end."""
+        self._released.clear()
         for node, cores in placement.items():
             self._steps.pop(node, None)
             self._changed.add(node)
@@ -798,7 +848,7 @@ class Simulation:
                 return None
         if job.cores > self._free_total:
             return None
-        usable: Sequence[int] = self._free if reservation is None else \
+        usable: list[int] = self._free if reservation is None else \
             [reservation.usable(n, f, expected_end) for n, f in enumerate(self._free)]
         return select_nodes(usable, job.cores, self.cores)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from slurm_plugin.coscheduler.request import MalleableSpec
 from malleable_sim import (Amdahl, Backfill, SimJob, SimPolicy, ask_share,
@@ -31,10 +32,52 @@ def test_slurm_takes_whole_nodes_first_then_the_tightest_fit(usable, need, expec
     assert select_nodes(usable, need, 64) == expected
 
 
+def select_directly(usable, need, node_cores):
+    """select_nodes' rule spelled out: idle nodes lowest first while the job needs a whole
+    one; the rest on the tightest fit (lowest-numbered among equals); else most free first."""
+    if sum(usable) < need:
+        return None
+    chosen = {}
+    for node, free in enumerate(usable):
+        if need >= node_cores and free == node_cores:
+            chosen[node] = node_cores
+            need -= node_cores
+    if need == 0:
+        return chosen
+    fits = [(free, node) for node, free in enumerate(usable)
+            if free >= need and node not in chosen]
+    if fits:
+        chosen[min(fits)[1]] = need
+        return chosen
+    for node in sorted((n for n, f in enumerate(usable) if f > 0 and n not in chosen),
+                       key=lambda n: (-usable[n], n)):
+        chosen[node] = min(usable[node], need)
+        need -= chosen[node]
+        if need == 0:
+            break
+    return chosen
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=12), st.integers(1, 50))
+def test_the_choice_of_nodes_is_the_rule_spelled_out(usable, need):
+    assert select_nodes(usable, need, 4) == select_directly(usable, need, 4)
+
+
 def test_the_peer_cap_is_the_smallest_offer_of_the_other_nodes():
     assert peer_cap([2, None, 3], 0) == 3
     assert peer_cap([2, None, 3], 2) == 2
     assert peer_cap([None, 5], 1) is None    # no other node has offered yet: no cap
+    assert peer_cap([4, 1, 1], 1) == 1       # another node offers as little as this one
+    assert peer_cap([7], 0) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(1, 5)), min_size=1, max_size=8), st.data())
+def test_the_peer_cap_is_the_rule_spelled_out(offers, data):
+    i = data.draw(st.integers(0, len(offers) - 1))
+    others = [o for k, o in enumerate(offers) if k != i and o is not None]
+    assert peer_cap(offers, i) == (min(others) if others else None)
 
 
 def test_a_job_wider_than_a_node_runs_on_several():
