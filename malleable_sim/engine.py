@@ -1128,7 +1128,7 @@ class Simulation:
         for r in running:
             i, job_id = r.index[node], r.job.job_id
             target = plan.targets[job_id]
-            if target != r.current[i]:
+            if target is not r.current[i] and target != r.current[i]:   # mostly passed on
                 self._settle(r, now)
                 if r.rate > 0.0:
                     self.resizes += 1
