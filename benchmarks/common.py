@@ -18,6 +18,15 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 REPO = HERE.parent
+PWA = REPO / "tests" / "fixtures" / "swf" / "pwa"      # Parallel Workloads Archive logs
+# Each trace on a cluster of its machine's processors: (file, nodes, cores per node). NASA's
+# iPSC/860 had 128 single-processor nodes and KTH's SP2 100; grouped into multi-core nodes here
+# so that the agents have cores to lend and node counts can move. Thunder is 1,002 nodes of 4.
+# Thunder's 1,002 nodes make conservative backfill's search of every node's future slow here
+# (over 3 minutes for its first 3,000 jobs under static alone): simulate_goals.py runs its first
+# --thunder-jobs.
+TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.gz", 10, 10),
+          ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
 
 
 def run_worker(args: list[str], *, timeout: float = 600, env: dict | None = None) -> dict:

@@ -29,21 +29,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import RESULTS, machine, save  # noqa: E402
+from common import PWA, RESULTS, TRACES, machine, save  # noqa: E402
 
 from malleable_sim import (Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
                            WorkloadModel, generate, read_swf, swf_workload)
 from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
 from malleable_sim.metrics import ratios  # noqa: E402
 
-PWA = HERE.parent / "tests" / "fixtures" / "swf" / "pwa"
-# Each trace on a cluster of its machine's processors: (file, nodes, cores per node). NASA's
-# iPSC/860 had 128 single-processor nodes and KTH's SP2 100; grouped into multi-core nodes here
-# so that the agents have cores to lend and node counts can move. Thunder is 1,002 nodes of 4.
-# Thunder's 1,002 nodes make conservative backfill's search of every node's future slow here
-# (over 3 minutes for its first 3,000 jobs under static alone): it runs its first --thunder-jobs.
-TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.gz", 10, 10),
-          ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
 KEPT = ("jobs", "makespan_s", "lower_bound_makespan_s", "mean_response_s", "p95_response_s",
         "mean_wait_s", "p95_wait_s", "mean_bounded_slowdown", "utilisation", "resizes",
         "wall_s")

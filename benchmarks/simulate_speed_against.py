@@ -3,10 +3,14 @@ REF``, another commit's, in turns (the machine's drifts hit both alike), with ea
 compared: a change meant to make it faster must give every job the same start and end.
 
 Each run is a process of its own, its code on PYTHONPATH; it prints its wall time, makespan
-and a hash of every job's (id, submit, start, end).
+and a hash of every job's (id, submit, start, end). The workload: the project's generated one
+on 1,000 x 64 cores (the issue's scale), or with ``--trace`` the first ``--jobs`` job lines of
+a Parallel Workloads Archive log in tests/fixtures/swf/pwa on the nodes simulate_goals.py gives
+it (LLNL Thunder: its own 1,002 nodes of 4 cores), brought to ``--load`` as there.
 
     python benchmarks/simulate_speed_against.py --against d377dba [--jobs 50000] [--load 1.2]
-        [--policies static,cgroup-only] [--rounds 2] [--name simulate_speed_against]
+        [--trace LLNL-Thunder-2007-1.1-cln.swf.gz] [--policies static,cgroup-only] [--rounds 2]
+        [--name simulate_speed_against]
 """
 from __future__ import annotations
 
@@ -18,19 +22,32 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import HERE, REPO, checkout_of, machine, median, run_worker, save
+from common import HERE, PWA, REPO, TRACES, checkout_of, machine, median, run_worker, save
 
 NODES, CORES = 1000, 64     # the issue's scale
 
 
-def one_run(jobs: int, load: float, policy: str, placement: str) -> dict:
+def workload(jobs: int, load: float, trace: str | None) -> tuple[list, int, int]:
+    """The jobs, nodes and cores per node of a run (the same for every code root)."""
+    from malleable_sim import WorkloadModel, generate, read_swf, swf_workload
+    from malleable_sim.lublin import scale_to_load
+    if trace is None:
+        return generate(jobs, NODES, CORES, 0.5, 1, WorkloadModel(offered_load=load)), NODES, \
+            CORES
+    nodes, cores = next((n, c) for name, n, c in TRACES if name == trace)
+    wl = swf_workload(read_swf((PWA / trace).read_bytes()), nodes=nodes, cores=cores,
+                      malleable_fraction=0.5, seed=1, first=jobs)
+    return scale_to_load(wl.jobs, load, nodes * cores), nodes, cores
+
+
+def one_run(jobs: int, load: float, trace: str | None, policy: str, placement: str) -> dict:
     """Worker: one simulation with the code on sys.path."""
     import malleable_sim
-    from malleable_sim import Placement, SimPolicy, Simulation, WorkloadModel, generate
+    from malleable_sim import Placement, SimPolicy, Simulation
     regime = SimPolicy(policy)
-    work = generate(jobs, NODES, CORES, 0.5, 1, WorkloadModel(offered_load=load))
+    work, nodes, cores = workload(jobs, load, trace)
     t0 = time.perf_counter()
-    r = Simulation(regime.submitted(work, 0.25, CORES), nodes=NODES, cores=CORES,
+    r = Simulation(regime.submitted(work, 0.25, cores), nodes=nodes, cores=cores,
                    policy=regime, placement=Placement(placement)).run()
     wall = time.perf_counter() - t0
     per_job = repr([(j.job_id, j.submit_s, j.start_s, j.end_s) for j in r.per_job])
@@ -44,16 +61,19 @@ def main() -> None:
     ap.add_argument("--against", help="a commit whose simulator runs the same jobs in turns")
     ap.add_argument("--jobs", type=int, default=50_000)
     ap.add_argument("--load", type=float, default=1.2, help="offered load of the workload")
+    ap.add_argument("--trace", help="a log in tests/fixtures/swf/pwa instead of the generated "
+                                    "workload (--jobs: its first job lines)")
     ap.add_argument("--policies", default="static,cgroup-only")
     ap.add_argument("--placement", default="slurm-tasks")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--name", default="simulate_speed_against")
-    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         import json
-        jobs, load, policy, placement = args.worker
-        print("RESULT " + json.dumps(one_run(int(jobs), float(load), policy, placement)))
+        jobs, load, trace, policy, placement = args.worker
+        print("RESULT " + json.dumps(one_run(int(jobs), float(load), trace or None, policy,
+                                             placement)))
         return
     runs: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="simulate-speed-") as tmp, \
@@ -67,7 +87,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, root in roots.items():
                     got = run_worker([Path(__file__).name, "--worker", str(args.jobs),
-                                      str(args.load), policy, args.placement],
+                                      str(args.load), args.trace or "", policy,
+                                      args.placement],
                                      env={"PYTHONPATH": f"{root}{os.pathsep}{HERE}"},
                                      timeout=3600)
                     runs[policy][name].append(got)
@@ -87,7 +108,8 @@ def main() -> None:
             row["same_jobs"] = len(row["jobs_hashes"]) == 1
         rows.append(row)
         print(row, flush=True)
-    save(args.name, {"benchmark": f"simulator wall time, {NODES} x {CORES} cores",
+    save(args.name, {"benchmark": "simulator wall time",
+                     "workload": args.trace or f"generated (project), {NODES} x {CORES} cores",
                      "machine": machine(), "jobs": args.jobs, "offered_load": args.load,
                      "placement": args.placement, "rounds": args.rounds,
                      "against": args.against, "rows": rows})

@@ -64,14 +64,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import RESULTS, machine, save  # noqa: E402
+from common import PWA, RESULTS, machine, save  # noqa: E402
 
 from malleable_sim import (Amdahl, Backfill, Placement, QueueOrder, SimJob,  # noqa: E402
                                     SimPolicy, simulate, swf_workload)
 from malleable_sim.metrics import percentile  # noqa: E402
 from malleable_sim.swf import SWFLog, read_swf  # noqa: E402
 
-TRACES = HERE.parent / "tests" / "fixtures" / "swf" / "pwa"
 BASE = Path("/tmp/replay-cluster")
 ROOT = BASE / "cluster"
 PORT_BASE = 46817
@@ -522,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     floor_s = args.floor if args.floor is not None else float(args.bf_interval)
 
-    path = TRACES / f"{args.trace}.swf.gz"
+    path = PWA / f"{args.trace}.swf.gz"
     log = read_swf(path.read_bytes())
     trace_jobs, drops = slice_jobs(log, args.start, args.jobs, nodes=args.nodes,
                                    cores=args.cores)
