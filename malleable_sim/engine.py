@@ -1101,10 +1101,11 @@ class Simulation:
         running = [self._running[j] for j in sorted(self._on_node[node])]
         if not running:
             return set()
-        views = []
+        views, where = [], []
         for r in running:
             i = r.index[node]
-            if r.job.spec is not None and r.multi_node:
+            where.append(i)
+            if len(r.nodes) > 1 and r.job.spec is not None:
                 r.caps[i] = peer_cap(r.offers, i)
             view = r.views.get(i)
             if view is None or not (view.current is r.current[i]
@@ -1125,17 +1126,18 @@ class Simulation:
         plan = decide(NodeSnapshot(node=f"n{node}", cpus=self._cpus, jobs=tuple(views)),
                       self.policy.agent_policy)
         moved = set()
-        for r in running:
-            i, job_id = r.index[node], r.job.job_id
-            target = plan.targets[job_id]
-            if target is not r.current[i] and target != r.current[i]:   # mostly passed on
+        targets, offers = plan.targets, plan.offers
+        for r, i in zip(running, where):
+            job_id, now_held = r.job.job_id, r.current[i]
+            target = targets[job_id]
+            if target is not now_held and target != now_held:   # mostly passed on as it was
                 self._settle(r, now)
                 if r.rate > 0.0:
                     self.resizes += 1
                 r.current[i] = target
                 self._touched.add(job_id)
-            if r.multi_node and plan.offers.get(job_id) != r.offers[i]:
-                r.offers[i] = plan.offers.get(job_id)
+            if len(r.nodes) > 1 and offers.get(job_id) != r.offers[i]:
+                r.offers[i] = offers.get(job_id)
                 moved.add(job_id)
         return moved
 

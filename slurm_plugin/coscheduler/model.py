@@ -134,6 +134,9 @@ class JobView:
         if not self.ranks:
             return {}
         n = len(self.ranks)
+        if n == 1:      # one rank (a malleable_tf worker; the simulator's view of a job):
+            # its own counts, as floats equal to the mean's (sum([v]) / 1), without the lists
+            return {k: v + 0.0 for k, v in self.ranks[0].steps_per_s.items()}
         sums: dict[int, list[float]] = {}
         for r in self.ranks:
             for k, v in r.steps_per_s.items():

@@ -372,3 +372,24 @@ def test_the_fast_helpers_give_what_the_direct_rules_give():
         held = sorted(rng.sample(range(64), rng.randint(0, 10)))
         c = rng.randrange(64)
         assert _distance_to_nearest(held, c) == min((abs(c - m) for m in held), default=0)
+
+
+def test_a_jobs_steps_per_s_is_the_mean_over_its_ranks_of_the_counts_all_measured():
+    """JobView.steps_per_s (one rank: its own counts, a shortcut made for speed) against the
+    rule: by node cores (ranks x threads), the mean over the ranks, only where every rank has a
+    value; the same floats (-0.0 and ints included)."""
+    def direct(ranks):
+        n = len(ranks)
+        keys = set.intersection(*(set(r.steps_per_s) for r in ranks)) if ranks else set()
+        return {k * n: sum(r.steps_per_s[k] for r in ranks) / n for k in keys}
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        ranks = tuple(RankView(pid=1 + i, rank=i, local_rank=i, local_size=1, intra_active=1,
+                               steps_per_s={k: rng.choice([rng.uniform(0, 50), -0.0, 0, 7])
+                                            for k in rng.sample(range(1, 9), rng.randint(0, 4))})
+                      for i in range(rng.choice([0, 1, 1, 2, 3])))
+        got = job(1, {0}, spec=M(), ranks=ranks).steps_per_s
+        want = direct(ranks)
+        assert got == want
+        assert [repr(got[k]) for k in sorted(got)] == [repr(want[k]) for k in sorted(want)]
