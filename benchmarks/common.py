@@ -29,6 +29,16 @@ TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.g
           ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
 
 
+def trace_workload(name: str, *, first: int, malleable_fraction: float):
+    """The first ``first`` jobs of the trace ``name`` of TRACES on its cluster, as every
+    benchmark replays it (seed 1 marks the malleable jobs): (SwfWorkload, nodes, cores). The
+    simulator is imported here, from whichever code root is on sys.path."""
+    from malleable_sim import read_swf, swf_workload
+    nodes, cores = next((n, c) for trace, n, c in TRACES if trace == name)
+    return swf_workload(read_swf((PWA / name).read_bytes()), nodes=nodes, cores=cores,
+                        malleable_fraction=malleable_fraction, seed=1, first=first), nodes, cores
+
+
 def run_worker(args: list[str], *, timeout: float = 600, env: dict | None = None) -> dict:
     """Run ``python args...`` in benchmarks/ and return the JSON after its "RESULT " line."""
     proc = subprocess.run([sys.executable, *args], cwd=HERE, capture_output=True, text=True,

@@ -29,10 +29,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import PWA, RESULTS, TRACES, machine, save  # noqa: E402
+from common import RESULTS, TRACES, machine, save, trace_workload  # noqa: E402
 
 from malleable_sim import (Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
-                           WorkloadModel, generate, read_swf, swf_workload)
+                           WorkloadModel, generate)
 from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
 from malleable_sim.metrics import ratios  # noqa: E402
 
@@ -133,10 +133,9 @@ def traces(args, results: list[dict], kept: set[str], which) -> None:
     for name, nodes, cores in which:
         if all(name.split("-cln")[0] + tail in kept for tail in ("", " closed")):
             continue
-        log = read_swf((PWA / name).read_bytes())
-        wl = swf_workload(log, nodes=nodes, cores=cores,
-                          malleable_fraction=args.malleable_fraction, seed=1,
-                          first=args.thunder_jobs if "Thunder" in name else args.trace_jobs)
+        wl, _, _ = trace_workload(
+            name, malleable_fraction=args.malleable_fraction,
+            first=args.thunder_jobs if "Thunder" in name else args.trace_jobs)
         natural = offered_load(wl.jobs, nodes * cores)
         scaled = scale_to_load(wl.jobs, args.load, nodes * cores)
         for closed in (False, True):

@@ -22,21 +22,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import HERE, PWA, REPO, TRACES, checkout_of, machine, median, run_worker, save
+from common import HERE, REPO, checkout_of, machine, median, run_worker, save, trace_workload
 
 NODES, CORES = 1000, 64     # the issue's scale
 
 
 def workload(jobs: int, load: float, trace: str | None) -> tuple[list, int, int]:
     """The jobs, nodes and cores per node of a run (the same for every code root)."""
-    from malleable_sim import WorkloadModel, generate, read_swf, swf_workload
+    from malleable_sim import WorkloadModel, generate
     from malleable_sim.lublin import scale_to_load
     if trace is None:
         return generate(jobs, NODES, CORES, 0.5, 1, WorkloadModel(offered_load=load)), NODES, \
             CORES
-    nodes, cores = next((n, c) for name, n, c in TRACES if name == trace)
-    wl = swf_workload(read_swf((PWA / trace).read_bytes()), nodes=nodes, cores=cores,
-                      malleable_fraction=0.5, seed=1, first=jobs)
+    wl, nodes, cores = trace_workload(trace, first=jobs, malleable_fraction=0.5)
     return scale_to_load(wl.jobs, load, nodes * cores), nodes, cores
 
 
