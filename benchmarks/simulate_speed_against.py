@@ -3,10 +3,11 @@ REF``, another commit's, in turns (the machine's drifts hit both alike), with ea
 compared: a change meant to make it faster must give every job the same start and end.
 
 Each run is a process of its own, its code on PYTHONPATH; it prints its wall time, makespan
-and a hash of every job's (id, submit, start, end). The workload: the project's generated one
-on 1,000 x 64 cores (the issue's scale), or with ``--trace`` the first ``--jobs`` job lines of
-a Parallel Workloads Archive log in tests/fixtures/swf/pwa on the nodes simulate_goals.py gives
-it (LLNL Thunder: its own 1,002 nodes of 4 cores), brought to ``--load`` as there.
+and a hash of every job's (id, submit, start, end) with the run's resizes and decide calls.
+The workload: the project's generated one on 1,000 x 64 cores (the issue's scale), or with
+``--trace`` the first ``--jobs`` job lines of a Parallel Workloads Archive log in
+tests/fixtures/swf/pwa on the nodes simulate_goals.py gives it (LLNL Thunder: its own 1,002
+nodes of 4 cores), brought to ``--load`` as there.
 
     python benchmarks/simulate_speed_against.py --against d377dba [--jobs 50000] [--load 1.2]
         [--trace LLNL-Thunder-2007-1.1-cln.swf.gz] [--policies static,cgroup-only] [--rounds 2]
@@ -48,7 +49,9 @@ def one_run(jobs: int, load: float, trace: str | None, policy: str, placement: s
     r = Simulation(regime.submitted(work, 0.25, cores), nodes=nodes, cores=cores,
                    policy=regime, placement=Placement(placement)).run()
     wall = time.perf_counter() - t0
-    per_job = repr([(j.job_id, j.submit_s, j.start_s, j.end_s) for j in r.per_job])
+    # Every job's times, and what the agents did (the same jobs can be reached by other plans).
+    per_job = repr([(j.job_id, j.submit_s, j.start_s, j.end_s) for j in r.per_job]) + \
+        repr((r.resizes, r.decide_calls))
     return {"wall_s": wall, "makespan_s": r.makespan_s,
             "jobs_hash": hashlib.sha256(per_job.encode()).hexdigest()[:16],
             "code": malleable_sim.__file__}
