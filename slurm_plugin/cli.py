@@ -450,7 +450,11 @@ def _sbatch_cmd(args: argparse.Namespace) -> int:
         return 0
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
         f.write(script)
-    job_id = _client(args).submit(Path(f.name))
+    try:
+        job_id = _client(args).submit(Path(f.name))
+    except BaseException:
+        os.unlink(f.name)     # nothing was submitted: no script is left behind
+        raise
     print(f"submitted job {job_id} ({args.template}, script {f.name})")
     return 0
 

@@ -368,8 +368,9 @@ def test_a_script_that_calls_init_itself_works_under_the_runner():
     assert r["sum"] == 64.0 and r["intra"] == 2, r
 
 
-def test_custom_loops_count_their_steps():
-    r = result_of(run_program("step_count.py", "loops", env={"MALLEABLE_TF_LOG": "0"}))
+def test_custom_loops_count_their_steps(tmp_path):
+    r = result_of(run_program("step_count.py", "loops", str(tmp_path / "status.json"),
+                              env={"MALLEABLE_TF_LOG": "0"}))
     assert r["counts_optimizer_steps"] and r["intra"] == 1
     # Each apply_gradients is a step, inside a tf.function (the count is an op in the graph)
     # and eagerly, with the current optimizer and the legacy one (Keras 3: apply() called
@@ -383,9 +384,9 @@ def test_custom_loops_count_their_steps():
 
 
 @pytest.mark.parametrize("count_steps", ["1", "0"])
-def test_keras_fit_with_the_callback_counts_each_batch_once(count_steps):
+def test_keras_fit_with_the_callback_counts_each_batch_once(count_steps, tmp_path):
     env = {"MALLEABLE_TF_LOG": "0", "MALLEABLE_TF_COUNT_STEPS": count_steps}
-    r = result_of(run_program("step_count.py", "fit", env=env))
+    r = result_of(run_program("step_count.py", "fit", str(tmp_path / "status.json"), env=env))
     assert r["counts_optimizer_steps"] is (count_steps == "1")
     fit = r["fit"]
     # 256 samples in batches of 16: 16 batches an epoch, every one counted once, by the

@@ -1,6 +1,7 @@
 """Steps counted without help: custom loops and Keras fit, read back from the status record.
 
-argv: loops|fit. ``loops``: a tf.function train step (GradientTape, optimizer.apply_gradients)
+argv: loops|fit STATUS_PATH (where the status record is written: the test's own folder).
+``loops``: a tf.function train step (GradientTape, optimizer.apply_gradients)
 at 2 intra-op threads then at 1, an eager step (Keras 2: with a legacy optimizer; Keras 3:
 calling the optimizer's ``apply`` directly), then a loop with no optimizer that calls
 malleable_tf.step(); after each phase, the status record's steps. ``fit``:
@@ -10,13 +11,12 @@ MALLEABLE_TF_COUNT_STEPS=0 to count with the callback alone.
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import malleable_tf
 
-status_path = Path(tempfile.mkdtemp()) / "status.json"
+status_path = Path(sys.argv[2])
 malleable_tf.init(max_threads=2, status_path=status_path)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

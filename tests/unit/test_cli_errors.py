@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -184,12 +185,14 @@ def test_resize_of_an_unknown_job_and_a_failing_slurm(capsys, monkeypatch):
     _usage(capsys, ["resize", "seven", "2"], "not a Slurm job id")
 
 
-def test_sbatch_errors(capsys, monkeypatch):
+def test_sbatch_errors(capsys, monkeypatch, tmp_path):
     _fails(capsys, ["sbatch", "no-such-template", "--dry-run"], "sbatch", "no template")
     monkeypatch.setattr(cli, "_client", lambda args: _Slurm(
         CommandError(["sbatch", "--parsable"], 1, "sbatch: error: invalid partition\n")))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # where the script is written
     _fails(capsys, ["sbatch", "single-node", "--set", "program=x.py"], "sbatch",
            "invalid partition")
+    assert list(tmp_path.iterdir()) == []      # a script not submitted is not left behind
 
 
 def test_agent_config_errors(tmp_path, capsys):
