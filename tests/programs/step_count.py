@@ -9,7 +9,6 @@ Model.fit with MalleableCallback, epoch after epoch for a few seconds. Set
 MALLEABLE_TF_COUNT_STEPS=0 to count with the callback alone.
 """
 import json
-import os
 import sys
 import time
 from pathlib import Path
