@@ -141,11 +141,12 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
         wait_for(lambda: job_cpus(c, a) == all_cpus, timeout=10, what="A grown back")
         wait_for(lambda: (st := rank_status(c, a)) and st["intra_active"] == len(all_cpus),
                  timeout=10, what="A's threads back up", show=lambda: rank_status(c, a))
-        # Every resize is in the event log.
-        events = [json.loads(line) for line in
-                  (c.paths.root / "agent" / f"events-{NODE}.jsonl").read_text().splitlines()]
-        mine = [e for e in events if e["job"] == a]
-        assert len(mine) >= 3 and all({"before", "after", "reason", "latency_ms"} <= set(e) for e in mine)
+        # Every resize is in the event log (written once the cycle's cgroup writes are done).
+        def mine():
+            return [e for line in (c.paths.root / "agent" / f"events-{NODE}.jsonl")
+                    .read_text().splitlines() if (e := json.loads(line)).get("job") == a]
+        wait_for(lambda: len(mine()) >= 3, timeout=10, what="A's three resize events", show=mine)
+        assert all({"before", "after", "reason", "latency_ms"} <= set(e) for e in mine())
 
         # scontrol update by the owner: cpus=1, then a malformed one that changes nothing.
         subprocess.run(["scontrol", "update", f"JobId={a}", "Comment=malleable:cpus=1"],
@@ -362,10 +363,14 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
         wait_for(lambda: len(cgroup_cpus(c, NODE, a)) == 1 and len(cgroup_cpus(c, other, a)) == 1,
                  timeout=15, what="A at one core on both nodes",
                  show=lambda: (cgroup_cpus(c, NODE, a), cgroup_cpus(c, other, a)))
-        events = [json.loads(line) for line in (c.paths.root / "agent" / f"events-{other}.jsonl")
-                  .read_text().splitlines()]
-        assert any(e.get("job") == a and e.get("reason") == "peer-cap" and
-                   e["status"] == "applied" for e in events), events[-5:]
+        # The cycle logs its events after it has written the cgroups: wait for the line.
+        log = c.paths.root / "agent" / f"events-{other}.jsonl"
+
+        def events():
+            return [json.loads(line) for line in log.read_text().splitlines()]
+        wait_for(lambda: any(e.get("job") == a and e.get("reason") == "peer-cap" and
+                             e["status"] == "applied" for e in events()),
+                 timeout=10, what="the peer-cap event", show=lambda: events()[-5:])
         wait_for(lambda: all(s["intra_active"] == 1 and "1" in s["steps_per_s"]
                              for s in ranks().values()), timeout=120,
                  what="A training at one thread per rank", show=ranks)
