@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, TRACES, machine, save, trace_workload  # noqa: E402
 
-from malleable_sim import (Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
+from malleable_sim import (BF_WINDOW_S, Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
                            WorkloadModel, generate)
 from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
 from malleable_sim.metrics import ratios  # noqa: E402
@@ -42,13 +42,14 @@ KEPT = ("jobs", "makespan_s", "lower_bound_makespan_s", "mean_response_s", "p95_
 WIDE_RIGID_NODES = 2     # a "wide rigid job" of the guardrail: rigid and on at least 2 nodes
 
 
-def run_all(jobs, nodes: int, cores: int, ask: float) -> dict:
+def run_all(jobs, nodes: int, cores: int, ask: float,
+            backfill_window_s: float = BF_WINDOW_S) -> dict:
     """Every regime on the same jobs; each row with its ratios against static and against
     the regime without an agent whose jobs ask for the same."""
     rows = {}
     for policy in SimPolicy:
         r = Simulation(policy.submitted(jobs, ask, cores), nodes=nodes, cores=cores,
-                       policy=policy).run()
+                       policy=policy, backfill_window_s=backfill_window_s).run()
         row = {k: round(v, 4) if isinstance(v, float) else v
                for k, v in r.summary().items() if k in KEPT}
         wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
@@ -183,7 +184,8 @@ def checkpoint(args, results: list[dict]) -> None:
                                   "Lublin-Feitelson workload", "machine": machine(),
                      "malleable_fraction": args.malleable_fraction, "malleable_ask": args.ask,
                      "trace_jobs": args.trace_jobs, "thunder_jobs": args.thunder_jobs,
-                     "closed_jobs": args.closed_jobs, "results": results})
+                     "closed_jobs": args.closed_jobs, "backfill_window_s": BF_WINDOW_S,
+                     "results": results})
 
 
 def speed(args) -> None:

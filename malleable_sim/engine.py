@@ -17,9 +17,9 @@ long between passes whatever the queue does), while jobs wait, over the first ``
 queued jobs (bf_max_job_test), planning with the running jobs' expected ends (start + time
 limit: a log's requested time, else start-up + runtime at the allocation; a job that grew ends
 sooner): conservatively, as Slurm does (each job that cannot start now is reserved where it fits
-earliest, and no job after it may delay it), or EASY (only the first is reserved), see
-``Backfill``. Slurm never sees lent cores: an allocation is taken from cores no running job was
-allocated.
+earliest, if that is within ``backfill_window_s``, Slurm's bf_window, and no job after it may
+delay it), or EASY (only the first is reserved), see ``Backfill``. Slurm never sees lent
+cores: an allocation is taken from cores no running job was allocated.
 
 The nodes' part is the agents': on every node where a job started or ended,
 ``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
@@ -159,6 +159,10 @@ class QueueOrder(enum.Enum):
         return tie
 
 
+# Slurm's bf_window default (BACKFILL_WINDOW in sched/backfill: 24 h).
+BF_WINDOW_S = 24 * 3600.0
+
+
 class Backfill(enum.Enum):
     """Slurm's backfill pass (sched/backfill, every bf_interval), in two variants.
 
@@ -166,7 +170,9 @@ class Backfill(enum.Enum):
                   each starts now if it fits without delaying a job tested before it, else it
                   is reserved at the earliest time it fits, and no job tested after it may
                   delay that. Like Slurm's node space map, a reservation holds its job's nodes
-                  whole, for its time limit.
+                  whole, for its time limit. A job that cannot start within bf_window (one day
+                  by default) of the pass gets no reservation, as in Slurm ("starts too far in
+                  the future to worry about"): jobs after it may take its place.
     easy          only the first job that does not fit is reserved (EASY backfill); the jobs
                   after it start where they cannot delay it, on the cores it leaves.
     """
@@ -291,6 +297,8 @@ class _Profile:
         self._by_end: list[tuple[float, int, int]] = []
         # What the last searches for wider jobs found: (cores, length, earliest start).
         self._found: list[tuple[int, float, float]] = []
+        # The searches that found no time up to their horizon: (cores, length, horizon).
+        self._beyond: list[tuple[int, float, float]] = []
         # At each of those times: the releases up to it, each node's free cores, their sum
         # (until a job starts in the pass: its start changes them).
         self._released: dict[float, tuple[int, list[int], int]] = {}
@@ -347,9 +355,11 @@ class _Profile:
         assert best_node >= 0, "every job fits an empty node"
         return best_t, best_node
 
-    def earliest_wide(self, need: int, length: float) -> tuple[float, dict[int, int]]:
+    def earliest_wide(self, need: int, length: float,
+                      horizon: float = math.inf) -> tuple[float, dict[int, int]]:
         """The earliest time a job wider than a node fits for ``length`` on nodes no
-        reservation holds then, and the nodes ``select_nodes`` picks from what is free then.
+        reservation holds then, and the nodes ``select_nodes`` picks from what is free then;
+        (inf, {}) if that is after ``horizon`` (the search stops there).
 
         One sweep over the candidate times (now, each release, each reservation's end): a
         node is held at t while a reservation of this pass overlaps [t, t + length); each
@@ -367,6 +377,11 @@ class _Profile:
             # Free now in this view: a job past its expected end counts as ending now.
             self._free_now = [self.steps(n)[1][0] for n in range(len(self._free))]
             self._total_now = sum(self._free_now)
+        # Nor does it fit before a horizon an earlier search for fewer cores and no longer
+        # passed without a fit.
+        if any(asked <= need and longest <= length and horizon <= passed
+               for asked, longest, passed in self._beyond):
+            return math.inf, {}
         rel_t, rel_c, rel_n = self._release_times, self._release_cores, self._release_nodes
         by_start, by_end = self._by_start, self._by_end
         n_released, n_start, n_end = len(rel_t), len(by_start), len(by_end)
@@ -450,6 +465,11 @@ class _Profile:
                     by_end[i_end][0] if i_end < n_end else inf)
             if t == inf:
                 raise AssertionError("every job fits the empty cluster")
+            if t > horizon:
+                self._beyond.append((need, length, horizon))
+                if len(self._beyond) > self.REMEMBERED:
+                    self._beyond.pop(0)
+                return inf, {}
 
     def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
         end = start + length
@@ -623,6 +643,7 @@ class Simulation:
                  node_bounds: NodeBounds = NodeBounds(),
                  placement: Placement = Placement.SLURM_TASKS,
                  backfill_phase_s: float = 0.0, batch_sched_delay_s: float = 3.0,
+                 backfill_window_s: float = BF_WINDOW_S,
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= nodes * cores:
@@ -633,9 +654,10 @@ class Simulation:
         self.backfill = backfill
         self.backfill_depth = backfill_depth     # Slurm's bf_max_job_test (500 by default)
         self.backfill_interval_s = backfill_interval_s
-        if backfill_interval_s <= 0 or batch_sched_delay_s < 0:
-            raise ValueError("backfill_interval_s must be positive, batch_sched_delay_s not "
-                             "negative")
+        if backfill_interval_s <= 0 or batch_sched_delay_s < 0 or backfill_window_s <= 0:
+            raise ValueError("backfill_interval_s and backfill_window_s must be positive, "
+                             "batch_sched_delay_s not negative")
+        self.backfill_window_s = backfill_window_s   # Slurm's bf_window (conservative only)
         self.backfill_phase_s = backfill_phase_s
         self.batch_sched_delay_s = batch_sched_delay_s
         self._last_main = -math.inf    # when the main scheduler last ran
@@ -785,6 +807,7 @@ class Simulation:
                                   else job.cores))
         least_one.reverse()
         least_wide.reverse()
+        horizon = now + self.backfill_window_s
         waiting = []
         for i, job in enumerate(window):
             if least_one[i] > self._max_free() and least_wide[i] > self._free_total:
@@ -798,7 +821,10 @@ class Simulation:
                 start, node = profile.earliest_on_one(job.cores, length)
                 placement = {node: job.cores}
             else:     # wider than a node, or spread: one node if one holds it then
-                start, placement = profile.earliest_wide(job.cores, length)
+                start, placement = profile.earliest_wide(job.cores, length, horizon)
+            if start > horizon:
+                waiting.append(job)     # beyond bf_window: no reservation
+                continue
             # A job past its expected end that still runs (by a rounding error) holds its
             # cores: a start planned on them waits for its end, at once.
             if start <= now and all(self._free[n] >= k for n, k in placement.items()):
@@ -1207,9 +1233,11 @@ def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolic
              queue_order: QueueOrder = QueueOrder.FCFS,
              node_bounds: NodeBounds = NodeBounds(),
              placement: Placement = Placement.SLURM_TASKS, backfill_phase_s: float = 0.0,
-             batch_sched_delay_s: float = 3.0) -> SimResult:
+             batch_sched_delay_s: float = 3.0,
+             backfill_window_s: float = BF_WINDOW_S) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
                       queue_order=queue_order, node_bounds=node_bounds,
                       placement=placement, backfill_phase_s=backfill_phase_s,
-                      batch_sched_delay_s=batch_sched_delay_s).run()
+                      batch_sched_delay_s=batch_sched_delay_s,
+                      backfill_window_s=backfill_window_s).run()

@@ -393,6 +393,7 @@ def _simulate_cmd(args: argparse.Namespace) -> int:
                        backfill_depth=args.backfill_depth,
                        backfill_interval_s=args.backfill_interval,
                        batch_sched_delay_s=args.batch_sched_delay,
+                       backfill_window_s=args.backfill_window * 60.0,
                        queue_order=QueueOrder(args.queue_order),
                        placement=Placement(args.placement)).run()
         summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
@@ -730,6 +731,10 @@ def _add_simulate_parser(sub) -> None:
                     help="queued jobs a backfill pass looks at (Slurm's bf_max_job_test)")
     sm.add_argument("--backfill-interval", type=float, default=30.0,
                     help="seconds between backfill passes (Slurm's bf_interval)")
+    sm.add_argument("--backfill-window", type=float, default=1440.0,
+                    help="minutes ahead a backfill pass plans: a job that cannot start within "
+                         "them gets no reservation (Slurm's bf_window, 1440 by default; "
+                         "conservative backfill only)")
     sm.add_argument("--batch-sched-delay", type=float, default=3.0,
                     help="the main scheduler runs for arrivals and ends at most once in this "
                          "many seconds (Slurm's batch_sched_delay, 3 by default)")

@@ -393,3 +393,8 @@ def test_the_watcher_waits_for_slurmctld_and_stops_on_sigterm(tmp_path):
         assert proc.wait(30) == 0, err.read_text()
     finally:
         proc.kill()
+
+
+def test_simulate_with_no_backfill_window(capsys):
+    _fails(capsys, ["simulate", "--jobs", "10", "--nodes", "1", "--cores", "4",
+                    "--backfill-window", "0"], "simulate", "backfill_window_s must be positive")

@@ -54,6 +54,26 @@ def test_a_conservative_reservation_holds_its_nodes_whole():
     assert easy[5] == conservative[5] == 4.0
 
 
+@pytest.mark.parametrize("nodes, wide", [(1, 4), (2, 8)])
+def test_a_job_that_cannot_start_within_bf_window_gets_no_reservation(nodes, wide):
+    """Slurm's bf_window (a day by default): job 1 holds 3 cores for 100,000 s, so jobs 2 and 4
+    (the whole cluster) could start only after the window; they get no reservation (job 4
+    meets the search job 2 already made), and job 3 (1 core, 200,000 s) starts at once. With
+    no window, job 2's reservation holds the node from 100,000 s and job 3 waits for it."""
+    jobs = [SimJob(1, 0.0, 3, 100_000.0, LINEAR), SimJob(2, 1.0, wide, 10.0, LINEAR),
+            SimJob(4, 1.5, wide, 20.0, LINEAR), SimJob(3, 2.0, 1, 200_000.0, LINEAR)]
+
+    def run(**kw):
+        r = simulate(jobs, nodes=nodes, cores=4, policy=SimPolicy.STATIC, backfill_interval_s=1.0,
+                     **kw)
+        return {j.job_id: j.start_s for j in r.per_job}
+    windowed, unbounded = run(), run(backfill_window_s=float("inf"))
+    assert windowed[3] == 2.0
+    assert unbounded[3] > unbounded[2] >= 100_000.0
+    with pytest.raises(ValueError, match="backfill_window_s"):
+        run(backfill_window_s=0.0)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_policy_runs_under_both_and_no_job_starts_before_it_arrives(seed):
     jobs = generate(300, 4, 16, 0.5, seed)
