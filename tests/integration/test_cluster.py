@@ -48,9 +48,11 @@ def test_sbatch_n3_core_ids_match_job_cgroups(cluster, tmp_path):
             assert job.cpu_ids, job
             assert set(job.cpu_ids) == set(job.nodes)
             for node, ids in job.cpu_ids.items():
+                # slurmstepd makes the folder, then task/cgroup writes its CPUs: wait for them.
                 path = job_cpuset(cluster, node, job.uid, job.job_id)
-                wait_for(path.exists, what=f"{path}")
-                assert parse_cpu_list(path.read_text()) == ids, (job.job_id, node)
+                wait_for(lambda: path.exists() and parse_cpu_list(path.read_text()) == ids,
+                         what=f"{path} = {sorted(ids)}",
+                         show=lambda: path.exists() and path.read_text())
                 # Slurm never gives one core to two jobs.
                 assert not (seen.setdefault(node, set()) & ids)
                 seen[node] |= ids

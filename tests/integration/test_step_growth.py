@@ -49,7 +49,9 @@ def test_training_in_the_batch_step_grows_and_shrinks(agent_cluster, tmp_path):
                  r["intra_active"] == 1, timeout=10, what="shrunk to 1 core, 1 thread",
                  show=lambda: timeline(c, node, job_id))
         seen += timeline(c, node, job_id)
-        assert len(cgroup_cpus(c, node, job_id)) == 1
+        # The agent narrows the rank's folders first and the job's last.
+        wait_for(lambda: len(cgroup_cpus(c, node, job_id) or ()) == 1, timeout=5,
+                 what="the job folder at 1 core", show=lambda: timeline(c, node, job_id))
         assert not violations(c, node), violations(c, node)
         stop.touch()
         assert finish(client, job_id) is JobState.COMPLETED, (tmp_path / "out").read_text()[-2000:]
@@ -353,11 +355,18 @@ def test_borrowed_core_seconds_match_the_cgroup_timeline(agent_cluster, tmp_path
         row = wait_for(in_sacct, timeout=40, what=f"sacct showing {want}")
         assert row == f"{job_id}|COMPLETED|{want}", row
         store = FeedStore(config.feed_dir)
-        closed = [json.loads(raw) for raw in store.usage_log.read_text().splitlines()]
-        mine = [e for e in closed if e["job"] == job_id]
+
+        def closed():
+            """The job's lines in usage.jsonl once its nodes' files are gone: the watcher
+            writes the comment, then the line, then removes the files."""
+            lines = store.usage_log.read_text().splitlines() if store.usage_log.exists() else []
+            mine = [e for e in map(json.loads, lines) if e["job"] == job_id]
+            return mine if mine and job_id not in store.usage_files() else None
+        mine = wait_for(closed, timeout=10, what="the job's usage.jsonl line, its files removed",
+                        show=lambda: (store.usage_files(), store.usage_log.exists() and
+                                      store.usage_log.read_text()[-800:]))
         assert len(mine) == 1 and mine[0]["sacct"] is True, mine
         assert mine[0]["nodes"][node]["borrowed_core_s"] == usage["borrowed_core_s"], mine
-        assert job_id not in store.usage_files()       # the nodes' files removed once written
         print(f"sacct: {row}")
     finally:
         done.set()
