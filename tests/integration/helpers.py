@@ -86,8 +86,19 @@ def timeline(cluster, node: str, job_id: int) -> list[str]:
         for s, r in sorted(step_records(cluster, job_id).items()))]
 
 
-def finish(client, job_id: int):
+def finish(client, job_id: int, timeout: float = 120.0):
     """Wait until the job has ended; its final state."""
     return wait_for(lambda: (lambda j: j.state if not j.state.holds_cores and
                              j.state is not JobState.PENDING else None)(client.job(job_id)),
-                    timeout=120, what=f"job {job_id} to end")
+                    timeout=timeout, what=f"job {job_id} to end")
+
+
+def stop_then_cancel(client, job_id: int, stop: Path, timeout: float = 60.0) -> None:
+    """Touch the job's stop file, give it ``timeout`` to end by itself, then cancel it. A
+    process that exits runs its atexit handlers (TensorFlow's autograph removes its files in
+    /tmp then); one that scancel kills leaves them."""
+    stop.touch()
+    try:
+        finish(client, job_id, timeout)
+    except AssertionError:
+        client.cancel(job_id)

@@ -18,7 +18,7 @@ from slurm_plugin.cluster import daemons
 from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
-from .helpers import cgroup_cpus, job_cpus_shell, rank_statuses, wait_for
+from .helpers import cgroup_cpus, job_cpus_shell, rank_statuses, stop_then_cancel, wait_for
 
 pytestmark = pytest.mark.cluster
 PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
@@ -162,9 +162,7 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
         time.sleep(1.5)
         assert len(job_cpus(c, a)) == 1
     finally:
-        stop.touch()
-        time.sleep(1)
-        client.cancel(a)
+        stop_then_cancel(client, a, stop)
     wait_for(lambda: not client.job(a).state.holds_cores, timeout=60, what="A ended")
 
 
@@ -212,9 +210,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         assert job_cpus(c, a) == frozenset(range(os.cpu_count()))
         assert job_cpus(c, a, "step_0") == job_cpus(c, a)
     finally:
-        stop.touch()
-        time.sleep(1)
-        client.cancel(a)
+        stop_then_cancel(client, a, stop)
         c.restart_agent(NODE)       # as its service manager would
 
 
@@ -384,9 +380,7 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
         wait_for(lambda: cgroup_cpus(c, NODE, a) == cores and cgroup_cpus(c, other, a) == cores,
                  timeout=20, what="A regrown on both nodes")
     finally:
-        stop.touch()
-        time.sleep(1)
-        client.cancel(a)
+        stop_then_cancel(client, a, stop)
     wait_for(lambda: not client.job(a).state.holds_cores, timeout=60, what="A ended")
 
 

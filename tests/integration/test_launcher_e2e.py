@@ -14,7 +14,7 @@ import pytest
 from sbatch_templates import render
 from slurm_plugin.slurm import JobState
 
-from .helpers import rank_statuses, wait_for
+from .helpers import rank_statuses, stop_then_cancel, wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -110,10 +110,13 @@ def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):
         client.cancel(job_id)
 
 
-def status_rows(env: dict, job_id: int) -> list[dict]:
-    """``malleable status --json`` (the real command), this job's rows."""
+def status_rows(env: dict, job_id: int) -> list[dict] | str:
+    """``malleable status --json`` (the real command), this job's rows; its error while it
+    fails (on a fresh cluster, until the watcher has published the feed)."""
     out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "status", "--json"],
-                         capture_output=True, text=True, timeout=60, env=env, check=True)
+                         capture_output=True, text=True, timeout=60, env=env)
+    if out.returncode != 0:
+        return out.stderr
     return [r for r in json.loads(out.stdout) if r["job_id"] == job_id]
 
 
@@ -132,7 +135,8 @@ def test_a_custom_training_loop_shows_its_steps_per_s_in_malleable_status(agent_
          f"exec {LAUNCHER} {sys.executable} {REPO}/tests/programs/hvd_tape.py {stop}"],
         check=True, env=env, capture_output=True, text=True).stdout.split(";")[0])
     try:
-        rows = wait_for(lambda: (r := status_rows(env, job_id)) and r[0]["steps_per_s"] and
+        rows = wait_for(lambda: isinstance(r := status_rows(env, job_id), list) and r and
+                        r[0]["steps_per_s"] and
                         all(v > 0 for v in r[0]["steps_per_s"]) and r,
                         timeout=180, what="steps/s in malleable status",
                         show=lambda: status_rows(env, job_id))
@@ -144,7 +148,4 @@ def test_a_custom_training_loop_shows_its_steps_per_s_in_malleable_status(agent_
         line = next(x for x in table.splitlines() if x.split()[:1] == [str(job_id)])
         assert line.split()[-1] != "-", table     # the STEPS/S column has a number
     finally:
-        stop.touch()
-        time.sleep(1)
-        client = c.client()
-        client.cancel(job_id)
+        stop_then_cancel(c.client(), job_id, stop)
