@@ -31,8 +31,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, TRACES, machine, save, trace_workload  # noqa: E402
 
-from malleable_sim import (BF_WINDOW_S, Placement, SimPolicy, Simulation, closed_batch,  # noqa: E402
-                           WorkloadModel, generate)
+from malleable_sim import (BF_WINDOW_S, Placement, SimPolicy, Simulation,  # noqa: E402
+                           WorkloadModel, closed_batch, generate)
 from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
 from malleable_sim.metrics import ratios  # noqa: E402
 
