@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.cluster import LocalCluster, daemons, default_spec
 
 
 def make_cluster_root(prefix: str) -> Path:
@@ -18,6 +18,27 @@ def make_cluster_root(prefix: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chmod(root, 0o755)
     return root
+
+
+def cluster_log_tails(c: LocalCluster, lines: int = 25) -> str:
+    """The last lines of every daemon's logs and of the agents' event logs: what a failed
+    test shows, since the cluster's folder goes with the cluster."""
+    logs = sorted(c.paths.log.glob("*.out")) + sorted(c.paths.log.glob("*.log")) + \
+        sorted((c.paths.root / "agent").glob("events-*.jsonl"))
+    return "\n".join(f"--- {path}\n{daemons.tail(path, lines)}" for path in logs)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test on a cluster that fails gets the cluster's log tails in its report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for name in ("agent_cluster", "cluster"):
+        c = getattr(item, "funcargs", {}).get(name)
+        if isinstance(c, LocalCluster):
+            report.sections.append((f"{name}: the daemons' logs", cluster_log_tails(c)))
 
 
 @contextmanager
