@@ -21,11 +21,17 @@ def make_cluster_root(prefix: str) -> Path:
 
 
 def cluster_log_tails(c: LocalCluster, lines: int = 25) -> str:
-    """The last lines of every daemon's logs and of the agents' event logs: what a failed
-    test shows, since the cluster's folder goes with the cluster."""
+    """Which of the cluster's daemons still run, and the last lines of their logs, of the
+    agents' event logs and of the hooks' logs: what a failed test shows, since the cluster's
+    folder goes with the cluster."""
+    daemons.reap_children()
+    alive = ", ".join(f"{r.name} (pid {r.pid}): {'running' if daemons.is_running(r) else 'gone'}"
+                      for r in c.records())
+    agent = c.paths.root / "agent"
     logs = sorted(c.paths.log.glob("*.out")) + sorted(c.paths.log.glob("*.log")) + \
-        sorted((c.paths.root / "agent").glob("events-*.jsonl"))
-    return "\n".join(f"--- {path}\n{daemons.tail(path, lines)}" for path in logs)
+        sorted(agent.glob("events-*.jsonl")) + sorted(agent.glob("hooks-*.log"))
+    return "\n".join([f"daemons: {alive}"] +
+                     [f"--- {path}\n{daemons.tail(path, lines)}" for path in logs])
 
 
 @pytest.hookimpl(hookwrapper=True)
