@@ -25,6 +25,12 @@ def wait_for(pred, timeout=30.0, what="condition", show=None):
     raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
 
 
+def agent_events(cluster, node: str) -> list[dict]:
+    """The lines of ``node``'s agent event log (none before its first event)."""
+    log = cluster.paths.root / "agent" / f"events-{node}.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 def rank_statuses(folder: Path, pattern: str = "rank_*.json") -> dict[int, dict]:
     """The malleable_tf status records in ``folder``, by rank (files being replaced are skipped);
     the CPU lists as sorted lists of ids."""

@@ -2,7 +2,6 @@
 and a real malleable TensorFlow (Horovod) rank in the malleable job."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -18,7 +17,8 @@ from slurm_plugin.cluster import daemons
 from malleable_protocol.cpulist import parse_cpu_list
 from slurm_plugin.slurm import JobState
 
-from .helpers import cgroup_cpus, job_cpus_shell, rank_statuses, stop_then_cancel, wait_for
+from .helpers import (agent_events, cgroup_cpus, job_cpus_shell, rank_statuses, stop_then_cancel,
+                      wait_for)
 
 pytestmark = pytest.mark.cluster
 PROGRAM = Path(__file__).parent.parent / "programs" / "hvd_train.py"
@@ -143,8 +143,7 @@ def test_borrow_give_back_before_start_and_grow_back(agent_cluster, tmp_path):
                  timeout=10, what="A's threads back up", show=lambda: rank_status(c, a))
         # Every resize is in the event log (written once the cycle's cgroup writes are done).
         def mine():
-            return [e for line in (c.paths.root / "agent" / f"events-{NODE}.jsonl")
-                    .read_text().splitlines() if (e := json.loads(line)).get("job") == a]
+            return [e for e in agent_events(c, NODE) if e.get("job") == a]
         wait_for(lambda: len(mine()) >= 3, timeout=10, what="A's three resize events", show=mine)
         assert all({"before", "after", "reason", "latency_ms"} <= set(e) for e in mine())
 
@@ -360,13 +359,9 @@ def test_a_multi_node_job_is_held_to_its_slowest_node(agent_cluster, tmp_path):
                  timeout=15, what="A at one core on both nodes",
                  show=lambda: (cgroup_cpus(c, NODE, a), cgroup_cpus(c, other, a)))
         # The cycle logs its events after it has written the cgroups: wait for the line.
-        log = c.paths.root / "agent" / f"events-{other}.jsonl"
-
-        def events():
-            return [json.loads(line) for line in log.read_text().splitlines()]
         wait_for(lambda: any(e.get("job") == a and e.get("reason") == "peer-cap" and
-                             e["status"] == "applied" for e in events()),
-                 timeout=10, what="the peer-cap event", show=lambda: events()[-5:])
+                             e["status"] == "applied" for e in agent_events(c, other)),
+                 timeout=10, what="the peer-cap event", show=lambda: agent_events(c, other)[-5:])
         wait_for(lambda: all(s["intra_active"] == 1 and "1" in s["steps_per_s"]
                              for s in ranks().values()), timeout=120,
                  what="A training at one thread per rank", show=ranks)

@@ -24,7 +24,7 @@ from malleable_protocol import RankStatus, parse_cpu_list
 from slurm_plugin.cluster import daemons
 from slurm_plugin.slurm import JobState, UnknownJob
 
-from .helpers import cgroup_cpus, rank_statuses, wait_for
+from .helpers import agent_events, cgroup_cpus, rank_statuses, wait_for
 from .invariants import fingerprint, violations
 
 pytestmark = pytest.mark.cluster
@@ -446,11 +446,6 @@ def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
 
 # --- round 2: one job's input stops nothing but that job ------------------------------------
 
-def events(cluster, node: str = NODE) -> list[dict]:
-    log = cluster.paths.root / "agent" / f"events-{node}.jsonl"
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
 def rigid_job_runs(cluster, work: Path, name: str, node: str = NODE) -> frozenset[int]:
     """Bob's rigid one-core job on ``node``: its Prolog must pass (no drain) and it runs; its
     cores, as its own process saw them."""
@@ -472,7 +467,7 @@ def test_hostile_records_hold_only_their_own_job(agent_cluster, alice_job, work)
     c, (a, uid) = agent_cluster, alice_job
     assert resize_as(c, ALICE, a, "max=node").returncode == 0
     wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=20, what="alice grown")
-    seen = len(events(c))
+    seen = len(agent_events(c, NODE))
     folder = c.run_layout.job_dir(a)
     plant = f"""
 import json, os
@@ -498,11 +493,12 @@ print(made)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "1024"
     wait_for(lambda: any(e["event"] == "job-fault" and f"job {a}:" in e["error"]
-                         for e in events(c)[seen:]), timeout=20, what="alice's job-fault",
-             show=lambda: events(c)[seen:][-5:])
+                         for e in agent_events(c, NODE)[seen:]), timeout=20,
+             what="alice's job-fault",
+             show=lambda: agent_events(c, NODE)[seen:][-5:])
     wait_for(lambda: len(cores(c, a, uid)) == 1, timeout=20, what="alice held to her allocation")
     b_cpus = rigid_job_runs(c, work, "bobr2")
-    new = events(c)[seen:]
+    new = agent_events(c, NODE)[seen:]
     assert not b_cpus & cores(c, a, uid), (got.stdout, new[-12:])
     assert not [e for e in new if e["event"] == "cycle-error"], new
     assert not [e for e in new if e.get("status") == "failed"], new
@@ -519,7 +515,7 @@ for n in os.listdir(d):
     ledger = c.paths.root / "agent" / f"ledger-{NODE}.json"
     wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=30,
              what="alice grown again once her folder is clean",
-             show=lambda: (cores(c, a, uid), events(c)[-6:], ledger.read_text(),
+             show=lambda: (cores(c, a, uid), agent_events(c, NODE)[-6:], ledger.read_text(),
                            sorted(os.listdir(folder))[:20]))
     settle(c)
 
@@ -551,7 +547,7 @@ def test_a_users_own_cgroup_tree_is_his_jobs_fault_only(agent_cluster, users, wo
     not (a job folder left behind would hold its cores against the next job)."""
     c = agent_cluster
     node_usable(c, OTHER)
-    seen = len(events(c, OTHER))
+    seen = len(agent_events(c, OTHER))
     b = submit_as(c, BOB, work, "bobtree", """
 python3 - "$(cat /proc/self/cpuset)" <<'PYEOF'
 import os, sys
@@ -578,14 +574,14 @@ sleep 120
                                slurm_node(c, OTHER),
                                hooks_log.exists() and hooks_log.read_text()[-1500:]))
         wait_for(lambda: any(e["event"] == "job-fault" and f"job {b}:" in e["error"]
-                             for e in events(c, OTHER)[seen:]), timeout=20,
-                 what="bob's job-fault", show=lambda: events(c, OTHER)[seen:][-5:])
+                             for e in agent_events(c, OTHER)[seen:]), timeout=20,
+                 what="bob's job-fault", show=lambda: agent_events(c, OTHER)[seen:][-5:])
         a_cpus = submit_as(c, ALICE, work, "alicer2", "grep Cpus_allowed_list /proc/self/status\n",
                            ["-N1", "-n1", f"-w{OTHER}", f"--output={work}/alicer2-%j.out"])
         a_out = work / f"alicer2-{a_cpus}.out"
         wait_for(lambda: a_out.exists() and "Cpus_allowed_list" in a_out.read_text(),
                  timeout=60, what="alice's job ran beside bob's tree")
-        new = events(c, OTHER)[seen:]
+        new = agent_events(c, OTHER)[seen:]
         assert not [e for e in new if e["event"] == "cycle-error"], new
         settle(c, OTHER)
     finally:
