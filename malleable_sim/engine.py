@@ -65,6 +65,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy
+
 from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Policy, RankView
 from slurm_plugin.coscheduler.policy import decide
 from .metrics import bounded_slowdown, percentile
@@ -275,8 +277,12 @@ class _Profile:
     REMEMBERED = 16     # earlier searches kept for where a search may begin
 
     def __init__(self, free: Sequence[int], ends_on: Sequence[Sequence[tuple[float, int, int]]],
-                 node_cores: int, now: float):
+                 node_cores: int, now: float,
+                 ends: Sequence[tuple[float, int, int, int]] | None = None):
         self._free, self._ends_on, self.node_cores, self.now = free, ends_on, node_cores, now
+        # Every running job's (expected end, job, node, cores), sorted: the simulation keeps it
+        # (read once, at the first wider search); else it is made from ends_on.
+        self._ends = ends
         self.blocks: dict[int, list[tuple[float, float]]] = {}
         self._steps: dict[int, tuple[list[float], list[int]]] = {}
         # Per core count asked, the nodes by when they have that many free: built once per
@@ -294,6 +300,10 @@ class _Profile:
         # node), sorted.
         self._reservations = 0
         self._by_start: list[tuple[float, int, int, float]] = []
+        # The same by number (the n-th made is at n - 1): start, end, node.
+        self._res_start = numpy.zeros(64)
+        self._res_end = numpy.zeros(64)
+        self._res_node = numpy.zeros(64, numpy.int64)
         self._by_end: list[tuple[float, int, int]] = []
         # What the last searches for wider jobs found: (cores, length, earliest start).
         self._found: list[tuple[int, float, float]] = []
@@ -367,16 +377,19 @@ class _Profile:
         a node, reservations enter by start and leave by end), so that each time costs its
         changes, not a pass over every node (1,002 nodes in LLNL's Thunder)."""
         if self._release_times is None:     # every node's releases after now, in time order
-            released = sorted((t, free[i] - free[i - 1], n)
-                              for n in range(len(self._free))
-                              for times, free in [self.steps(n)]
-                              for i, t in enumerate(times) if i)
-            self._release_times = [t for t, _, _ in released]
-            self._release_cores = [c for _, c, _ in released]
-            self._release_nodes = [n for _, _, n in released]
+            ends = self._ends if self._ends is not None else \
+                sorted((end, job, n, cores) for n, on in enumerate(self._ends_on)
+                       for end, job, cores in on)
             # Free now in this view: a job past its expected end counts as ending now.
-            self._free_now = [self.steps(n)[1][0] for n in range(len(self._free))]
+            past = bisect.bisect_right(ends, (self.now, math.inf))
+            self._free_now = list(self._free)
+            for _, _, n, cores in ends[:past]:
+                self._free_now[n] += cores
             self._total_now = sum(self._free_now)
+            later = ends[past:]
+            self._release_times = [end for end, _, _, _ in later]
+            self._release_cores = [cores for _, _, _, cores in later]
+            self._release_nodes = [n for _, _, n, _ in later]
         # Nor does it fit before a horizon an earlier search for fewer cores and no longer
         # passed without a fit.
         if any(asked <= need and longest <= length and horizon <= passed
@@ -407,18 +420,17 @@ class _Profile:
         # Per node, the reservations overlapping the window; per reservation number, whether
         # it entered the window (lists, not a dict and a set: a search of Thunder's 1,002
         # nodes walks thousands of reservations).
-        holds = [0] * len(cur)
-        held_nodes = []         # every node held at some time of this search
-        entered = bytearray(self._reservations + 1)
-        held_free = 0
         i_start = bisect.bisect_left(by_start, (t + length,))
-        for _, rid, node, end in by_start[:i_start]:
-            if end > t:
-                entered[rid] = 1
-                if not holds[node]:
-                    held_free += cur[node]
-                    held_nodes.append(node)
-                holds[node] += 1
+        made = self._reservations
+        if made:        # in numpy: a wide job's reservation holds hundreds of nodes
+            inside = (self._res_start[:made] < t + length) & (self._res_end[:made] > t)
+            count = numpy.bincount(self._res_node[:made][inside], minlength=len(cur))
+            holds = count.tolist()
+            held_nodes = numpy.flatnonzero(count).tolist()   # every node held in this search
+            held_free = sum(map(cur.__getitem__, held_nodes))
+            entered = bytearray(1) + inside.tobytes()
+        else:
+            holds, held_nodes, held_free, entered = [0] * len(cur), [], 0, bytearray(1)
         i_end = bisect.bisect_right(by_end, (t, math.inf))
         inf = math.inf
         while True:
@@ -474,21 +486,28 @@ class _Profile:
     def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
         end = start + length
         starts, ends = [], []
+        made = self._reservations
+        if made + len(placement) > len(self._res_start):     # room for twice as many
+            size = 2 * (made + len(placement))
+            for name in ("_res_start", "_res_end", "_res_node"):
+                grown = numpy.zeros(size, getattr(self, name).dtype)
+                grown[:made] = getattr(self, name)[:made]
+                setattr(self, name, grown)
+        nodes = list(placement)
+        self._res_start[made:made + len(nodes)] = start
+        self._res_end[made:made + len(nodes)] = end
+        self._res_node[made:made + len(nodes)] = nodes
         for node in placement:
             bisect.insort(self.blocks.setdefault(node, []), (start, end))
             self._reservations += 1
             starts.append((start, self._reservations, node, end))
             ends.append((end, self._reservations, node))
-        if len(placement) <= 8:
-            for entry in starts:
-                bisect.insort(self._by_start, entry)
-            for entry in ends:
-                bisect.insort(self._by_end, entry)
-        else:       # a wide job's nodes at once: one merge of two sorted runs, not an insert each
-            self._by_start += starts
-            self._by_start.sort()
-            self._by_end += ends
-            self._by_end.sort()
+        # Its entries share one start and one end and are numbered after every earlier one:
+        # they go in as a block after the entries of the same time (a sort would compare all).
+        at = bisect.bisect_right(self._by_start, (start, math.inf))
+        self._by_start[at:at] = starts
+        at = bisect.bisect_right(self._by_end, (end, math.inf))
+        self._by_end[at:at] = ends
 
     def started(self, placement: dict[int, int], expected_end: float) -> None:
         """A job of this pass started now on ``placement`` (the simulation's state already
@@ -676,8 +695,10 @@ class Simulation:
         # Nodes by free cores: best fit is the first non-empty bucket >= need.
         self._by_free: list[set[int]] = [set() for _ in range(cores + 1)]
         self._by_free[cores] = set(range(nodes))
-        # Per node, (expected end, job, cores there) of its running jobs, sorted: reservations.
+        # Per node, (expected end, job, cores there) of its running jobs, sorted: reservations;
+        # and all of them as (expected end, job, node, cores), sorted (backfill's wide search).
         self._ends_on: list[list[tuple[float, int, int]]] = [[] for _ in range(nodes)]
+        self._ends: list[tuple[float, int, int, int]] = []
         self._events: list[tuple] = []
         self._seq = 0
         self._queue = _Queue(queue_order)
@@ -796,7 +817,7 @@ class Simulation:
         """Slurm's backfill over the window (queue order): each job starts now where it fits
         without delaying the reservations before it, else it is reserved at the earliest time
         it fits. Returns the jobs still waiting."""
-        profile = _Profile(self._free, self._ends_on, self.cores, now)
+        profile = _Profile(self._free, self._ends_on, self.cores, now, self._ends)
         # From each job on, the fewest cores asked by a job on one node, and by a wider one:
         # once no job left could start now, its reservation changes nothing this pass.
         least_one, least_wide = [self.cores + 1], [self.nodes * self.cores + 1]
@@ -920,6 +941,18 @@ class Simulation:
         assert placement is not None, "every job fits the empty cluster"
         return _Reservation(start=at, spare={n: free[n] - k for n, k in placement.items()})
 
+    def _hold(self, node: int, expected_end: float, job_id: int, cores: int) -> None:
+        """A running job holds ``cores`` of the node until its expected end (Slurm's view)."""
+        bisect.insort(self._ends_on[node], (expected_end, job_id, cores))
+        bisect.insort(self._ends, (expected_end, job_id, node, cores))
+
+    def _unhold(self, node: int, expected_end: float, job_id: int, cores: int) -> None:
+        self._ends_on[node].remove((expected_end, job_id, cores))
+        entry = (expected_end, job_id, node, cores)
+        i = bisect.bisect_left(self._ends, entry)
+        assert self._ends[i] == entry, "a job's hold is in both views"
+        del self._ends[i]
+
     def _take(self, node: int, cpus: frozenset[int], give: bool = False) -> None:
         self._by_free[self._free[node]].discard(node)
         if give:
@@ -947,7 +980,7 @@ class Simulation:
         self._running[job.job_id] = r
         for node in nodes:
             self._on_node[node].add(job.job_id)
-            bisect.insort(self._ends_on[node], (r.expected_end, job.job_id, placement[node]))
+            self._hold(node, r.expected_end, job.job_id, placement[node])
         self._starts[job.job_id] = now
         self._dirty.update(nodes)
         self._touched.add(job.job_id)
@@ -965,7 +998,7 @@ class Simulation:
         self._release_entries.pop(r.job.job_id, None)
         for node, alloc in zip(r.nodes, r.allocation):
             self._on_node[node].discard(r.job.job_id)
-            self._ends_on[node].remove((r.expected_end, r.job.job_id, len(alloc)))
+            self._unhold(node, r.expected_end, r.job.job_id, len(alloc))
             self._take(node, alloc, give=True)
         self._dirty.update(r.nodes)
         self._touched.discard(r.job.job_id)
@@ -1077,12 +1110,12 @@ class Simulation:
             self._take(node, cpus)
             placed = dict(zip(r.nodes, r.allocation)) | {node: cpus}
             self._on_node[node].add(job_id)
-            bisect.insort(self._ends_on[node], (r.expected_end, job_id, self.cores))
+            self._hold(node, r.expected_end, job_id, self.cores)
         else:
             placed = dict(zip(r.nodes, r.allocation))
             self._take(node, placed.pop(node), give=True)
             self._on_node[node].discard(job_id)
-            self._ends_on[node].remove((r.expected_end, job_id, self.cores))
+            self._unhold(node, r.expected_end, job_id, self.cores)
         r.nodes = tuple(sorted(placed))
         r.allocation = tuple(placed[n] for n in r.nodes)
         r.current = list(r.allocation)

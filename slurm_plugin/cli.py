@@ -348,6 +348,9 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
 
 
 def _simulator_missing(args: argparse.Namespace) -> int:
+    if args.missing:
+        raise CliError(f"the simulator needs {args.missing}, which is not installed here "
+                       "(pip install 'malleable-hpc[sim]')")
     raise CliError("the simulator is not installed here: the node package leaves it out (a "
                    "research tool, not root's on every node); run `malleable simulate` from the "
                    "project's checkout or a pip install of it")
@@ -679,10 +682,12 @@ def _add_simulate_parser(sub) -> None:
     out: a research tool, not root's on every node)."""
     try:
         from malleable_sim import Backfill, Placement, QueueOrder, SimPolicy, WorkloadModel
-    except ImportError:
+    except ImportError as exc:
         sm = sub.add_parser("simulate", help="not installed here (the simulator is a "
                             "research tool: run it from the project's checkout)")
-        sm.set_defaults(func=_simulator_missing)    # whatever it is given (main)
+        # whatever it is given (main); installed without what it needs: that is said
+        sm.set_defaults(func=_simulator_missing,
+                        missing=None if exc.name == "malleable_sim" else exc.name)
         return
     workload_defaults = WorkloadModel()
     sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
