@@ -417,12 +417,12 @@ class _Profile:
             for j in range(k):
                 cur[rel_n[j]] += rel_c[j]
             total = self._total_now + sum(rel_c[:k])
-        # Per node, the reservations overlapping the window; per reservation number, whether
-        # it entered the window (lists, not a dict and a set: a search of Thunder's 1,002
-        # nodes walks thousands of reservations).
+        # Per node, the reservations overlapping the window (a list); per reservation number,
+        # whether it entered the window (a bytearray). Those at t are found in numpy: a pass on
+        # Thunder makes thousands of node entries, one on the generated workload about 500.
         i_start = bisect.bisect_left(by_start, (t + length,))
         made = self._reservations
-        if made:        # in numpy: a wide job's reservation holds hundreds of nodes
+        if made:
             inside = (self._res_start[:made] < t + length) & (self._res_end[:made] > t)
             count = numpy.bincount(self._res_node[:made][inside], minlength=len(cur))
             holds = count.tolist()
