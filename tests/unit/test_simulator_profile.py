@@ -25,7 +25,7 @@ def direct(profile: _Profile, need: int, length: float) -> tuple[float, dict[int
 
 @st.composite
 def profiles(draw):
-    n = draw(st.integers(2, 10))     # up to 10: a reservation of more than 8 nodes merges
+    n = draw(st.integers(2, 10))
     now = 10.0
     free, ends_on = [], []
     for _ in range(n):
