@@ -85,6 +85,10 @@ def test_two_keras3_workers_on_two_nodes_train_as_one_and_follow_their_cores(age
         print(f"\nscontrol update -> both workers' threads: "
               f"{', '.join(f'{s * 1000:.0f}' for s in seconds)} ms, "
               f"p50 {float(np.median(seconds)) * 1000:.0f} ms")
+        # Five epochs before the stop, for the weights' check below: how many the steps above
+        # span depends on the machine's pace (a slow CI run stopped the job after three).
+        wait_for(lambda: len(list(report.glob("weights-1-*.npy"))) >= 5, timeout=120,
+                 what="five epochs of both workers", show=show)
         stop.touch()
         assert finish(client, job_id) is JobState.COMPLETED, show()
     finally:
