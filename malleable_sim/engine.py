@@ -422,15 +422,12 @@ class _Profile:
         # Thunder makes thousands of node entries, one on the generated workload about 500.
         i_start = bisect.bisect_left(by_start, (t + length,))
         made = self._reservations
-        if made:
-            inside = (self._res_start[:made] < t + length) & (self._res_end[:made] > t)
-            count = numpy.bincount(self._res_node[:made][inside], minlength=len(cur))
-            holds = count.tolist()
-            held_nodes = numpy.flatnonzero(count).tolist()   # every node held in this search
-            held_free = sum(map(cur.__getitem__, held_nodes))
-            entered = bytearray(1) + inside.tobytes()
-        else:
-            holds, held_nodes, held_free, entered = [0] * len(cur), [], 0, bytearray(1)
+        inside = (self._res_start[:made] < t + length) & (self._res_end[:made] > t)
+        count = numpy.bincount(self._res_node[:made][inside], minlength=len(cur))
+        holds = count.tolist()
+        held_nodes = numpy.flatnonzero(count).tolist()   # every node held in this search
+        held_free = sum(map(cur.__getitem__, held_nodes))
+        entered = bytearray(1) + inside.tobytes()
         i_end = bisect.bisect_right(by_end, (t, math.inf))
         inf = math.inf
         while True:
