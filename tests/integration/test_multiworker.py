@@ -87,7 +87,8 @@ def test_two_keras3_workers_on_two_nodes_train_as_one_and_follow_their_cores(age
               f"p50 {float(np.median(seconds)) * 1000:.0f} ms")
         # Five epochs before the stop, for the weights' check below: how many the steps above
         # span depends on the machine's pace (a slow CI run stopped the job after three).
-        wait_for(lambda: len(list(report.glob("weights-1-*.npy"))) >= 5, timeout=120,
+        wait_for(lambda: all(len(list(report.glob(f"weights-{rank}-*.npy"))) >= 5
+                             for rank in (0, 1)), timeout=120,
                  what="five epochs of both workers", show=show)
         stop.touch()
         assert finish(client, job_id) is JobState.COMPLETED, show()
