@@ -29,7 +29,7 @@ from common import RESULTS, machine, median, percentile, save
 from malleable_protocol import parse_cpu_list
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 
 PROGRAM = Path(__file__).resolve().parent.parent / "tests" / "programs" / "hvd_train.py"
 

@@ -1,4 +1,4 @@
-"""The agent's policy (``coscheduler.policy.decide``) on the node snapshots a simulation gives
+"""The agent's policy (``malleable_policy.decide``) on the node snapshots a simulation gives
 it: microseconds per decide, and, with ``--against REF``, the same snapshots decided by the
 code of another commit, in turns, with the plans compared one by one.
 
@@ -49,7 +49,7 @@ def record(path: Path) -> int:
 
 def time_decides(corpus_path: Path, plans_path: Path, repeats: int) -> dict:
     """Worker: decide every snapshot ``repeats`` times with the code on sys.path; the best."""
-    from slurm_plugin.coscheduler import policy
+    from malleable_policy import decide as policy
     corpus = pickle.loads(corpus_path.read_bytes())
     best = float("inf")
     for _ in range(repeats):
@@ -69,7 +69,8 @@ def worker(code_root: Path, corpus: Path, plans: Path, repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--against", help="a commit whose decide runs the same snapshots in turns")
+    ap.add_argument("--against", help="a commit whose decide runs the same snapshots in turns (one "
+                    "that has malleable_policy: the snapshots are pickled by its class paths)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3, help="decides of the corpus per turn")
     ap.add_argument("--name", default="decide_speed")

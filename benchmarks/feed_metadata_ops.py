@@ -26,7 +26,7 @@ from pathlib import Path
 from common import machine, save
 
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 
 
 def count_ops(pid: int, feed: Path, seconds: float) -> Counter:

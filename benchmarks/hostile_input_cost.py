@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, save
+from common import machine, save
 
 from malleable_protocol import RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout

@@ -36,7 +36,7 @@ from common import RESULTS, machine, save
 from malleable_protocol.cpulist import parse_cpu_list
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 
 REPO = Path(__file__).resolve().parents[1]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"

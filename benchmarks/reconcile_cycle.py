@@ -23,7 +23,7 @@ from common import machine, median, percentile, save
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.config import AgentConfig
 from slurm_plugin.coscheduler.node import make_reconciler
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 from slurm_plugin.feed import FeedStore
 from slurm_plugin.feed.watcher import build_feeds
 from slurm_plugin.slurm.client import CliSlurmClient

@@ -24,7 +24,7 @@ from common import RESULTS, machine, save
 
 from malleable_protocol import parse_cpu_list
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 
 TRAIN = Path(__file__).resolve().parent.parent / "tests" / "programs" / "train_until.py"
 NODE = "tl1"

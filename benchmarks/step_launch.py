@@ -31,7 +31,7 @@ from pathlib import Path
 from common import RESULTS, machine, median, percentile, save
 
 from slurm_plugin.cluster import LocalCluster, default_spec
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 
 # Each srun waits for a turn file, so the jobs alternate; a "grown" job also waits until its
 # folder holds 2 cores again.

@@ -96,7 +96,7 @@ def _cpus(d: Mapping[str, Any], key: str) -> frozenset[int]:
         raise ProtocolError(f"bad {key}: {exc}") from None
 
 
-def _encode(d: dict) -> bytes:
+def _encode(d: dict[str, Any]) -> bytes:
     raw = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
     if len(raw) > MAX_RECORD_BYTES:
         raise ProtocolError("record over its size bound")

@@ -18,13 +18,13 @@ class UnsafePath(OSError):
     pass
 
 
-def open_dir(path: str | os.PathLike, *, dir_fd: int | None = None) -> int:
+def open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:
     """A descriptor of the folder ``path`` (relative to ``dir_fd`` when given); its last
     component must not be a link."""
     return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
 
 
-def read_bounded(name: str | os.PathLike, max_bytes: int, *, dir_fd: int | None = None,
+def read_bounded(name: str | os.PathLike[str], max_bytes: int, *, dir_fd: int | None = None,
                  owner: int | None = None) -> bytes:
     """The bytes of a regular file, refusing links, FIFOs, devices, files over ``max_bytes``
     and, with ``owner``, files another uid owns."""

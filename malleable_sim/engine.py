@@ -22,7 +22,7 @@ delay it), or EASY (only the first is reserved), see ``Backfill``. Slurm never s
 cores: an allocation is taken from cores no running job was allocated.
 
 The nodes' part is the agents': on every node where a job started or ended,
-``coscheduler.policy.decide`` (the same function the agent runs, invariants checked) is given a
+``malleable_policy.decide`` (the same function the agent runs, invariants checked) is given a
 NodeSnapshot with each job's allocation there, its current cores and the steps/s it has shown
 (each core count a job has run at is known once it ran there: the telemetry), and each job
 then holds the cores of the plan. A job on one node is one process whose threads follow its
@@ -67,8 +67,8 @@ from typing import Callable, Sequence
 
 import numpy
 
-from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Policy, RankView
-from slurm_plugin.coscheduler.policy import decide
+from malleable_policy.model import JobView, NodeSnapshot, Policy, RankView
+from malleable_policy.decide import decide
 from .metrics import bounded_slowdown, percentile
 from .workload import SimJob, ask_share, fluid_lower_bound
 

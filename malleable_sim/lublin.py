@@ -43,7 +43,7 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from .workload import SimJob
 
 SECONDS_PER_BUCKET = 1800.0     # the program's BUCKETS = 48 per day

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from .swf import CANCELLED, PARTIAL_STATUSES, SWFLog, SWFRecord
 
 

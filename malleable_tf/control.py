@@ -162,7 +162,7 @@ class Watcher:
                 if not ready:   # the once-a-second safety net: a missed signal, a moved cgroup
                     self._on_action(Action.RELOAD)
                 self._after_wake(not ready)
-            except Exception as exc:  # the watcher must outlive any one bad event
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one bad event
                 log.warning("malleable_tf: watcher: %s", exc)
 
 

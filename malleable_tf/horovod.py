@@ -34,7 +34,7 @@ def keras_version() -> tuple[str, str] | None:
 
     try:
         module = tf.keras.optimizers.Optimizer.__module__
-    except Exception:   # ImportError; RecursionError on the next touch of a loader that failed
+    except Exception:  # noqa: BLE001 - ImportError; RecursionError on a failed loader's next touch
         module = None
     if module is not None:
         package = module.partition(".")[0]

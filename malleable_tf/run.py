@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         init_from_launcher()
-    except Exception as exc:  # a bad setting, a failed native build: say so, run nothing
+    except Exception as exc:  # noqa: BLE001 - a bad setting, a failed build: say so, run nothing
         print(f"malleable_tf.run: malleable_tf.init() failed, {program.argv[0]} not started: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -284,7 +284,7 @@ class Runtime:
             for i, read in enumerate(self._step_sources):
                 try:
                     self._source_totals[i] = int(read())
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a user's step source may raise anything
                     log.debug("malleable_tf: step source %r: %s", read, exc)
             return self._step_counter.total + sum(self._source_totals)
 
@@ -393,7 +393,7 @@ class Runtime:
             self._sampler.stop()
         try:
             self.sample_steps(flush=True)   # the last steps reach the status record
-        except Exception as exc:  # at exit, a step source may be gone already
+        except Exception as exc:  # noqa: BLE001 - at exit, a step source may be gone already
             log.debug("malleable_tf: last step sample: %s", exc)
         if self._watcher is not None:
             self._watcher.stop()

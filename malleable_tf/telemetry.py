@@ -158,7 +158,7 @@ class StepSampler:
         while not self._stop.wait(self.interval_s):
             try:
                 self._sample()
-            except Exception as exc:  # the sampler must outlive any one bad read
+            except Exception as exc:  # noqa: BLE001 - the sampler must outlive any one bad read
                 log.warning("malleable_tf: step sampler: %s", exc)
 
 

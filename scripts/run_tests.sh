@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (unit and integration on the real local cluster) in .venv
-# (TensorFlow 2.15, Keras 2, Horovod), then malleable_tf's own tests again in .venv-keras3
+# (TensorFlow 2.15, Keras 2, Horovod), then ruff and mypy (pyproject.toml), then malleable_tf's
+# own tests again in .venv-keras3
 # (TensorFlow 2.21, Keras 3; Horovod does not support it, so tests marked horovod are left out),
 # then a subset of them in each .venv-tf-<version> (the versions between: scripts/lib/tf-matrix.sh,
 # made by `scripts/setup.sh --tf-matrix`). A failure on any version fails the run.
@@ -69,11 +70,16 @@ fi
 .venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm "$@" tests
 check "TensorFlow 2.15 suite" $?; rc=$?
 [ $# -gt 0 ] && exit $rc
+# The linter on everything, the type checker (strict) on the pure packages: pyproject.toml.
+start=$(date +%s)
+.venv/bin/ruff check . && .venv/bin/mypy; rcl=$?
+echo "[test] ruff and mypy: exit $rcl in $(( $(date +%s) - start )) s"
 start=$(date +%s)
 .venv-keras3/bin/python -m pytest -v -rs --durations=5 -m "not horovod" "${KERAS3_TESTS[@]}"
 check "Keras 3 suite" $?; rc3=$?
 echo "[test] Keras 3 suite (TensorFlow $(.venv-keras3/bin/python -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')): exit $rc3 in $(( $(date +%s) - start )) s"
 tf_matrix; rcm=$?
 [ $rc -ne 0 ] && exit $rc
+[ $rcl -ne 0 ] && exit $rcl
 [ $rc3 -ne 0 ] && exit $rc3
 exit $rcm

@@ -87,8 +87,10 @@ done_step
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
+# ruff and mypy: the linter and the type checker CI runs (pyproject.toml: [tool.ruff], [tool.mypy]).
 PY_DEPS=("$TF_PIN" mpi4py psutil packaging cloudpickle pyyaml cffi wheel setuptools
-         pytest pytest-timeout hypothesis matplotlib scikit-learn prometheus-client)
+         pytest pytest-timeout hypothesis matplotlib scikit-learn prometheus-client
+         ruff==0.17.6 mypy==2.4.1)
 # Installed distributions are checked by their metadata: importing TensorFlow takes ~10 s here.
 have_versions() {
   "$VENV/bin/python" - "$@" <<'PYEOF'
@@ -159,7 +161,7 @@ if ! VENV="$SITE_VENV" have_versions "${SITE_DEPS[@]}" "$HOROVOD_PIN"; then
 fi
 # The project itself is copied in (not linked to this checkout, which users may not reach),
 # again whenever its sources change; then the native library is built once for everyone.
-digest=$(cd "$REPO" && git ls-files -z -- pyproject.toml malleable_protocol malleable_tf launcher \
+digest=$(cd "$REPO" && git ls-files -z -- pyproject.toml malleable_protocol malleable_policy malleable_tf launcher \
            slurm_plugin sbatch_templates 2>/dev/null | xargs -0 sha256sum | sha256sum | cut -c1-16)
 stamp="$SITE_VENV/.malleable-source"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then

@@ -16,7 +16,7 @@ from .cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, defaul
 from .cgroups import LayoutUnknown
 from .cluster.local import ClusterStatus
 from .coscheduler.cgroup_actuator import ActuatorError
-from .coscheduler.model import Policy
+from malleable_policy.model import Policy
 from .logs import add_log_level_option, setup_logging
 from .spank import SpankBuildError
 from malleable_protocol.runner import CommandError
@@ -223,7 +223,7 @@ def _containers_cmd(args: argparse.Namespace) -> int:
 
     from malleable_protocol import format_cpu_list, parse_cpu_list
     from .coscheduler.containers import ContainerCoScheduler, DockerCli
-    from .coscheduler.model import Policy
+    from malleable_policy.model import Policy
     setup_logging("containers", args.log_level)
     cpus = parse_cpu_list(args.cpus) if args.cpus else frozenset(os.sched_getaffinity(0))
     cosched = ContainerCoScheduler(socket.gethostname(), cpus, Policy(args.policy),
@@ -252,7 +252,7 @@ def _containers_cmd(args: argparse.Namespace) -> int:
 def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from .coscheduler.config import AgentConfig
     from .coscheduler.install import install
-    from .coscheduler.model import Policy
+    from malleable_policy.model import Policy
     from .spank import SpankBuildError
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
                          run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
@@ -269,7 +269,7 @@ def _install_hooks_cmd(args: argparse.Namespace) -> int:
 
 
 def _resize_cmd(args: argparse.Namespace) -> int:
-    from .coscheduler.request import parse_update
+    from malleable_policy.request import parse_update
     text = f"malleable:cpus={args.cpus}"
     parse_update(text)   # the same check Slurm's job_submit.lua makes
     try:
@@ -345,97 +345,6 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
     for line in problems:     # also with --json: on stderr, and the exit code says so
         print(f"PROBLEM {line}", file=sys.stderr if args.json else sys.stdout)
     return 1 if problems else 0
-
-
-def _simulator_missing(args: argparse.Namespace) -> int:
-    if args.missing:
-        raise CliError(f"the simulator needs {args.missing}, which is not installed here "
-                       "(pip install 'malleable-hpc[sim]')")
-    raise CliError("the simulator is not installed here: the node package leaves it out (a "
-                   "research tool, not root's on every node); run `malleable simulate` from the "
-                   "project's checkout or a pip install of it")
-
-
-def _simulate_cmd(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from malleable_sim import (Backfill, Placement, QueueOrder, SimPolicy, Simulation, Workload,
-                            WorkloadModel, closed_batch, generate, generate_lublin,
-                            offered_load, read_swf, scale_to_load, swf_workload)
-    from malleable_sim.metrics import ratios
-    if args.swf:
-        log = read_swf(Path(args.swf).read_bytes())
-        workload = swf_workload(log, nodes=args.nodes, cores=args.cores,
-                                malleable_fraction=args.malleable_fraction, seed=args.seed,
-                                first=args.jobs or None)
-        if not workload.jobs:
-            dropped = {k: v for k, v in workload.dropped.items() if v}
-            raise ValueError(f"no job of {args.swf} to simulate: {workload.read} job lines "
-                             f"read, dropped {dropped}")
-        natural_load = offered_load(workload.jobs, args.nodes * args.cores)
-        if args.swf_offered_load is not None:
-            workload = dataclasses.replace(workload, jobs=tuple(scale_to_load(
-                workload.jobs, args.swf_offered_load, args.nodes * args.cores)))
-    elif args.workload == "lublin":
-        workload = Workload(tuple(generate_lublin(args.jobs or 1000, args.nodes, args.cores,
-                                                  args.malleable_fraction, args.seed,
-                                                  offered=args.offered_load)))
-    else:
-        model = WorkloadModel(offered_load=args.offered_load,
-                              runtime_max_s=args.max_runtime_h * 3600.0)
-        workload = Workload(tuple(generate(args.jobs or 1000, args.nodes, args.cores,
-                                           args.malleable_fraction, args.seed, model)))
-    jobs = closed_batch(workload.jobs) if args.closed_batch else list(workload.jobs)
-    policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
-    results = []
-    print(f"{'policy':12s} {'makespan s':>11s} {'bound s':>11s} {'mean resp s':>11s} "
-          f"{'p95 wait s':>11s} {'mean bsld':>9s} {'util':>5s} {'resizes':>8s} {'wall s':>6s}")
-    for policy in policies:
-        r = Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
-                       cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
-                       backfill_depth=args.backfill_depth,
-                       backfill_interval_s=args.backfill_interval,
-                       batch_sched_delay_s=args.batch_sched_delay,
-                       backfill_window_s=args.backfill_window * 60.0,
-                       queue_order=QueueOrder(args.queue_order),
-                       placement=Placement(args.placement)).run()
-        summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
-                   args.malleable_fraction, "malleable_ask": args.malleable_ask,
-                   "closed_batch": args.closed_batch, "workload": args.swf or "generated",
-                   "jobs_read": workload.read, "jobs_dropped": dict(workload.dropped),
-                   "jobs_adjusted": dict(workload.adjusted)}
-        if args.swf:
-            summary["swf_header"] = log.header.summary()
-            summary["natural_offered_load"] = natural_load
-            summary["offered_load"] = args.swf_offered_load
-        else:
-            summary["workload_model"] = args.workload
-            summary["offered_load"] = args.offered_load
-            if args.workload == "project":
-                summary["max_runtime_h"] = args.max_runtime_h
-        results.append(summary)
-        print(f"{policy.value:12s} {r.makespan_s:11.0f} {r.lower_bound_makespan_s:11.0f} "
-              f"{r.mean_response_s:11.0f} {r.p95_wait_s:11.0f} {r.mean_bounded_slowdown:9.2f} "
-              f"{r.utilisation:5.3f} {r.resizes:8d} {r.wall_s:6.1f}")
-    # The total effect (against static at full size) and the agent's own (against the regime
-    # without an agent whose jobs ask for the same).
-    by_policy = {row["policy"]: row for row in results}
-    short = {"makespan_s": "makespan", "mean_response_s": "resp", "p95_response_s": "p95 resp",
-             "mean_wait_s": "wait", "p95_wait_s": "p95 wait", "mean_bounded_slowdown": "bsld"}
-    for policy in policies:
-        row = by_policy[policy.value]
-        for key, base in (("vs_static", SimPolicy.STATIC),
-                          ("vs_same_asks", policy.same_asks_baseline)):
-            if base is None or base is policy or base.value not in by_policy:
-                continue
-            row[key] = ratios(row, by_policy[base.value])
-            if key == "vs_static" or base is not SimPolicy.STATIC:    # each line once
-                print(f"{policy.value:12s} / {base.value:10s} " + "  ".join(
-                    f"{short[m]} {v:.3f}" for m, v in row[key].items() if v is not None))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results,
-                                              indent=2) + "\n")
-    return 0
 
 
 def _sbatch_cmd(args: argparse.Namespace) -> int:
@@ -673,88 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     cg.add_argument("--step", help="a step folder (step_0, step_batch) instead of the job's")
     cg.set_defaults(func=_cgroups_cmd)
 
-    _add_simulate_parser(sub)
     return parser
-
-
-def _add_simulate_parser(sub) -> None:
-    """``malleable simulate``, where the simulator is installed (the node package leaves it
-    out: a research tool, not root's on every node)."""
-    try:
-        from malleable_sim import Backfill, Placement, QueueOrder, SimPolicy, WorkloadModel
-    except ImportError as exc:
-        sm = sub.add_parser("simulate", help="not installed here (the simulator is a "
-                            "research tool: run it from the project's checkout)")
-        # whatever it is given (main); installed without what it needs: that is said
-        sm.set_defaults(func=_simulator_missing,
-                        missing=None if exc.name == "malleable_sim" else exc.name)
-        return
-    workload_defaults = WorkloadModel()
-    sm = sub.add_parser("simulate", help="the co-scheduler's policies at cluster scale (a "
-                                         "discrete-event simulation running the agent's decide)")
-    sm.add_argument("--nodes", type=int, default=100)
-    sm.add_argument("--cores", type=int, default=64, help="cores per node")
-    sm.add_argument("--jobs", type=int, default=0,
-                    help="generated jobs (default 1000), or the first N lines of the SWF log")
-    sm.add_argument("--swf", help="a Standard Workload Format log (.swf, or gzip-compressed "
-                                  ".swf.gz as the Parallel Workloads Archive ships them) instead "
-                                  "of a generated load")
-    sm.add_argument("--malleable-fraction", type=float, default=0.5)
-    sm.add_argument("--malleable-ask", type=float, default=1.0,
-                    help="a malleable job that fits a node asks Slurm for this share of its "
-                         "cores (at least 1) under static-ask, lend-idle and throughput, and "
-                         "grows from there under the last two; static and cgroup-only run every "
-                         "job at its size")
-    sm.add_argument("--workload", default="project", choices=["project", "lublin"],
-                    help="generated: this project's own model (default) or Lublin and "
-                         "Feitelson's published fits with Downey speedup curves")
-    sm.add_argument("--offered-load", type=float, default=workload_defaults.offered_load,
-                    help="generated: work arriving per unit of capacity while jobs arrive "
-                         "(lublin: its inter-arrival times scaled to reach it)")
-    sm.add_argument("--swf-offered-load", type=float,
-                    help="with --swf: scale the log's inter-arrival times so that cores x "
-                         "runtime over cluster cores x arrival span is this (default: the "
-                         "log's own submit times)")
-    sm.add_argument("--max-runtime-h", type=float,
-                    default=workload_defaults.runtime_max_s / 3600.0,
-                    help="generated: the longest job's runtime at its allocation, hours")
-    sm.add_argument("--policy", default="throughput",
-                    choices=[p.value for p in SimPolicy] + ["all"],
-                    help="the regime, or all of them side by side (static-ask: malleable jobs "
-                         "ask for --malleable-ask of their size as under lend-idle and "
-                         "throughput, with no agent); with all, each row is also given against "
-                         "static (vs_static) and, where an agent runs, against the regime "
-                         "without one whose jobs ask for the same (vs_same_asks: the agent's "
-                         "own effect); nodes: malleable jobs of whole nodes shrink and grow "
-                         "by whole nodes (Slurm's NumNodes, an expand job), no agent")
-    sm.add_argument("--seed", type=int, default=1)
-    sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
-                    choices=[b.value for b in Backfill],
-                    help="Slurm's backfill: conservative (default: every job tested gets a "
-                         "reservation, as Slurm does) or easy (only the first)")
-    sm.add_argument("--backfill-depth", type=int, default=500,
-                    help="queued jobs a backfill pass looks at (Slurm's bf_max_job_test)")
-    sm.add_argument("--backfill-interval", type=float, default=30.0,
-                    help="seconds between backfill passes (Slurm's bf_interval)")
-    sm.add_argument("--backfill-window", type=float, default=1440.0,
-                    help="minutes ahead a backfill pass plans: a job that cannot start within "
-                         "them gets no reservation (Slurm's bf_window, 1440 by default; "
-                         "conservative backfill only)")
-    sm.add_argument("--batch-sched-delay", type=float, default=3.0,
-                    help="the main scheduler runs for arrivals and ends at most once in this "
-                         "many seconds (Slurm's batch_sched_delay, 3 by default)")
-    sm.add_argument("--queue-order", default="fcfs",
-                    choices=[o.value for o in QueueOrder],
-                    help="Slurm's queue order in every regime: submission order (default), the "
-                         "most cores first (multifactor job size), the longest time limit first")
-    sm.add_argument("--placement", default=Placement.SLURM_TASKS.value,
-                    choices=[p.value for p in Placement],
-                    help="a job that fits a node when no node holds it: spreads as Slurm's "
-                         "-n P does (slurm-tasks, default) or waits for one (one-node)")
-    sm.add_argument("--closed-batch", action="store_true",
-                    help="every job submitted at 0 (a closed batch) instead of when it arrives")
-    sm.add_argument("--json", help="write the summary (a list with --policy all) here")
-    sm.set_defaults(func=_simulate_cmd)
 
 
 def error_text(exc: BaseException) -> str:
@@ -769,9 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     """0 done, 1 could not be done (one line on stderr: ``malleable <command>: ...``), 2 a usage
     error (argparse's own exit)."""
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and getattr(args, "func", None) is not _simulator_missing:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except RUNTIME_ERRORS as exc:

@@ -8,7 +8,7 @@ steps/s in the static run (its threads never grow); under lend-idle and throughp
 malleable job's steps/s at 1 and 2 threads by its own telemetry (the median over the malleable
 runs), so the malleable runtime's own cost is an input, not an error. Where a job never ran at
 2 threads, no speedup is assumed. The simulator knows nothing of the agent's reaction time: that
-shows up as the error. It (`malleable simulate`'s engine, the agent's own decide) then runs each
+shows up as the error. It (`malleable-sim`'s engine, the agent's own decide) then runs each
 regime on one node of 2 cores; the error per metric is simulated / real - 1. ``--relative``
 gives the earlier model for comparison: the malleable curve scaled so that 1 thread runs as
 fast as the plain job.
@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from common import RESULTS, save  # noqa: E402
 
-from slurm_plugin.coscheduler.request import MalleableSpec  # noqa: E402
+from malleable_policy.request import MalleableSpec  # noqa: E402
 from malleable_sim import Amdahl, Measured, SimJob, SimPolicy, simulate  # noqa: E402
 
 

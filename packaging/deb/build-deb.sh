@@ -31,10 +31,10 @@ root="$work/root"
 site="$root/usr/lib/python3/dist-packages"
 mkdir -p "$site" "$root/usr/bin" "$root/usr/lib/malleable" "$root/lib/systemd/system" \
          "$root/usr/share/doc/malleable-slurm" "$root/DEBIAN"
-# The node side's packages: the co-scheduler, the protocol it shares with jobs, the templates.
-# Not the simulator (malleable_sim): a research tool, not root's on every node (`malleable
-# simulate` says so there).
-for pkg in slurm_plugin malleable_protocol sbatch_templates; do
+# The node side's packages: the co-scheduler, its pure policy, the protocol it shares with jobs,
+# the templates.
+# Not the simulator (malleable_sim, `malleable-sim`): a research tool, not root's on every node.
+for pkg in slurm_plugin malleable_policy malleable_protocol sbatch_templates; do
   (cd "$REPO" && find "$pkg" -name __pycache__ -prune -o -type f \
      \( -name '*.py' -o -name '*.tmpl' -o -name '*.c' -o -name '*.service' \) -print) \
     | while read -r f; do install -D -m 0644 "$REPO/$f" "$site/$f"; done

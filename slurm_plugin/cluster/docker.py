@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..coscheduler.model import Policy
+from malleable_policy.model import Policy
 from .spec import ClusterSpec, HostTopology, NAME_RE, SpecError
 
 CLUSTER_ROOT = Path("/cluster")

@@ -21,7 +21,7 @@ from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunn
 
 from .. import cgroups
 from ..coscheduler.jobfs import unmount_job_fs
-from ..coscheduler.model import Policy
+from malleable_policy.model import Policy
 from ..slurm import CliSlurmClient, Job, Node
 from . import daemons
 from .spec import (DB_NAME, DB_USER, ClusterSpec, HostTopology, parse_slurmd_c,

@@ -8,7 +8,7 @@ from typing import Mapping
 
 from malleable_protocol import RunLayout
 
-from .model import Policy, SiteLimits
+from malleable_policy.model import Policy, SiteLimits
 
 _PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount", "slurm_conf")
 

@@ -30,10 +30,12 @@ from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from malleable_protocol.safe_io import ensure_private_dir, write_atomic
 
 from .cgroup_actuator import ActuatorError
-from .executor import Outcome, OutcomeStatus, PlanExecutor
-from .model import JobView, NodeSnapshot, Plan, PlanInvariantError, Policy
-from .policy import decide
-from .request import PREFIX, MalleableSpec, RequestError, parse_submit
+from malleable_policy.model import Outcome, OutcomeStatus
+
+from .executor import PlanExecutor
+from malleable_policy.model import JobView, NodeSnapshot, Plan, PlanInvariantError, Policy
+from malleable_policy.decide import decide
+from malleable_policy.request import PREFIX, MalleableSpec, RequestError, parse_submit
 
 LABEL = "malleable"
 log = logging.getLogger("malleable.containers")

@@ -10,37 +10,22 @@ cores. Every outcome is returned, none is dropped.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from malleable_protocol import ProtocolError, RunLayout, Target, is_reload_signal, rank_share
 from malleable_protocol.safe_io import ensure_private_dir, share_read_with, write_atomic
 
 from .cgroup_actuator import ActuatorError, CpusetActuator
-from .model import Action, ActionKind, NodeSnapshot, Plan, RankView
+from malleable_policy.model import (Action, ActionKind, NodeSnapshot, Outcome, OutcomeStatus,
+                                    Plan, RankView)
 from .procs import signal_verified
 from .ranks import PidCheck, in_job_cgroup, read_job_ranks
 
 log = logging.getLogger("malleable.agent")
 
 _ORDER = {ActionKind.SHRINK: 0, ActionKind.MOVE: 1, ActionKind.REALIGN: 2, ActionKind.GROW: 3}
-
-
-class OutcomeStatus(enum.Enum):
-    APPLIED = "applied"
-    FAILED = "failed"
-    CANCELLED = "cancelled"    # needed cores a failed or cancelled action was to release
-
-
-@dataclass(frozen=True)
-class Outcome:
-    action: Action
-    status: OutcomeStatus
-    error: str = ""
-    latency_ms: float = 0.0
 
 
 def _announced(a: Action, job) -> bool:

@@ -13,7 +13,7 @@ from malleable_protocol.safe_io import ensure_private_dir
 from .. import spank
 from ..feed.store import FeedStore
 from .config import AgentConfig
-from .request import GRAMMAR, lua_grammar_source, lua_literal
+from malleable_policy.request import GRAMMAR, lua_grammar_source, lua_literal
 
 
 def _template(name: str) -> string.Template:

@@ -13,7 +13,7 @@ from malleable_protocol import RunLayout
 from ..feed.model import NodeFeed, Offers
 from .cgroup_actuator import CgroupJob, CpusetActuator
 from .ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
-from .model import JobView, NodeSnapshot, RankView, SiteLimits
+from malleable_policy.model import JobView, NodeSnapshot, RankView, SiteLimits
 from ..cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
 from .ranks import read_job_ranks
 

@@ -13,7 +13,7 @@ from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
 from ..cgroups import SlurmCgroupLayout, process_cpuset
-from .model import RankView
+from malleable_policy.model import RankView
 from .procs import process_uid
 
 MAX_RANK_FILES = 1024

@@ -20,22 +20,24 @@ from pathlib import Path
 from typing import Callable
 
 from malleable_protocol import format_cpu_list
-from malleable_protocol.safe_io import append_capped
 
 from ..feed.model import JobReport, NodeReport, Offers
 from ..feed.store import FeedStore
-from .accounting import CoreUsage, record_cycle
+from .accounting import record_cycle
 from .config import AgentConfig
-from .executor import Outcome, OutcomeStatus, PlanExecutor
+from .core_usage import CoreUsage
+from .events import append_event
+from malleable_policy.model import Outcome, OutcomeStatus
+
+from .executor import PlanExecutor
 from .ledger import Fence, LedgerFile
-from .model import NodeSnapshot, Plan, PlanInvariantError
+from malleable_policy.model import NodeSnapshot, Plan, PlanInvariantError
 from .observe import NodeObserver
-from .policy import decide
+from malleable_policy.decide import decide
 from .ranks import RankReader
 from .step_gate import StepGate, gated_jobs
 
 log = logging.getLogger("malleable.agent")
-MAX_LOG_BYTES = 8 << 20     # the event log, then one older file: 16 MiB at most on /run
 
 
 @dataclass
@@ -205,7 +207,7 @@ class Reconciler:
         text = json.dumps(line, sort_keys=True)
         (log.info if line.get("status") == "applied" else log.warning)("%s", text)
         try:
-            append_capped(self.config.event_log, text + "\n", MAX_LOG_BYTES)
+            append_event(self.config.event_log, text)
         except OSError as exc:
             log.warning("cannot write event log: %s", exc)
 

@@ -11,14 +11,14 @@ from typing import Callable
 
 from malleable_protocol import check_job_id
 from malleable_protocol.layout import check_step_name
-from malleable_protocol.safe_io import append_capped
 
 from .cgroup_actuator import CgroupJob, CpusetActuator
 from .config import AgentConfig
 from .ledger import Fence, Ledger, LedgerFile
 from .node import make_actuator
 from .procs import process_uid
-from .reconciler import MAX_LOG_BYTES, CycleResult, Reconciler
+from .events import append_event
+from .reconciler import CycleResult, Reconciler
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ def note(config: AgentConfig, text: str) -> None:
     """A line in the node's hooks log (root's, capped like the agent's event log)."""
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        append_capped(config.state_dir / f"hooks-{config.node}.log",
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n", MAX_LOG_BYTES)
+        append_event(config.state_dir / f"hooks-{config.node}.log",
+                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
     except OSError:
         pass
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from malleable_protocol import format_cpu_list
 
 from ..feed.store import FeedStore
-from .accounting import CoreUsage, so_far
+from .accounting import so_far
+from .core_usage import CoreUsage
 from .ledger import LedgerFile
 
 

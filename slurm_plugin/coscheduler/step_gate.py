@@ -27,9 +27,9 @@ from malleable_protocol import check_job_id, check_node_name
 from malleable_protocol.layout import check_step_name
 from malleable_protocol.safe_io import ensure_private_dir, list_bounded, open_dir, read_bounded
 
-from .executor import Outcome, OutcomeStatus
+from malleable_policy.model import Outcome, OutcomeStatus
 from .ledger import Fence
-from .model import NodeSnapshot
+from malleable_policy.model import NodeSnapshot
 
 MAX_FENCE_FILES = 4096      # steps starting at once on one node, far above any real count
 _FENCE_NAME = re.compile(r"^([0-9]{1,10})\.(step_[0-9a-z_]{1,16})$")

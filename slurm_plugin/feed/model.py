@@ -10,7 +10,7 @@ from malleable_protocol import ProtocolError, check_job_id, check_node_name, for
     parse_cpu_list
 from malleable_protocol.records import decode_json_bounded
 
-from ..coscheduler.request import MalleableSpec, RequestError, parse_submit
+from malleable_policy.request import MalleableSpec, RequestError, parse_submit
 
 MAX_FEED_BYTES = 1 << 20
 MAX_JOBS_PER_NODE = 4096

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 from malleable_protocol.runner import CommandError
 from ..slurm import JobAccounting, Node, SlurmClient, SlurmClientError
 from ..slurm.parsers import SlurmParseError
-from ..coscheduler.request import spec_and_request
+from malleable_policy.request import spec_and_request
 from .model import FeedJob, NodeFeed, partition_name
 from .notify import send_wake
 from .store import FeedStore

@@ -224,7 +224,7 @@ def pyslurm_unusable_reason(slurm_version: tuple[int, int]) -> str | None:
     """
     try:
         import pyslurm  # noqa: F401
-    except Exception as exc:  # ImportError, or its own "Slurm version mismatch" at import
+    except Exception as exc:  # noqa: BLE001 - ImportError, or pyslurm's version mismatch
         return f"pyslurm does not import ({exc.__class__.__name__}: {exc})"
     m = re.match(r"(\d+)\.(\d+)", getattr(pyslurm, "__version__", ""))
     if not m or (int(m[1]), int(m[2])) != slurm_version:

@@ -4,7 +4,7 @@
  *
  * The option (allocator and local contexts): `--malleable=MIN[:MAX[:WEIGHT]]` or `off` is handed
  * to slurmctld as the job's SPANK environment entry MALLEABLE=VALUE, where job_submit.lua
- * checks it (one grammar, slurm_plugin/coscheduler/request.py) and refuses a malformed one.
+ * checks it (one grammar, malleable_policy/request.py) and refuses a malformed one.
  *
  * The step start (remote context): when a step starts, slurmstepd (task/cgroup) writes the job's
  * cgroup folder back to Slurm's allocation. If the job holds more (it grew) the kernel refuses

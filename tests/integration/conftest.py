@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 
 from ..conftest import running_cluster
 

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -229,7 +228,7 @@ print(junk)
 
 def test_fake_records_and_stale_pid_files_never_signal_another_users_process(
         agent_cluster, alice_job, work):
-    c, (a, uid) = agent_cluster, alice_job
+    c, (a, _uid) = agent_cluster, alice_job
     victim = subprocess.Popen(["runuser", "-u", BOB, "--", "sleep", "600"])
     time.sleep(0.5)
     pid = int(subprocess.run(["pgrep", "-u", BOB, "-x", "sleep"], capture_output=True,

@@ -41,7 +41,7 @@ def api_storm(seed):
     while not done.is_set():
         try:
             malleable_tf.set_threads(intra=r.randint(1, 4), inter=r.randint(1, 4))
-        except Exception:
+        except Exception:  # noqa: BLE001 - every failure is counted; the test wants none
             with lock:
                 counts["errors"] += 1
         with lock:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin import cgroups
-from slurm_plugin.coscheduler.model import Policy
+from malleable_policy.model import Policy
 from slurm_plugin.slurm import JobState
 
 from ..conftest import running_cluster

@@ -11,16 +11,17 @@ from hypothesis import example, given, settings, strategies as st
 
 from malleable_protocol.records import ProtocolError
 from slurm_plugin.coscheduler import hooks
-from slurm_plugin.coscheduler.accounting import (CoreUsage, account, account_cycle, close_job,
-                                                 held_after, record_cycle, so_far, usage_line)
+from slurm_plugin.coscheduler.accounting import (account, account_cycle, close_job, held_after,
+                                                 record_cycle, so_far, usage_line)
+from slurm_plugin.coscheduler.core_usage import CoreUsage
 from slurm_plugin.coscheduler.config import AgentConfig
-from slurm_plugin.coscheduler.executor import Outcome, OutcomeStatus
+from malleable_policy.model import Outcome, OutcomeStatus
 from slurm_plugin.coscheduler.install import prepare_node_folders
 from slurm_plugin.coscheduler.ledger import Ledger, LedgerFile
 from slurm_plugin.coscheduler.metrics import AgentMetrics
-from slurm_plugin.coscheduler.model import (Action, ActionKind, JobView, NodeSnapshot, Reason)
+from malleable_policy.model import (Action, ActionKind, JobView, NodeSnapshot, Reason)
 from slurm_plugin.coscheduler.reconciler import CycleResult, Reconciler
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import FeedJob, FeedStore, NodeFeed
 
 S = frozenset
@@ -398,7 +399,7 @@ def test_the_metrics_count_node_totals_and_show_running_jobs():
     m = AgentMetrics("n1")
     snap = NodeSnapshot("n1", S(range(4)), ())
     get = m.registry.get_sample_value
-    from slurm_plugin.coscheduler.model import Plan, Policy
+    from malleable_policy.model import Plan, Policy
     plan = Plan("n1", Policy.LEND_IDLE, {}, {}, ())
 
     def observe(usage):

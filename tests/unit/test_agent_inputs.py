@@ -8,7 +8,7 @@ import pytest
 from malleable_protocol import RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, process_cpuset
 from slurm_plugin.coscheduler.ranks import job_step_of, read_job_ranks
-from slurm_plugin.coscheduler.request import MalleableSpec, spec_and_request
+from malleable_policy.request import MalleableSpec, spec_and_request
 
 UID = 4321
 N1 = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True)
@@ -90,9 +90,9 @@ def test_one_jobs_input_is_confined_to_that_job(tmp_path):
     read and lent the idle cores as usual, and the cycle itself does not fail."""
     from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
     from slurm_plugin.coscheduler.ledger import Ledger
-    from slurm_plugin.coscheduler.model import Policy
+    from malleable_policy.model import Policy
     from slurm_plugin.coscheduler.observe import NodeObserver
-    from slurm_plugin.coscheduler.policy import decide
+    from malleable_policy.decide import decide
     from slurm_plugin.coscheduler.ranks import RankReader
     from slurm_plugin.feed import FeedJob, NodeFeed
     from tests.unit.test_observe_and_feed import FakeCgroups, FakeFeed
@@ -171,8 +171,8 @@ def test_the_node_lock_is_roots_alone(tmp_path):
 
 def test_job_faults_are_counted_in_the_metrics():
     from slurm_plugin.coscheduler.metrics import AgentMetrics
-    from slurm_plugin.coscheduler.model import JobView, NodeSnapshot, Policy
-    from slurm_plugin.coscheduler.policy import decide
+    from malleable_policy.model import JobView, NodeSnapshot, Policy
+    from malleable_policy.decide import decide
     from slurm_plugin.coscheduler.reconciler import CycleResult
     S = frozenset
     jobs = (JobView(5, UID, "u", S({0}), S({0}), spec=MalleableSpec(1, None), fault="over budget"),

@@ -224,11 +224,6 @@ def test_watcher_without_slurm_conf(tmp_path, capsys):
                     str(tmp_path / "none.conf")], "watcher", "no slurm.conf at")
 
 
-def test_simulate_of_a_missing_log(tmp_path, capsys):
-    _fails(capsys, ["simulate", "--swf", str(tmp_path / "none.swf")], "simulate",
-           "none.swf: No such file or directory")
-
-
 def test_a_bug_is_not_hidden_as_a_runtime_error(monkeypatch):
     monkeypatch.setattr(cli, "_client", lambda args: _Slurm(ZeroDivisionError("bug")))
     with pytest.raises(ZeroDivisionError):
@@ -393,21 +388,3 @@ def test_the_watcher_waits_for_slurmctld_and_stops_on_sigterm(tmp_path):
         assert proc.wait(30) == 0, err.read_text()
     finally:
         proc.kill()
-
-
-def test_simulate_with_no_backfill_window(capsys):
-    _fails(capsys, ["simulate", "--jobs", "10", "--nodes", "1", "--cores", "4",
-                    "--backfill-window", "0"], "simulate", "backfill_window_s must be positive")
-
-
-def test_simulate_without_numpy_says_what_it_needs():
-    """The simulator installed without numpy (its `sim` extra): `malleable simulate` says what
-    is missing, and every other command still works."""
-    code = ("import sys; sys.modules['numpy'] = None\n"
-            "from slurm_plugin.cli import build_parser, main\n"
-            "build_parser().parse_args(['status', '--json'])\n"
-            "sys.exit(main(['simulate', '--jobs', '10']))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.returncode == 1, out
-    assert "the simulator needs numpy" in out.stderr and "malleable-hpc[sim]" in out.stderr, out

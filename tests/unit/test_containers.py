@@ -8,9 +8,9 @@ import pytest
 from slurm_plugin.coscheduler.containers import (Container, ContainerActuator, ContainerParseError,
                                                  ContainerStatus, admit, node_snapshot,
                                                  parse_inspect)
-from slurm_plugin.coscheduler.model import Policy
-from slurm_plugin.coscheduler.policy import decide
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.model import Policy
+from malleable_policy.decide import decide
+from malleable_policy.request import MalleableSpec
 
 FIX = Path(__file__).parent.parent / "fixtures" / "docker_inspect.json"
 ALL = frozenset({0, 1, 2, 3})

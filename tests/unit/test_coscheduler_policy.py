@@ -2,10 +2,10 @@ import random
 
 import pytest
 
-from slurm_plugin.coscheduler.model import (ActionKind, JobView, NodeSnapshot, Plan, PlanInvariantError, Policy, Reason,
+from malleable_policy.model import (ActionKind, JobView, NodeSnapshot, Plan, PlanInvariantError, Policy, Reason,
                                             RankView, check_plan)
-from slurm_plugin.coscheduler.policy import decide, estimated_rate, measured_points
-from slurm_plugin.coscheduler.request import (MalleableSpec, RequestError, Update, apply_update,
+from malleable_policy.decide import decide, estimated_rate, measured_points
+from malleable_policy.request import (MalleableSpec, RequestError, Update, apply_update,
                                               parse_submit, parse_update)
 
 CPUS8 = frozenset(range(8))
@@ -222,9 +222,10 @@ def test_a_job_without_a_folder_keeps_its_cores_reserved():
 def test_multi_node_job_gets_no_more_per_rank_than_its_slowest_node():
     # Job 1 runs on two nodes; the other node offers it 1 core per rank. Here it would get 2,
     # but the surplus goes to job 2.
-    mk = lambda cap: NodeSnapshot("n", frozenset(range(4)), (
-        job(1, {0}, spec=M(1, None), nodes=2, peer_cap_per_rank=cap),
-        job(2, {1}, spec=M(1, None))))
+    def mk(cap):
+        return NodeSnapshot("n", frozenset(range(4)), (
+            job(1, {0}, spec=M(1, None), nodes=2, peer_cap_per_rank=cap),
+            job(2, {1}, spec=M(1, None))))
     free = decide(mk(None), Policy.LEND_IDLE)
     assert len(free.targets[1]) == 2 and len(free.targets[2]) == 2 and free.offers == {1: 2}
     capped = decide(mk(1), Policy.LEND_IDLE)
@@ -306,7 +307,7 @@ def test_a_fenced_job_goes_back_to_exactly_its_allocation():
 
 
 def test_ranks_of_concurrent_steps_get_disjoint_blocks_in_proportion():
-    from slurm_plugin.coscheduler.model import split_among_steps
+    from malleable_policy.model import split_among_steps
     ranks = (RankView(pid=10, rank=0, local_rank=0, local_size=1, intra_active=1, step="step_0"),
              RankView(pid=11, rank=0, local_rank=0, local_size=2, intra_active=1, step="step_1"),
              RankView(pid=12, rank=1, local_rank=1, local_size=2, intra_active=1, step="step_1"))
@@ -347,7 +348,7 @@ def test_the_fast_helpers_give_what_the_direct_rules_give():
     """_water_fill's heap and _distance_to_nearest's bisect (made for speed) against the rules
     they stand for: a core at a time to the job furthest below its weighted share, lowest id on
     ties; the smallest distance to any core held."""
-    from slurm_plugin.coscheduler.policy import _distance_to_nearest, _water_fill
+    from malleable_policy.decide import _distance_to_nearest, _water_fill
 
     def water_fill_direct(counts, caps, weights, spare):
         counts = dict(counts)

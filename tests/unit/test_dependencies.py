@@ -8,8 +8,9 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("malleable_protocol", "slurm_plugin", "malleable_tf", "launcher", "sbatch_templates",
-            "malleable_sim")
+# The packages that ship: the ones pyproject.toml tells setuptools to find.
+PACKAGES = tuple(p.rstrip("*") for p in tomllib.loads((REPO / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"]["find"]["include"])
 # The training stack a user brings (never required: requiring one would replace another).
 USERS_OWN = {"tensorflow", "keras", "numpy", "horovod", "sklearn", "pyslurm"}
 # Distribution name -> import name, where they differ.

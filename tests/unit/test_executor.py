@@ -7,10 +7,11 @@ import pytest
 from malleable_protocol import RunLayout, Target
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.cgroup_actuator import ActuatorError
-from slurm_plugin.coscheduler.executor import OutcomeStatus, PlanExecutor
-from slurm_plugin.coscheduler.model import (JobView, NodeSnapshot, Policy, RankView)
-from slurm_plugin.coscheduler.policy import decide
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.model import OutcomeStatus
+from slurm_plugin.coscheduler.executor import PlanExecutor
+from malleable_policy.model import (JobView, NodeSnapshot, Policy, RankView)
+from malleable_policy.decide import decide
+from malleable_policy.request import MalleableSpec
 
 M = MalleableSpec
 
@@ -71,7 +72,7 @@ def test_shrinks_run_first_and_ranks_park_before_the_cpuset_narrows(tmp_path):
 
 
 def test_a_cyclic_exchange_is_not_attempted(tmp_path):
-    from slurm_plugin.coscheduler.model import Action, ActionKind, Plan, Reason
+    from malleable_policy.model import Action, ActionKind, Plan, Reason
     a = Action(ActionKind.MOVE, 1, 0, frozenset({0}), frozenset({0}), frozenset({1}), (1,),
                Reason.LEND_IDLE)
     b = Action(ActionKind.MOVE, 2, 0, frozenset({1}), frozenset({1}), frozenset({0}), (1,),
@@ -95,8 +96,8 @@ def test_ranks_that_never_park_cost_one_bounded_wait_whatever_the_number_of_jobs
     def sleep(dt):
         now[0] += dt
 
-    stubborn = lambda layout, job_id, uid, node: tuple(j.ranks[0] for j in jobs
-                                                        if j.job_id == job_id)
+    def stubborn(layout, job_id, uid, node):
+        return tuple(j.ranks[0] for j in jobs if j.job_id == job_id)
     ex = PlanExecutor("n1", RunLayout(tmp_path), FakeActuator(), shrink_wait_s=0.5,
                       read_ranks=stubborn, check_pid=lambda *a: True,
                       send_signal=lambda pid, sig, check: False, clock=lambda: now[0], sleep=sleep)

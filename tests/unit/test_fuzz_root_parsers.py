@@ -29,7 +29,7 @@ from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import MAX_RECORD_BYTES, decode_json_bounded
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, parse_stepd_title
 from slurm_plugin.coscheduler.ledger import Allocation, Fence, Ledger, LedgerFile
-from slurm_plugin.coscheduler.request import (MalleableSpec, RequestError, parse_submit,
+from malleable_policy.request import (MalleableSpec, RequestError, parse_submit,
                                               parse_update, spec_and_request)
 from slurm_plugin.feed.model import (FeedJob, JobReport, MAX_FEED_BYTES, NodeFeed, NodeReport,
                                      Offers)
@@ -417,7 +417,7 @@ def test_job_folder_names_are_ascii_digits():
     assert v1.job_of("/slurm_n1/uid_0/job_7/step_0") == 7
 
 
-# --- slurm_plugin.coscheduler.request ----------------------------------------------------------
+# --- malleable_policy.request ----------------------------------------------------------
 
 ITEM_PARTS = st.sampled_from(["min", "max", "weight", "cpus", "node", "=", ",", "0", "1", "4",
                               "100", "4096", "4097", "9999", "00001", "²", "٣", " ", "\n", "x"])

@@ -151,7 +151,7 @@ def _can_read_as(uid: int, gid: int, path, read=_read) -> bool:
             os.setgid(gid)
             os.setuid(uid)
             code = 0 if read(path) else 1
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a forked child: exit with its code, whatever
             pass
         os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -159,7 +159,7 @@ def _can_read_as(uid: int, gid: int, path, read=_read) -> bool:
 
 
 def _shrink_action(uid: int):
-    from slurm_plugin.coscheduler.model import Action, ActionKind, Reason
+    from malleable_policy.model import Action, ActionKind, Reason
     return Action(kind=ActionKind.SHRINK, job_id=42, uid=uid, allocation=frozenset({0}),
                   before=frozenset({0, 1}), after=frozenset({0}), threads_per_rank=(1,),
                   reason=Reason.REQUEST)
@@ -249,7 +249,7 @@ def test_the_event_log_is_roots_alone_even_one_an_older_version_made(tmp_path):
 
 
 def _feed(store, node="n1"):
-    from slurm_plugin.coscheduler.request import MalleableSpec
+    from malleable_policy.request import MalleableSpec
     from slurm_plugin.feed import FeedJob, NodeFeed
     store.write_node(NodeFeed(node, 4, (
         FeedJob(1, 1000, "alice", frozenset({0}), (node,), MalleableSpec(1, None)),

@@ -6,7 +6,7 @@ from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
 from slurm_plugin.coscheduler.ledger import Ledger, LedgerFile
 from slurm_plugin.coscheduler.observe import NodeObserver
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import ClusterWatcher, FeedJob, FeedStore, NodeFeed, Offers, WatcherConfig
 from slurm_plugin.feed.watcher import build_feeds
 from slurm_plugin.slurm.parsers import parse_nodes_json, parse_squeue_json

@@ -5,6 +5,7 @@ import ast
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,33 +44,76 @@ def test_the_check_can_fail():
     assert any("malleable_protocol" in n for names in edges.values() for n in names)
 
 
-# --- inside malleable_tf: no import cycle, and one front door for the API ---------------------
+# --- the project's import graph: layers, and no circle ---------------------------------------
 
-def module_level_imports(package_dir: Path, package: str) -> dict[str, set[str]]:
-    """The package's own modules each module imports when it is imported: every import
-    statement outside a function or class, under ``if TYPE_CHECKING:`` and ``try:`` too (a
-    cycle a type checker walks is a cycle). An edge to the package itself counts: a submodule
-    that the package imports at its top and that imports the package would see it half-made."""
-    modules = {package if p.name == "__init__.py" else f"{package}.{p.stem}": p
-               for p in package_dir.glob("*.py")}
+# The packages of the project: the ones pyproject.toml ships (tests and benchmarks are left out).
+PACKAGES = tuple(p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"]["find"]["include"])
+
+# Each unit's layer: a unit imports only units of lower layers (and itself). The order the
+# architecture promises (docs/design.md): protocol < policy < feed, simulator, user runtime <
+# node < the surfaces on top (the development cluster, the operator's command).
+LAYERS = {
+    "malleable_protocol": 0,
+    "malleable_policy": 1,
+    # adapters to the outside the feed and the node share: Slurm's commands, the cgroup tree,
+    # the SPANK plugin's build, logging, the batch templates
+    "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1, "slurm_plugin.spank": 1,
+    "slurm_plugin.logs": 1, "sbatch_templates": 1,
+    "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_tf": 2,
+    "slurm_plugin.coscheduler": 3, "launcher": 3,
+    "slurm_plugin.cluster": 4,
+    "slurm_plugin.cli": 5,
+    "slurm_plugin": 5,          # its __init__ (empty)
+}
+
+
+def unit_of(module: str) -> str:
+    """The layer unit a module belongs to: slurm_plugin's subpackages, else the package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "slurm_plugin" and len(parts) > 1 else parts[0]
+
+
+def module_files(root: Path, packages) -> dict[str, Path]:
+    out = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(body, call_time: bool):
+    """The import statements of a module's body: at its top (under ``if TYPE_CHECKING:`` and
+    ``try:`` too: a circle a type checker walks is a circle), and, with ``call_time``, inside
+    functions and classes as well (a lazy import papers over a circle, it does not remove it)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif call_time or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                yield from _imports(getattr(node, field, []) or [], call_time)
+
+
+def import_graph(root: Path, packages, *, call_time: bool = True) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports. ``from pkg import name`` is an edge to
+    ``pkg.name`` where that is a module, else to ``pkg``; an edge to a module's own package
+    counts (a submodule that its package imports at its top and that imports the package would
+    see it half-made)."""
+    modules = module_files(root, packages)
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
             name = name.rpartition(".")[0]
         return name or None
 
-    def top_level(body):
-        for node in body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                yield node
-            elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                for field in ("body", "orelse", "finalbody", "handlers"):
-                    yield from top_level(getattr(node, field, []) or [])
-
     graph = {}
     for name, path in modules.items():
         edges = set()
-        for node in top_level(ast.parse(path.read_text(), str(path)).body):
+        for node in _imports(ast.parse(path.read_text(), str(path)).body, call_time):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -83,6 +127,13 @@ def module_level_imports(package_dir: Path, package: str) -> dict[str, set[str]]
             edges |= {t for t in map(resolve, targets) if t is not None and t != name}
         graph[name] = edges
     return graph
+
+
+def module_level_imports(package_dir: Path, package: str) -> dict[str, set[str]]:
+    """One package's modules and the modules of it each imports when it is imported (not at
+    call time)."""
+    graph = import_graph(package_dir.parent, [package], call_time=False)
+    return {m: {e for e in edges if e.split(".")[0] == package} for m, edges in graph.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -102,6 +153,86 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if start not in state and (found := visit(start, [start])):
             return found
     return None
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    units: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        units.setdefault(unit_of(module), set()).update(
+            unit_of(e) for e in edges if unit_of(e) != unit_of(module))
+    return units
+
+
+def layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a unit of the same or a higher layer than the importer's own."""
+    return sorted(f"{m} imports {e}" for m, edges in graph.items() for e in edges
+                  if unit_of(e) != unit_of(m) and LAYERS[unit_of(e)] >= LAYERS[unit_of(m)])
+
+
+def test_no_import_circle_between_modules_or_packages():
+    """Every import counts, at the top, under TYPE_CHECKING or inside a function."""
+    graph = import_graph(ROOT, PACKAGES)
+    assert len(graph) > 80      # every module of the project was read
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    units = unit_graph(graph)
+    assert find_cycle(units) is None, " -> ".join(find_cycle(units))
+
+
+def test_every_unit_imports_only_lower_layers():
+    graph = import_graph(ROOT, PACKAGES)
+    assert set(map(unit_of, graph)) == set(LAYERS), "a new unit: give it a layer in LAYERS"
+    assert layer_breaches(graph) == []
+
+
+def test_the_node_side_imports_no_simulator_and_the_policy_only_the_protocol():
+    graph = import_graph(ROOT, PACKAGES)
+    for module, edges in graph.items():
+        if module.startswith("slurm_plugin"):
+            assert not [e for e in edges if e.startswith("malleable_sim")], module
+        if module.startswith("malleable_policy"):
+            assert {unit_of(e) for e in edges} <= {"malleable_protocol", "malleable_policy"}, \
+                module
+    for path, names in imported_modules("malleable_policy").items():
+        outside = sorted(n for n in names if n.split(".")[0] not in sys.stdlib_module_names
+                         and n.split(".")[0] not in ("__future__", "malleable_protocol",
+                                                     "malleable_policy"))
+        assert not outside, f"{path} imports {outside}"
+    # The scan sees the policy's real edge, and the simulator's use of it.
+    assert "malleable_policy.model" in graph["malleable_policy.decide"]
+    assert any(e.startswith("malleable_policy") for e in graph["malleable_sim.engine"])
+
+
+def test_the_graph_checks_can_fail(tmp_path):
+    """The circles this tree had (a lazy import and a TYPE_CHECKING one closing them), and a
+    layer breach: each is found."""
+    (tmp_path / "slurm_plugin" / "coscheduler").mkdir(parents=True)
+    (tmp_path / "malleable_policy").mkdir()
+    files = {
+        "slurm_plugin/__init__.py": "",
+        "slurm_plugin/coscheduler/__init__.py": "",
+        "slurm_plugin/coscheduler/ledger.py": "from .accounting import CoreUsage\n",
+        "slurm_plugin/coscheduler/accounting.py":
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .ledger import L\n",
+        "slurm_plugin/cli.py": "def simulate():\n    from malleable_policy import decide\n",
+        "slurm_plugin/coscheduler/reconciler.py": "from malleable_policy.decide import decide\n",
+        "malleable_policy/__init__.py": "",
+        "malleable_policy/decide.py": "def f():\n    from slurm_plugin.coscheduler import ledger\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, ["slurm_plugin", "malleable_policy"])
+    assert find_cycle(graph) == ["slurm_plugin.coscheduler.ledger",
+                                 "slurm_plugin.coscheduler.accounting",
+                                 "slurm_plugin.coscheduler.ledger"]
+    assert find_cycle(unit_graph(graph)) == ["malleable_policy", "slurm_plugin.coscheduler",
+                                             "malleable_policy"]
+    assert layer_breaches(graph) == [
+        "malleable_policy.decide imports slurm_plugin.coscheduler.ledger"]
+    # Without call-time imports, the lazy edges are gone; the TYPE_CHECKING one stays.
+    top = import_graph(tmp_path, ["slurm_plugin", "malleable_policy"], call_time=False)
+    assert top["slurm_plugin.cli"] == set() and top["malleable_policy.decide"] == set()
+    assert top["slurm_plugin.coscheduler.reconciler"] == {"malleable_policy.decide"}
+    assert top["slurm_plugin.coscheduler.accounting"] == {"slurm_plugin.coscheduler.ledger"}
 
 
 def test_malleable_tf_modules_import_each_other_without_a_cycle():

@@ -12,11 +12,11 @@ from malleable_protocol import ProtocolError
 from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
 from slurm_plugin.coscheduler.config import AgentConfig
 from slurm_plugin.coscheduler.ledger import Ledger
-from slurm_plugin.coscheduler.model import (JobView, NodeSnapshot, Plan, PlanInvariantError, Policy,
+from malleable_policy.model import (JobView, NodeSnapshot, Plan, PlanInvariantError, Policy,
                                             RankView, SiteLimits, check_plan)
 from slurm_plugin.coscheduler.observe import NodeObserver
-from slurm_plugin.coscheduler.policy import LINEAR_GAIN, decide
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.decide import LINEAR_GAIN, decide
+from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import FeedJob, NodeFeed
 from slurm_plugin.feed.model import partition_name
 from slurm_plugin.feed.watcher import build_feeds

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from slurm_plugin.coscheduler.install import render_job_submit
 
 from .test_job_submit_lua import LUA_UPVALUE
-from slurm_plugin.coscheduler.request import (GRAMMAR, Grammar, RequestError, submit_request,
+from malleable_policy.request import (GRAMMAR, Grammar, RequestError, submit_request,
                                               update_request)
 
 LUA = next((p for p in map(shutil.which, ("lua5.1", "lua", "luajit")) if p), None)
@@ -143,9 +143,9 @@ def assert_agree(cases: list[Case], grammar: Grammar, folder: Path) -> None:
     for module in (False, True):
         lua = lua_outcomes(cases, grammar, folder, module=module)
         assert len(lua) == len(cases)
-        disagree = [(c, p, l) for c, p, l in zip(cases, python, lua) if p != l]
+        disagree = [(c, p, lu) for c, p, lu in zip(cases, python, lua) if p != lu]
         assert not disagree, (f"{'module' if module else 'script'}:\n" + "\n".join(
-            f"{c}: python {p!r}, lua {l!r}" for c, p, l in disagree[:10]))
+            f"{c}: python {p!r}, lua {lu!r}" for c, p, lu in disagree[:10]))
 
 
 # --- the hand-picked corpus --------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.coscheduler.request import (GRAMMAR, MAX_VALUE, Grammar, MalleableSpec as M,
+from malleable_policy.request import (GRAMMAR, MAX_VALUE, Grammar, MalleableSpec as M,
                                               RequestError, Update, is_near_miss, lua_literal,
                                               option_value, parse_option, submit_request,
                                               update_request)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from malleable_sim import (Amdahl, Backfill, Measured, QueueOrder, SimJob, SimPolicy,
                                     Simulation, ask_share, fluid_lower_bound, generate, simulate)
 from malleable_sim.workload import time_cost_frontier
@@ -217,9 +217,9 @@ def test_bad_input_is_refused():
 
 
 def test_the_command_line_writes_the_summary(tmp_path, capsys):
-    from slurm_plugin.cli import main
+    from malleable_sim.cli import main
     out = tmp_path / "out.json"
-    assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
+    assert main(["--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
                  "--seed", "4", "--json", str(out)]) == 0
     import json
     rows = json.loads(out.read_text())
@@ -229,7 +229,7 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
         assert {"makespan_s", "mean_response_s", "utilisation", "lower_bound_makespan_s",
                 "wall_s"} <= set(r)
         assert r["makespan_s"] >= r["lower_bound_makespan_s"] > 0 and r["jobs"] == 100
-    assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
+    assert main(["--nodes", "3", "--cores", "8", "--jobs", "100", "--policy", "all",
                  "--seed", "4", "--malleable-ask", "0.5", "--json", str(out)]) == 0
     asked = {r["policy"]: r for r in json.loads(out.read_text())}
     base = {r["policy"]: r for r in rows}
@@ -240,7 +240,7 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
     assert asked["static-ask"]["mean_response_s"] != base["static"]["mean_response_s"]
     assert asked["lend-idle"]["malleable_ask"] == 0.5
     assert "lend-idle" in capsys.readouterr().out
-    assert main(["simulate", "--nodes", "3", "--cores", "8", "--jobs", "100", "--policy",
+    assert main(["--nodes", "3", "--cores", "8", "--jobs", "100", "--policy",
                  "static", "--seed", "4", "--queue-order", "longest-first", "--json",
                  str(out)]) == 0
     assert json.loads(out.read_text())["queue_order"] == "longest-first"

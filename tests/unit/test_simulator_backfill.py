@@ -86,10 +86,10 @@ def test_every_policy_runs_under_both_and_no_job_starts_before_it_arrives(seed):
 
 
 def test_the_command_line_chooses_the_backfill(tmp_path):
-    from slurm_plugin.cli import main
+    from malleable_sim.cli import main
     out = tmp_path / "out.json"
     for backfill in ("conservative", "easy"):
-        assert main(["simulate", "--nodes", "2", "--cores", "8", "--jobs", "50", "--policy",
+        assert main(["--nodes", "2", "--cores", "8", "--jobs", "50", "--policy",
                      "static", "--backfill", backfill, "--json", str(out)]) == 0
         assert json.loads(out.read_text())["backfill"] == backfill
 

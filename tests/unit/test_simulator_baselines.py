@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from slurm_plugin.coscheduler.model import Policy
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.model import Policy
+from malleable_policy.request import MalleableSpec
 from malleable_sim import Amdahl, SimJob, SimPolicy, generate, simulate
 from malleable_sim.metrics import COMPARED
 
@@ -49,9 +49,9 @@ def test_static_ask_submits_what_the_malleable_regimes_submit_and_runs_it_withou
 
 
 def test_the_json_splits_the_agents_own_effect_from_asking_for_less(tmp_path):
-    from slurm_plugin.cli import main
+    from malleable_sim.cli import main
     out = tmp_path / "out.json"
-    assert main(["simulate", "--nodes", "4", "--cores", "16", "--jobs", "300", "--policy",
+    assert main(["--nodes", "4", "--cores", "16", "--jobs", "300", "--policy",
                  "all", "--malleable-ask", "0.25", "--offered-load", "1.5", "--seed", "2",
                  "--json", str(out)]) == 0
     rows = {r["policy"]: r for r in json.loads(out.read_text())}

@@ -139,9 +139,9 @@ def test_generate_lublin_reaches_the_load_and_is_reproducible():
 def test_the_command_line_generates_lublin_and_scales_a_log(tmp_path):
     import json
 
-    from slurm_plugin.cli import main
+    from malleable_sim.cli import main
     out = tmp_path / "out.json"
-    assert main(["simulate", "--nodes", "4", "--cores", "16", "--jobs", "200", "--workload",
+    assert main(["--nodes", "4", "--cores", "16", "--jobs", "200", "--workload",
                  "lublin", "--offered-load", "0.9", "--policy", "nodes", "--json",
                  str(out)]) == 0
     row = json.loads(out.read_text())
@@ -150,7 +150,7 @@ def test_the_command_line_generates_lublin_and_scales_a_log(tmp_path):
     log = tmp_path / "t.swf"
     log.write_text("".join(f"{i} {i * 100} -1 50 4 -1 -1 4 60 -1 1 -1 -1 -1 -1 -1 -1 -1\n"
                            for i in range(1, 21)))
-    assert main(["simulate", "--nodes", "1", "--cores", "8", "--swf", str(log), "--policy",
+    assert main(["--nodes", "1", "--cores", "8", "--swf", str(log), "--policy",
                  "static", "--swf-offered-load", "1.0", "--json", str(out)]) == 0
     row = json.loads(out.read_text())
     # 20 jobs of 4 cores x 50 s arriving over 1,900 s on 8 cores: 4000 / 15200.

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from malleable_sim import (Amdahl, SimJob, SimPolicy, ask_share, closed_batch, generate,
                                     simulate)
 from malleable_sim.metrics import TAU_S, bounded_slowdown, percentile
@@ -70,10 +70,10 @@ def test_a_closed_batch_submits_every_job_at_once_in_the_same_order():
 
 
 def test_every_metric_is_in_the_json_per_policy_open_and_closed(tmp_path):
-    from slurm_plugin.cli import main
+    from malleable_sim.cli import main
     out = tmp_path / "out.json"
     for extra in ([], ["--closed-batch"]):
-        assert main(["simulate", "--nodes", "2", "--cores", "8", "--jobs", "60", "--policy",
+        assert main(["--nodes", "2", "--cores", "8", "--jobs", "60", "--policy",
                      "all", "--json", str(out), *extra]) == 0
         rows = json.loads(out.read_text())
         for row in rows:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from malleable_sim import (Amdahl, Backfill, SimJob, SimPolicy, ask_share,
                                     fluid_lower_bound, read_swf, simulate, swf_workload)
 from malleable_sim.engine import peer_cap, select_nodes

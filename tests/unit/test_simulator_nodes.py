@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.request import MalleableSpec
 from malleable_sim import Amdahl, SimJob, SimPolicy, simulate
 from malleable_sim.engine import NodeBounds, _Profile
 from malleable_sim.lublin import Downey

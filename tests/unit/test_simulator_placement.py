@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from slurm_plugin.cli import main
+from malleable_sim.cli import main
 from malleable_sim import Amdahl, Backfill, Placement, SimJob, SimPolicy, simulate
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
@@ -100,15 +100,15 @@ def test_the_placements_agree_when_every_job_is_wider_than_a_node_or_fits_freely
 
 
 def test_the_cli_passes_placement_to_the_simulation(tmp_path):
-    """`malleable simulate --placement`: the two rules give different schedules of one
+    """`malleable-sim --placement`: the two rules give different schedules of one
     generated workload (4 nodes x 4 cores, 40 jobs, seed 1), and a wrong name is refused."""
     made = {}
     for placement in ("one-node", "slurm-tasks"):
         out = tmp_path / f"{placement}.json"
-        assert main(["simulate", "--nodes", "4", "--cores", "4", "--jobs", "40", "--policy",
+        assert main(["--nodes", "4", "--cores", "4", "--jobs", "40", "--policy",
                      "static", "--placement", placement, "--json", str(out)]) == 0
         made[placement] = json.loads(out.read_text())
     assert made["one-node"]["makespan_s"] != made["slurm-tasks"]["makespan_s"]
     with pytest.raises(SystemExit) as exc:
-        main(["simulate", "--placement", "anywhere"])
+        main(["--placement", "anywhere"])
     assert exc.value.code == 2

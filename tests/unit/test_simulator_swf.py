@@ -99,9 +99,9 @@ def test_integral_fields_written_as_decimals_are_read():
 
 
 def test_the_command_line_reads_a_gzipped_log_and_counts_the_dropped(tmp_path, capsys):
-    from slurm_plugin.cli import main
+    from malleable_sim.cli import main
     out = tmp_path / "out.json"
-    assert main(["simulate", "--swf", str(GZIPPED), "--nodes", "1", "--cores", "128",
+    assert main(["--swf", str(GZIPPED), "--nodes", "1", "--cores", "128",
                  "--policy", "static", "--malleable-fraction", "0", "--json", str(out)]) == 0
     row = json.loads(out.read_text())
     assert row["jobs"] == 8 and row["jobs_read"] == 15
@@ -111,7 +111,7 @@ def test_the_command_line_reads_a_gzipped_log_and_counts_the_dropped(tmp_path, c
     assert row["swf_header"]["MaxProcs"] == "128"
     empty = tmp_path / "empty.swf.gz"
     empty.write_bytes(gzip.compress(b"; MaxProcs: 4\n"))
-    assert main(["simulate", "--swf", str(empty), "--nodes", "1", "--cores", "4",
+    assert main(["--swf", str(empty), "--nodes", "1", "--cores", "4",
                  "--json", str(out)]) == 1      # a runtime error (2: usage errors only)
     assert "0 job lines read" in capsys.readouterr().err
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_plugin.coscheduler.executor import Outcome, OutcomeStatus
-from slurm_plugin.coscheduler.model import Action, ActionKind, JobView, NodeSnapshot, Reason
-from slurm_plugin.coscheduler.request import MalleableSpec
+from malleable_policy.model import Outcome, OutcomeStatus
+from malleable_policy.model import Action, ActionKind, JobView, NodeSnapshot, Reason
+from malleable_policy.request import MalleableSpec
 from slurm_plugin.coscheduler.safety import Verdict
 from slurm_plugin.coscheduler.step_gate import StepGate, gated_jobs
 from slurm_plugin.coscheduler.step_socket import (StepStartRequest, StepStartServer,

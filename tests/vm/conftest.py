@@ -23,7 +23,6 @@ import importlib.util
 import io
 import json
 import os
-import shlex
 import subprocess
 import tarfile
 import time
@@ -207,14 +206,14 @@ def cosched(vms: VMs) -> VMs:
 
         def idle():
             out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)
-            states = dict(l.split()[:2] for l in out.splitlines() if len(l.split()) >= 2)
+            states = dict(ln.split()[:2] for ln in out.splitlines() if len(ln.split()) >= 2)
             return set(states) == want and all(v == "idle" for v in states.values())
         wait_for(idle, timeout=240, interval=2, what="every node idle after the restart",
                  show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
                                       check=False))
         # 24.11 lists the hook scripts as "Prolog[0] = ...".
         conf = {k.strip().removesuffix("[0]"): v.strip() for k, _, v in
-                (l.partition("=") for l in vms.out("vm1", "scontrol show config").splitlines())}
+                (ln.partition("=") for ln in vms.out("vm1", "scontrol show config").splitlines())}
         assert conf.get("JobSubmitPlugins") == "lua", conf.get("JobSubmitPlugins")
         assert conf.get("Prolog") == "/etc/slurm/prolog.d/*", conf.get("Prolog")
         assert conf.get("PrologSlurmctld") == f"{HOOKS}/ctld_event.sh", conf

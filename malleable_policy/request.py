@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Any, Iterable
 
 PREFIX = "malleable:"
 MAX_VALUE = 4096
@@ -158,7 +158,8 @@ def is_near_miss(text: str | None, grammar: Grammar = GRAMMAR) -> bool:
     ``near_miss_distance`` edits from "malleable"."""
     if text is None or text.startswith(grammar.prefix):
         return False
-    word = _LEADING_WORD.match(text.lstrip(grammar.leading_space))[0]
+    leading = _LEADING_WORD.match(text.lstrip(grammar.leading_space))
+    word = leading[0] if leading else ""      # it matches the empty word at least
     if abs(len(word) - len(grammar.word)) > grammar.near_miss_distance:
         return False
     return _edit_distance(word.lower(), grammar.word) <= grammar.near_miss_distance
@@ -270,7 +271,7 @@ def submit_request(comment: str | None, spank_job_env: Iterable[str] | None = No
     comment_asks = comment is not None and (comment.startswith(grammar.prefix)
                                             or is_near_miss(comment, grammar))
     if option is not None:
-        if comment_asks:
+        if comment_asks and comment is not None:
             raise RequestError(f"--malleable and --comment={comment[:64]!r} both ask: use "
                                "--malleable only (the comment is the older form of it)")
         return parse_option(option, grammar)
@@ -332,7 +333,8 @@ def spec_and_request(admin_comment: str, comment: str) -> tuple[MalleableSpec | 
 
 # --- job_submit.lua's constants -----------------------------------------------------------------
 
-LuaValue = str | int | bool | tuple | dict
+# A tuple is a Lua array, a dict a table; their items are LuaValues in turn.
+LuaValue = str | int | bool | tuple[Any, ...] | dict[Any, Any]
 
 
 def lua_literal(value: LuaValue) -> str:

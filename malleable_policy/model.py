@@ -1,4 +1,5 @@
-"""What the co-scheduler sees of one node, and what it decides: typed, immutable, pure."""
+"""What the co-scheduler sees of one node, what it decides, and what became of each action:
+typed, immutable, pure."""
 from __future__ import annotations
 
 import enum
@@ -252,6 +253,21 @@ class Plan:
     offers: Mapping[int, int] = field(default_factory=dict)   # multi-node job -> cores per rank
 
 
+class OutcomeStatus(enum.Enum):
+    """What became of one action when the node's executor carried it out."""
+    APPLIED = "applied"
+    FAILED = "failed"
+    CANCELLED = "cancelled"    # needed cores a failed or cancelled action was to release
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    status: OutcomeStatus
+    error: str = ""
+    latency_ms: float = 0.0
+
+
 class PlanInvariantError(AssertionError):
     pass
 
@@ -271,7 +287,7 @@ def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
             other = next(j.job_id for j in snapshot.jobs[:i] if c in plan.targets[j.job_id])
             raise PlanInvariantError(f"core {c} given to jobs {other} and {job.job_id}")
         given |= target
-        if not job.resizable:
+        if not job.resizable or job.spec is None:    # resizable: malleable, so it has a spec
             if target != job.allocation:
                 raise PlanInvariantError(f"job {job.job_id} moved off its allocation")
             continue

@@ -26,8 +26,8 @@ from __future__ import annotations
 import bisect
 import heapq
 
-from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, Policy, Reason,
-                    check_plan)
+from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, PlanInvariantError, Policy,
+                    Reason, check_plan)
 
 
 # The most one more core can be credited with, in core-equivalents (the job's own steps/s per
@@ -42,6 +42,8 @@ def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> t
     n_node = len(snapshot.cpus)
     if snapshot.max_cpus is not None:    # the site's limit holds for max=node too
         n_node = min(n_node, max(snapshot.max_cpus, 1))
+    if job.spec is None:
+        raise PlanInvariantError(f"job {job.job_id} is rigid: it has no bounds")
     lo = min(job.spec.min_cpus, n_node)
     hi = max(lo, job.spec.max_on(n_node))
     alloc = len(job.allocation)
@@ -139,10 +141,10 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
     worth = {jid: next_core(jid) for jid in sorted(counts)}
     spare = pool - sum(counts.values())
     while spare > 0:
-        best = None
+        best, best_key = None, None
         for jid, key in worth.items():   # ties: the lowest id, as the dict is in id order
-            if key is not None and (best is None or key > worth[best]):
-                best = jid
+            if key is not None and (best_key is None or key > best_key):
+                best, best_key = jid, key
         if best is None:
             break   # no core adds work anywhere: the rest stay idle
         counts[best] += 1
@@ -251,7 +253,7 @@ def assign_cores(snapshot: NodeSnapshot, counts: dict[int, int]) -> dict[int, fr
             continue
         mine = sorted(targets[j.job_id] or j.current)
 
-        def closeness(c: int) -> tuple:
+        def closeness(c: int) -> tuple[bool, int, int]:
             return (c not in j.current, _distance_to_nearest(mine, c), c)
 
         grab = sorted(snapshot.cpus - taken, key=closeness)[:need]
