@@ -115,7 +115,7 @@ PATHS = {
     "signal pinned": ControlPath("signal", True,
                                  lambda c, r: r.update(pin=True) or ["--no-follow"], _signal,
                                  lambda c: {"MALLEABLE_TF_SIGNALS": SIGNAL_SPEC}),
-    # _target sends SIGUSR1, as when the README's numbers were taken: the worker must map it.
+    # _target sends SIGUSR1, as when the fidelity table's numbers were taken (docs/evaluation.md): the worker must map it.
     "target file": ControlPath("target", True, lambda c, r: [], _target,
                                lambda c: {"MALLEABLE_TF_TARGET": str(c.scratch / "target_{pid}.json"),
                                           "MALLEABLE_TF_SIGNALS": "USR1=reload"}),

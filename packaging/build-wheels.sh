@@ -40,7 +40,7 @@ license = { text = "Apache-2.0" }
 dependencies = []
 
 [project.optional-dependencies]
-# The tested range (README, "TensorFlow versions"), for an environment that has none yet.
+# The tested range (docs/user-guide.md, "TensorFlow versions tested"), for an environment that has none yet.
 tensorflow = ["tensorflow>=2.15,<2.22"]
 horovod = ["horovod==0.28.1"]
 
