@@ -23,8 +23,8 @@ from common import machine, save
 
 from malleable_protocol import RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
-from slurm_plugin.coscheduler.cgroup_actuator import CpusetActuator
-from slurm_plugin.coscheduler.ranks import InputBudgetExceeded, RankReader
+from slurm_plugin.node.cgroup_actuator import CpusetActuator
+from slurm_plugin.node.ranks import InputBudgetExceeded, RankReader
 
 UID, JOB = 4321, 7
 GOOD = RankStatus(pid=10, rank=0, local_rank=0, local_size=1, intra_active=2, intra_pool=2,

@@ -21,8 +21,8 @@ from pathlib import Path
 from common import machine, median, percentile, save
 
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
-from slurm_plugin.coscheduler.config import AgentConfig
-from slurm_plugin.coscheduler.node import make_reconciler
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.wiring import make_reconciler
 from malleable_policy.model import Policy
 from slurm_plugin.feed import FeedStore
 from slurm_plugin.feed.watcher import build_feeds

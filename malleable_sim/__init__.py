@@ -1,6 +1,6 @@
 """``malleable-sim``: the co-scheduler's policies at cluster scale, in a discrete-event
 simulation that calls the agent's own ``decide`` (engine.py) on generated workloads or on
-Standard Workload Format logs (swf.py, workload.py, lublin.py); cli.py is the command.
+Standard Workload Format logs (swf.py, workload.py, lublin.py); commands/main.py is the command.
 
 A research tool, a package of its own beside the node side: it depends on the pure policy
 (``malleable_policy``), the node side never imports it, and the node package (packaging/deb)

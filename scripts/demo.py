@@ -24,8 +24,8 @@ import launcher.train_digits as train_digits
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy
-from slurm_plugin.coscheduler.ranks import read_job_statuses
-from slurm_plugin.coscheduler.status import collect_status, format_table
+from slurm_plugin.node.ranks import read_job_statuses
+from slurm_plugin.commands.status import collect_status, format_table
 from slurm_plugin.feed import FeedStore
 from slurm_plugin.slurm import JobState
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(HERE.parent))
 from common import RESULTS, machine, median, percentile, save  # noqa: E402
 
 from slurm_plugin.cluster import LocalCluster, default_spec  # noqa: E402
-from slurm_plugin.coscheduler.cgroup_actuator import read_cpus  # noqa: E402
+from slurm_plugin.node.cgroup_actuator import read_cpus  # noqa: E402
 from malleable_policy.model import Policy  # noqa: E402
-from slurm_plugin.coscheduler.ranks import read_job_statuses  # noqa: E402
+from slurm_plugin.node.ranks import read_job_statuses  # noqa: E402
 from slurm_plugin.slurm import JobState  # noqa: E402
 
 NODE = "cs1"

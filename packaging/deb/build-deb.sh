@@ -57,7 +57,7 @@ cat > "$root/usr/bin/malleable" <<'PY'
 # The node side's command (the malleable-slurm package; docs/install.md).
 import sys
 
-from slurm_plugin.cli import main
+from slurm_plugin.commands.main import main
 
 sys.exit(main())
 PY

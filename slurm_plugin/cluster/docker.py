@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from malleable_policy.model import Policy
-from .spec import ClusterSpec, HostTopology, NAME_RE, SpecError
+from slurm_plugin.cluster.spec import ClusterSpec, HostTopology, NAME_RE, SpecError
 
 CLUSTER_ROOT = Path("/cluster")
 # Each container runs its own munged at Debian's default socket; the key is the cluster folder's.
@@ -103,7 +103,7 @@ def render_compose(cluster: DockerCluster, node_names: list[str]) -> str:
 
 def prepare(cluster: DockerCluster, policy: Policy | None) -> ClusterSpec:
     """Inside the image, as root: the cluster folder below /cluster and its compose file."""
-    from .local import hooks_dir, host_topology, install_cluster_hooks, write_cluster_files
+    from slurm_plugin.cluster.local import hooks_dir, host_topology, install_cluster_hooks, write_cluster_files
     spec = cluster.spec(host_topology())
     if policy is not None:
         # The image has the node side as docs/install.md installs it: the package's plugin.

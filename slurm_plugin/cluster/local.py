@@ -19,12 +19,12 @@ from typing import Callable
 from malleable_protocol.cgroupfs import parse_mountinfo
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 
-from .. import cgroups
-from ..coscheduler.jobfs import unmount_job_fs
+from slurm_plugin import cgroups
+from slurm_plugin.hooks.jobfs import unmount_job_fs
 from malleable_policy.model import Policy
-from ..slurm import CliSlurmClient, Job, Node
-from . import daemons
-from .spec import (DB_NAME, DB_USER, ClusterSpec, HostTopology, parse_slurmd_c,
+from slurm_plugin.slurm import CliSlurmClient, Job, Node
+from slurm_plugin.cluster import daemons
+from slurm_plugin.cluster.spec import (DB_NAME, DB_USER, ClusterSpec, HostTopology, parse_slurmd_c,
                    render_cgroup_conf, render_slurm_conf, render_slurmdbd_conf)
 
 DEFAULT_ROOT = Path(os.environ.get("MALLEABLE_CLUSTER_DIR", "/tmp/malleable-cluster"))
@@ -135,9 +135,9 @@ def install_cluster_hooks(spec: ClusterSpec, policy: Policy, *,
     """What `malleable install-slurm-hooks` does on a real cluster, below the cluster folder
     (with ``spank_library``, the Debian package's plugin instead of one built here): returns
     the spec with its hook slots filled."""
-    from ..coscheduler.config import AgentConfig
-    from ..coscheduler.install import install, prepare_node_folders
-    from ..feed.store import FeedStore
+    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.hooks.install import install, prepare_node_folders
+    from slurm_plugin.feed.store import FeedStore
     config = AgentConfig.under(spec.paths.root, policy=policy, slurm_conf=spec.paths.slurm_conf)
     paths = install(hooks_dir(spec), config, spank_library=spank_library)
     prepare_node_folders(config)
@@ -260,7 +260,7 @@ class LocalCluster:
 
     def agent_config(self):
         """The agent settings the hooks were installed with (hooks/agent.json)."""
-        from ..coscheduler.config import AgentConfig
+        from slurm_plugin.node.config import AgentConfig
         return AgentConfig.from_json((self.hooks_dir / "agent.json").read_text())
 
     def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
@@ -301,7 +301,7 @@ class LocalCluster:
                        log_of={f"slurmd {n}": p.log / f"slurmd-{n}.log"
                                for n in self.spec.node_names})
             if agents is not None:
-                start("watcher", [sys.executable, "-m", "slurm_plugin.cli", "watcher",
+                start("watcher", [sys.executable, "-m", "slurm_plugin.commands.main", "watcher",
                                   "--feed-dir", str(self.paths.root / "feed"),
                                   "--slurm-conf", str(p.slurm_conf),
                                   "--metrics-port", str(self.spec.watcher_metrics_port)])
@@ -364,7 +364,7 @@ class LocalCluster:
                    log_of={"slurmdbd": p.log / "slurmdbd.log"})
 
     def _agent_argv(self, node: str) -> list[str]:
-        return [sys.executable, "-m", "slurm_plugin.cli", "agent",
+        return [sys.executable, "-m", "slurm_plugin.commands.main", "agent",
                 "--config", str(self.hooks_dir / "agent.json"), "--node", node,
                 "--metrics-port", str(self.spec.metrics_port(node))]
 

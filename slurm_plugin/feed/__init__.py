@@ -6,8 +6,8 @@ event or resync, whatever the number of nodes, and publishes one ``NodeFeed`` pe
 (job_submit.lua's modify hook, PrologSlurmctld, EpilogSlurmctld) into the store's event file.
 Node agents also publish their per-job offers there, so a multi-node job is sized as one job.
 """
-from .model import FeedJob, JobReport, NodeFeed, NodeReport, Offers
-from .store import FeedStore
-from .watcher import ClusterWatcher, WatcherConfig
+from slurm_plugin.feed.model import FeedJob, JobReport, NodeFeed, NodeReport, Offers
+from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.feed.watcher import ClusterWatcher, WatcherConfig
 
 __all__ = ["FeedJob", "JobReport", "NodeFeed", "NodeReport", "Offers", "FeedStore", "ClusterWatcher", "WatcherConfig"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .watcher import PollResult
+from slurm_plugin.feed.watcher import PollResult
 
 
 class WatcherMetrics:

@@ -29,8 +29,8 @@ from malleable_protocol import ProtocolError, check_node_name
 from malleable_protocol.safe_io import (append_capped, ensure_private_dir, list_bounded, open_dir,
                                         read_bounded, write_atomic)
 
-from .model import MAX_FEED_BYTES, NodeFeed, NodeReport, Offers
-from .usage import MAX_USAGE_BYTES, parse_usage_file_name, usage_file_name
+from slurm_plugin.feed.model import MAX_FEED_BYTES, NodeFeed, NodeReport, Offers
+from slurm_plugin.feed.usage import MAX_USAGE_BYTES, parse_usage_file_name, usage_file_name
 
 MAX_USAGE_FILES = 100_000           # listed at most (files of jobs the watcher has not closed)
 MAX_USAGE_LOG_BYTES = 64 << 20      # usage.jsonl is rotated (usage.jsonl.1) past this

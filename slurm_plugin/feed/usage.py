@@ -1,7 +1,7 @@
 """A job's borrowed and lent cores, from its nodes to the site's accounting.
 
 Each node's Epilog writes the job's usage on that node (the ``job-usage`` line of
-``coscheduler.accounting``) to ``<feed_dir>/usage/<job>.<node>.json``. Once Slurm no longer
+``slurm_plugin.node.accounting``) to ``<feed_dir>/usage/<job>.<node>.json``. Once Slurm no longer
 holds the job's cores anywhere (not even COMPLETING: every node's Epilog has run), the watcher
 sums the nodes' files into one ``JobUsage``, writes it into the job's SystemComment in Slurm's
 accounting database (what ``sacct -o SystemComment`` shows) where the cluster has slurmdbd,
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 from malleable_protocol import check_node_name
 
-from ..slurm import Job
+from slurm_plugin.slurm import Job
 
 MAX_USAGE_BYTES = 4096             # one node's file: a JSON line of a few hundred bytes
 MAX_JOB_ID = 4_294_967_294         # Slurm's job ids are 32-bit (NO_VAL excluded)

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from malleable_protocol.runner import CommandError
-from ..slurm import JobAccounting, Node, SlurmClient, SlurmClientError
-from ..slurm.parsers import SlurmParseError
+from slurm_plugin.slurm import JobAccounting, Node, SlurmClient, SlurmClientError
+from slurm_plugin.slurm.parsers import SlurmParseError
 from malleable_policy.request import spec_and_request
-from .model import FeedJob, NodeFeed, partition_name
-from .notify import send_wake
-from .store import FeedStore
-from .usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
+from slurm_plugin.feed.model import FeedJob, NodeFeed, partition_name
+from slurm_plugin.feed.notify import send_wake
+from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
 
 log = logging.getLogger("malleable.watcher")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
-from .model import Job, JobState, Node
-from .parsers import (cpu_ids_of, parse_config_value, parse_nodes_json, parse_sacct_field,
+from slurm_plugin.slurm.model import Job, JobState, Node
+from slurm_plugin.slurm.parsers import (cpu_ids_of, parse_config_value, parse_nodes_json, parse_sacct_field,
                       parse_sbatch_parsable, parse_scontrol_ping, parse_slurm_version,
                       parse_squeue_json)
 

@@ -6,7 +6,7 @@ import json
 import re
 
 from malleable_protocol.hostlist import expand_hostlist
-from .model import Job, JobState, Node
+from slurm_plugin.slurm.model import Job, JobState, Node
 
 
 class SlurmParseError(ValueError):

@@ -264,7 +264,7 @@ static int write_fence(const char *state, const char *node, uint32_t job, const 
 	return (close(fd) == 0 && ok) ? 0 : -1;
 }
 
-/* Ask the node's agent (slurm_plugin/coscheduler/step_socket.py). 0: done, the step may start;
+/* Ask the node's agent (slurm_plugin/daemon/step_socket.py). 0: done, the step may start;
  * 1: refused (why in err); -1: no agent listening or no answer within wait_s. */
 static int ask_agent(const char *state, const char *node, uint32_t job, const char *folder,
 		     double wait_s, char *err, size_t err_len)
@@ -369,7 +369,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	}
 	snprintf(pid_s, sizeof(pid_s), "%d", (int)getpid());
 	snprintf(node_env, sizeof(node_env), "SLURMD_NODENAME=%s", node);
-	char *const argv[] = {(char *)python, "-I", "-m", "slurm_plugin.coscheduler.hooks",
+	char *const argv[] = {(char *)python, "-I", "-m", "slurm_plugin.hooks",
 			      "step-start", "--config", (char *)config, "--job", job_s,
 			      "--step", folder, "--stepd-pid", pid_s, NULL};
 	char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", node_env, "LC_ALL=C.UTF-8",

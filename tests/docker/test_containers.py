@@ -56,7 +56,7 @@ def training(docker_slurm, jobs_dir):
 
 @pytest.fixture
 def agent(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_plugin.cli", "containers",
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_plugin.commands.main", "containers",
                              "--cpus", "0-1", "--state-dir", str(tmp_path / "state"),
                              "--interval", "0.3"], stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "agent.log", "w"))

@@ -62,7 +62,7 @@ def cgroup_cpus(cluster, node: str, job_id: int, step: str = "",
 
 def job_cpus_shell(node: str, job: int | str, step: str | None = None, uid: int = 0, *,
                    slurm_conf: Path | None = None,
-                   malleable: tuple[str, ...] = (sys.executable, "-m", "slurm_plugin.cli")) -> str:
+                   malleable: tuple[str, ...] = (sys.executable, "-m", "slurm_plugin.commands.main")) -> str:
     """A shell expression for a job script that prints a job's CPUs on ``node`` (``job`` may be
     "$SLURM_JOB_ID"), read through the node's discovered layout (``malleable cgroups``;
     ``malleable``: how the job's node runs that command)."""

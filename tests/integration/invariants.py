@@ -10,8 +10,8 @@ from pathlib import Path
 
 from malleable_protocol import parse_cpu_list, rank_share
 from slurm_plugin.cluster import daemons
-from slurm_plugin.coscheduler.cgroup_actuator import walk_job
-from slurm_plugin.coscheduler.ranks import job_step_of, read_job_statuses
+from slurm_plugin.node.cgroup_actuator import walk_job
+from slurm_plugin.node.ranks import job_step_of, read_job_statuses
 from slurm_plugin.feed import FeedStore
 
 SENTINELS = [Path("/etc/passwd"), Path("/etc/shadow"), Path("/etc/hostname")]

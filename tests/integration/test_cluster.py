@@ -94,7 +94,7 @@ def test_comment_signal_and_unknown_job(cluster, tmp_path):
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slurm_plugin.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", *args], capture_output=True,
                           text=True, timeout=180, env=env)
 
 

@@ -194,7 +194,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         wait_for(lambda: b_out.exists() and "B=" in b_out.read_text(), timeout=30, what="B ran")
         fields = dict(kv.split("=") for kv in b_out.read_text().split())
         assert not (parse_cpu_list(fields["B"]) & parse_cpu_list(fields["A"])), fields
-        restart = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "agent", "--once",
+        restart = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "agent", "--once",
                                   "--config", str(c.hooks_dir / "agent.json"), "--node", NODE],
                                  capture_output=True, text=True, timeout=60)
         assert restart.returncode == 0, restart.stderr
@@ -202,7 +202,7 @@ def test_kill_9_agent_during_resizes_then_restart_converges(agent_cluster, tmp_p
         # is gone, its step agrees with its job folder.
         wait_for(lambda: not any(j.state.holds_cores and j.job_id != a for j in client.jobs()),
                  timeout=30, what="B gone")
-        again = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "agent", "--once",
+        again = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "agent", "--once",
                                 "--config", str(c.hooks_dir / "agent.json"), "--node", NODE],
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 0, again.stderr

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.cluster
 
 
 def doctor(c, node: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "doctor", "--config",
+    return subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "doctor", "--config",
                            str(c.hooks_dir / "agent.json"), "--node", node],
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, **c.env()})

@@ -113,7 +113,7 @@ def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):
 def status_rows(env: dict, job_id: int) -> list[dict] | str:
     """``malleable status --json`` (the real command), this job's rows; its error while it
     fails (on a fresh cluster, until the watcher has published the feed)."""
-    out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "status", "--json"],
+    out = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "status", "--json"],
                          capture_output=True, text=True, timeout=60, env=env)
     if out.returncode != 0:
         return out.stderr
@@ -142,7 +142,7 @@ def test_a_custom_training_loop_shows_its_steps_per_s_in_malleable_status(agent_
                         show=lambda: status_rows(env, job_id))
         print(rows)
         assert rows[0]["node"] == node and rows[0]["threads"], rows
-        table = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "status"],
+        table = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "status"],
                                capture_output=True, text=True, timeout=60, env=env).stdout
         print(table)
         line = next(x for x in table.splitlines() if x.split()[:1] == [str(job_id)])

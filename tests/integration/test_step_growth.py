@@ -204,7 +204,7 @@ srun -n1 touch {tmp_path}/ran-free; echo "free rc=$?"
 
 
 def _holds_lock(path: Path) -> bool:
-    from slurm_plugin.coscheduler.procs import lock_holder
+    from slurm_plugin.node.procs import lock_holder
     return lock_holder(path) is not None
 
 

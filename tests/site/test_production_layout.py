@@ -46,7 +46,7 @@ def test_the_layout_is_discovered_as_the_production_one(site_cluster):
     expected = cgroups.SlurmCgroupLayout.named(NODE, cgroups.CgroupVersion.V1,
                                                multiple_slurmd=False)
     assert layout == expected and not layout.multiple_slurmd, layout
-    out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "cgroups", "--node", NODE,
+    out = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "cgroups", "--node", NODE,
                           "--slurm-conf", str(site_cluster.paths.slurm_conf)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and f"{expected.node_dir()}/uid_<U>" in out.stdout, out

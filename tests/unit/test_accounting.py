@@ -10,17 +10,17 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from malleable_protocol.records import ProtocolError
-from slurm_plugin.coscheduler import hooks
-from slurm_plugin.coscheduler.accounting import (account, account_cycle, close_job, held_after,
+from slurm_plugin.hooks import job_hooks as hooks
+from slurm_plugin.node.accounting import (account, account_cycle, close_job, held_after,
                                                  record_cycle, so_far, usage_line)
-from slurm_plugin.coscheduler.core_usage import CoreUsage
-from slurm_plugin.coscheduler.config import AgentConfig
+from slurm_plugin.node.core_usage import CoreUsage
+from slurm_plugin.node.config import AgentConfig
 from malleable_policy.model import Outcome, OutcomeStatus
-from slurm_plugin.coscheduler.install import prepare_node_folders
-from slurm_plugin.coscheduler.ledger import Ledger, LedgerFile
-from slurm_plugin.coscheduler.metrics import AgentMetrics
+from slurm_plugin.hooks.install import prepare_node_folders
+from slurm_plugin.node.ledger import Ledger, LedgerFile
+from slurm_plugin.daemon.metrics import AgentMetrics
 from malleable_policy.model import (Action, ActionKind, JobView, NodeSnapshot, Reason)
-from slurm_plugin.coscheduler.reconciler import CycleResult, Reconciler
+from slurm_plugin.node.reconciler import CycleResult, Reconciler
 from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import FeedJob, FeedStore, NodeFeed
 
@@ -375,7 +375,7 @@ def test_record_cycle_saves_the_ledger(tmp_path):
 # --- malleable status and the metrics -----------------------------------------------------------
 
 def test_status_shows_each_jobs_core_seconds_so_far_to_root_only(tmp_path):
-    from slurm_plugin.coscheduler.status import collect_status, format_table
+    from slurm_plugin.commands.status import collect_status, format_table
     store = FeedStore(tmp_path / "feed")
     store.prepare()
     store.write_node(NodeFeed("n1", 4, (

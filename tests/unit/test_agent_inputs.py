@@ -7,7 +7,7 @@ import pytest
 
 from malleable_protocol import RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, process_cpuset
-from slurm_plugin.coscheduler.ranks import job_step_of, read_job_ranks
+from slurm_plugin.node.ranks import job_step_of, read_job_ranks
 from malleable_policy.request import MalleableSpec, spec_and_request
 
 UID = 4321
@@ -88,12 +88,12 @@ def test_one_jobs_input_is_confined_to_that_job(tmp_path):
     """The failure boundary: a job whose records cost more than their budget, or whose cgroup
     has folders Slurm did not make, is held to its allocation (its fault); the other job is
     read and lent the idle cores as usual, and the cycle itself does not fail."""
-    from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
-    from slurm_plugin.coscheduler.ledger import Ledger
+    from slurm_plugin.node.cgroup_actuator import CgroupJob
+    from slurm_plugin.node.ledger import Ledger
     from malleable_policy.model import Policy
-    from slurm_plugin.coscheduler.observe import NodeObserver
+    from slurm_plugin.node.observe import NodeObserver
     from malleable_policy.decide import decide
-    from slurm_plugin.coscheduler.ranks import RankReader
+    from slurm_plugin.node.ranks import RankReader
     from slurm_plugin.feed import FeedJob, NodeFeed
     from tests.unit.test_observe_and_feed import FakeCgroups, FakeFeed
     S = frozenset
@@ -140,7 +140,7 @@ def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_pa
     RankStatus.decode(bomb)          # valid: the reader pays its whole decode
     for r in range(1024):
         put(d, f"rank_{r}.json", bomb)
-    from slurm_plugin.coscheduler.ranks import InputBudgetExceeded, RankReader
+    from slurm_plugin.node.ranks import InputBudgetExceeded, RankReader
     reader = RankReader(max_bytes=1 << 30, step_of=lambda *a: "step_0")
     t0 = time.thread_time()
     with pytest.raises(InputBudgetExceeded):
@@ -157,7 +157,7 @@ def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_pa
 
 def test_the_node_lock_is_roots_alone(tmp_path):
     """flock needs only a descriptor: a lock file a job user can open is a lock he can hold."""
-    from slurm_plugin.coscheduler.reconciler import node_lock
+    from slurm_plugin.node.reconciler import node_lock
     lock = tmp_path / "agent-n1.lock"
     lock.write_text("")
     lock.chmod(0o644)                     # as an earlier version left it
@@ -170,10 +170,10 @@ def test_the_node_lock_is_roots_alone(tmp_path):
 
 
 def test_job_faults_are_counted_in_the_metrics():
-    from slurm_plugin.coscheduler.metrics import AgentMetrics
+    from slurm_plugin.daemon.metrics import AgentMetrics
     from malleable_policy.model import JobView, NodeSnapshot, Policy
     from malleable_policy.decide import decide
-    from slurm_plugin.coscheduler.reconciler import CycleResult
+    from slurm_plugin.node.reconciler import CycleResult
     S = frozenset
     jobs = (JobView(5, UID, "u", S({0}), S({0}), spec=MalleableSpec(1, None), fault="over budget"),
             JobView(6, UID, "u", S({1}), S({1}), spec=MalleableSpec(1, None)))

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
-from slurm_plugin.coscheduler import cgroup_actuator
-from slurm_plugin.coscheduler.cgroup_actuator import (ActuatorError, CpusetActuator,
+from slurm_plugin.node import cgroup_actuator
+from slurm_plugin.node.cgroup_actuator import (ActuatorError, CpusetActuator,
                                                       read_cpus)
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 

@@ -160,8 +160,8 @@ def test_cgroup_conf_reader(tmp_path):
 
 
 def test_the_agent_waits_for_slurmds_folders_then_refuses_saying_why():
-    from slurm_plugin.coscheduler.agent import await_layout
-    from slurm_plugin.coscheduler.config import AgentConfig
+    from slurm_plugin.daemon.agent import await_layout
+    from slurm_plugin.node.config import AgentConfig
     t = [0.0]
     calls = []
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin import cli
-from slurm_plugin.cli import build_parser, main
+from slurm_plugin.commands import main as cli
+from slurm_plugin.commands.main import build_parser, main
 from slurm_plugin.cluster import ClusterError
 from slurm_plugin.feed import FeedStore, NodeReport
 from slurm_plugin.logs import setup_logging
@@ -79,7 +79,7 @@ def test_version_falls_back_to_pyproject_when_not_installed(monkeypatch):
 
 
 def test_version_in_a_real_process():
-    out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "--version"],
+    out = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "--version"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("malleable ") and out.stdout.split()[1][0].isdigit()
@@ -231,7 +231,7 @@ def test_a_bug_is_not_hidden_as_a_runtime_error(monkeypatch):
 
 
 def test_runtime_errors_exit_1_in_a_real_process(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "slurm_plugin.cli", "status", "--feed-dir",
+    out = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "status", "--feed-dir",
                           str(tmp_path / "missing")], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert out.returncode == 1 and out.stdout == ""
@@ -258,8 +258,8 @@ def test_metrics_address_must_be_an_ip_address(bad, capsys):
 
 
 def test_the_agent_gets_the_metrics_address_and_sets_up_its_log(tmp_path, monkeypatch, capsys):
-    from slurm_plugin.coscheduler import agent as agent_mod
-    from slurm_plugin.coscheduler.config import AgentConfig
+    from slurm_plugin.daemon import agent as agent_mod
+    from slurm_plugin.node.config import AgentConfig
     config = tmp_path / "agent.json"
     config.write_text(AgentConfig(node="n1", state_dir=tmp_path).to_json())
     seen = {}
@@ -375,7 +375,7 @@ def test_the_watcher_waits_for_slurmctld_and_stops_on_sigterm(tmp_path):
                     "AuthType=auth/munge\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
     err = tmp_path / "err"
     with open(err, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_plugin.cli", "watcher",
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_plugin.commands.main", "watcher",
                                  "--feed-dir", str(tmp_path / "feed"), "--slurm-conf", str(conf)],
                                 stderr=f, stdout=subprocess.DEVNULL)
     try:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.coscheduler.containers import (Container, ContainerActuator, ContainerParseError,
+from slurm_plugin.containers import (Container, ContainerActuator, ContainerParseError,
                                                  ContainerStatus, admit, node_snapshot,
                                                  parse_inspect)
 from malleable_policy.model import Policy
@@ -85,7 +85,7 @@ class FakeDocker:
 
 
 def test_cycle_starts_the_new_container_only_after_the_lender_shrank(tmp_path):
-    from slurm_plugin.coscheduler.containers import ContainerCoScheduler
+    from slurm_plugin.containers import ContainerCoScheduler
     a, b = c("a", status="running", cpuset=ALL), c("b", created="t2")
     docker = FakeDocker([a])
     cs = ContainerCoScheduler("h", ALL, Policy.LEND_IDLE, tmp_path, docker)
@@ -103,7 +103,7 @@ def test_cycle_starts_the_new_container_only_after_the_lender_shrank(tmp_path):
 
 
 def test_actuator_refuses_an_empty_cpuset_and_an_unknown_container():
-    from slurm_plugin.coscheduler.cgroup_actuator import ActuatorError
+    from slurm_plugin.node.cgroup_actuator import ActuatorError
     a = c("a", status="running")
     act = ContainerActuator(FakeDocker([a]), [a])
     with pytest.raises(ValueError):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_plugin.coscheduler.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
+from slurm_plugin.commands.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
                                              _plugstack_lines, diagnose, plugstack_path, render,
                                              runs_ours)
-from slurm_plugin.coscheduler.install import render_hook
+from slurm_plugin.hooks.install import render_hook
 from slurm_plugin.slurm.parsers import parse_config_values
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -6,9 +6,9 @@ import pytest
 
 from malleable_protocol import RunLayout, Target
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
-from slurm_plugin.coscheduler.cgroup_actuator import ActuatorError
+from slurm_plugin.node.cgroup_actuator import ActuatorError
 from malleable_policy.model import OutcomeStatus
-from slurm_plugin.coscheduler.executor import PlanExecutor
+from slurm_plugin.node.executor import PlanExecutor
 from malleable_policy.model import (JobView, NodeSnapshot, Policy, RankView)
 from malleable_policy.decide import decide
 from malleable_policy.request import MalleableSpec

@@ -157,8 +157,8 @@ def test_the_watcher_wakes_the_agents_that_registered(tmp_path):
 
 def test_an_agent_without_inotify_takes_wakes_instead(tmp_path, monkeypatch):
     """inotify failing (out of watches) does not stop the agent: it registers a wake port."""
-    from slurm_plugin.coscheduler import agent as agent_mod
-    from slurm_plugin.coscheduler.config import AgentConfig
+    from slurm_plugin.daemon import agent as agent_mod
+    from slurm_plugin.node.config import AgentConfig
     from slurm_plugin.feed import notify
 
     def no_inotify(self):

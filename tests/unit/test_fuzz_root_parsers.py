@@ -28,7 +28,7 @@ from malleable_protocol.cgroupfs import (cpuset_cgroup, parse_cgroup_mount_roots
 from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import MAX_RECORD_BYTES, decode_json_bounded
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, parse_stepd_title
-from slurm_plugin.coscheduler.ledger import Allocation, Fence, Ledger, LedgerFile
+from slurm_plugin.node.ledger import Allocation, Fence, Ledger, LedgerFile
 from malleable_policy.request import (MalleableSpec, RequestError, parse_submit,
                                               parse_update, spec_and_request)
 from slurm_plugin.feed.model import (FeedJob, JobReport, MAX_FEED_BYTES, NodeFeed, NodeReport,
@@ -511,7 +511,7 @@ def test_feed_files_that_raised_other_errors(decode, raw):
     assert len(str(refused.value)) <= MAX_MESSAGE
 
 
-# --- slurm_plugin.coscheduler.ledger -----------------------------------------------------------
+# --- slurm_plugin.node.ledger -----------------------------------------------------------
 
 LEDGER_SEEDS = [json.loads(Ledger(
     allocations={5: Allocation(1000, frozenset({0, 1}))}, starting={6: 1.0}, ended={4: 2.0},

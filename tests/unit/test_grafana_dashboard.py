@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_plugin.coscheduler.metrics import AgentMetrics
+from slurm_plugin.daemon.metrics import AgentMetrics
 from slurm_plugin.feed.metrics import WatcherMetrics
 from slurm_plugin.feed.watcher import PollResult
 

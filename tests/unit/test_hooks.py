@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_plugin.coscheduler import hooks
-from slurm_plugin.coscheduler.config import AgentConfig
-from slurm_plugin.coscheduler.install import prepare_node_folders, render_hook
-from slurm_plugin.coscheduler.job_folder import LEFTOVER_PREFIX, make_job_folder
-from slurm_plugin.coscheduler.ledger import LedgerFile
-from slurm_plugin.coscheduler.procs import is_agent
+from slurm_plugin.hooks import job_hooks as hooks
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.hooks.install import prepare_node_folders, render_hook
+from slurm_plugin.hooks.job_folder import LEFTOVER_PREFIX, make_job_folder
+from slurm_plugin.node.ledger import LedgerFile
+from slurm_plugin.node.procs import is_agent
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as other users")
 PY = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.access(p, os.X_OK)),
@@ -153,12 +153,15 @@ def test_step_start_trusts_only_a_process_whose_every_uid_is_roots(config):
 def test_the_prolog_and_epilog_run_python_isolated(tmp_path):
     for hook in ("prolog.sh", "epilog.sh"):
         text = render_hook(hook, python="/opt/venv/bin/python", config=tmp_path / "agent.json")
-        assert f"exec /opt/venv/bin/python -I -m slurm_plugin.coscheduler.hooks " \
+        assert f"exec /opt/venv/bin/python -I -m slurm_plugin.hooks " \
                f"{hook[:-3]} --config {tmp_path / 'agent.json'}" in text
-    assert '"-I", "-m", "slurm_plugin.coscheduler.hooks"' in \
+    assert '"-I", "-m", "slurm_plugin.hooks"' in \
         (REPO / "slurm_plugin" / "spank" / "malleable_spank.c").read_text()
     # Installed in this Python (not found from the cwd or PYTHONPATH): -I still finds it.
-    out = subprocess.run([sys.executable, "-I", "-m", "slurm_plugin.coscheduler.hooks", "--help"],
-                         cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and "prolog,epilog,step-start" in out.stdout
+    # The path an earlier version rendered into Prologs runs the same hooks (until the site's
+    # `install-slurm-hooks` renders them again).
+    for module in ("slurm_plugin.hooks", "slurm_plugin.coscheduler.hooks"):
+        out = subprocess.run([sys.executable, "-I", "-m", module, "--help"], cwd="/",
+                             env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "prolog,epilog,step-start" in out.stdout, (module, out)

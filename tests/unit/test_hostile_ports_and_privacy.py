@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from slurm_plugin.coscheduler import agent as agent_mod
-from slurm_plugin.coscheduler.config import AgentConfig
-from slurm_plugin.coscheduler.metrics import AgentMetrics, MetricsServer
+from slurm_plugin.daemon import agent as agent_mod
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.daemon.metrics import AgentMetrics, MetricsServer
 from slurm_plugin.feed.store import FeedStore
 
 
@@ -115,7 +115,7 @@ class _Layout:
 
 
 def test_the_agent_command_takes_a_metrics_address():
-    from slurm_plugin.cli import build_parser
+    from slurm_plugin.commands.main import build_parser
     args = build_parser().parse_args(["agent", "--config", "a.json", "--metrics-port", "9100"])
     assert args.metrics_address == "127.0.0.1" and args.metrics_port == 9100
     args = build_parser().parse_args(["agent", "--config", "a.json", "--metrics-port", "9100",
@@ -167,7 +167,7 @@ def _shrink_action(uid: int):
 
 def _executor(tmp_path):
     from malleable_protocol import RunLayout
-    from slurm_plugin.coscheduler.executor import PlanExecutor
+    from slurm_plugin.node.executor import PlanExecutor
     return PlanExecutor("n1", RunLayout(tmp_path / "run"), actuator=None)
 
 
@@ -236,7 +236,7 @@ def test_without_acls_a_target_falls_back_to_the_users_primary_group(tmp_path, m
 def test_the_event_log_is_roots_alone_even_one_an_older_version_made(tmp_path):
     from types import SimpleNamespace
 
-    from slurm_plugin.coscheduler.reconciler import Reconciler
+    from slurm_plugin.node.reconciler import Reconciler
     fake = SimpleNamespace(config=SimpleNamespace(event_log=tmp_path / "events-n1.jsonl"))
     Reconciler._log_event(fake, {"job": 1, "status": "applied"})
     assert stat.S_IMODE(os.stat(tmp_path / "events-n1.jsonl").st_mode) == 0o600
@@ -298,8 +298,8 @@ def test_status_shows_a_user_only_his_own_jobs_and_root_all(tmp_path, capsys):
     import argparse
     import json
 
-    from slurm_plugin.cli import _status_cmd
-    from slurm_plugin.coscheduler.status import collect_status
+    from slurm_plugin.commands.main import _status_cmd
+    from slurm_plugin.commands.status import collect_status
     from slurm_plugin.feed import FeedStore, NodeReport
     store = FeedStore(tmp_path)
     store.prepare()
@@ -319,7 +319,7 @@ def test_status_shows_a_user_only_his_own_jobs_and_root_all(tmp_path, capsys):
 
 @needs_root
 def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
-    from slurm_plugin.cli import main
+    from slurm_plugin.commands.main import main
     from slurm_plugin.feed import FeedStore
     store = FeedStore(open_tmp / "feed")
     store.prepare()
@@ -350,7 +350,7 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
 
 def test_status_of_a_feed_folder_that_is_not_there_is_an_error(tmp_path, capsys):
     """A wrong --feed-dir printed an empty table and exited 0."""
-    from slurm_plugin.cli import main
+    from slurm_plugin.commands.main import main
     assert main(["status", "--feed-dir", str(tmp_path / "missing")]) == 1
     assert "no feed folder at" in capsys.readouterr().err
 
@@ -358,7 +358,7 @@ def test_status_of_a_feed_folder_that_is_not_there_is_an_error(tmp_path, capsys)
 def test_the_command_tells_its_version(capsys):
     from importlib.metadata import version
 
-    from slurm_plugin.cli import main
+    from slurm_plugin.commands.main import main
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0

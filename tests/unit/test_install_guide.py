@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.coscheduler.doctor import HOOK_KEYS
-from slurm_plugin.coscheduler.install import LUA_MODULE, render_job_submit
+from slurm_plugin.commands.doctor import HOOK_KEYS
+from slurm_plugin.hooks.install import LUA_MODULE, render_job_submit
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "install.md"

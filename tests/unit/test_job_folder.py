@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from malleable_protocol import RunLayout
-from slurm_plugin.coscheduler.job_folder import (LEFTOVER_PREFIX, make_job_folder,
+from slurm_plugin.hooks.job_folder import (LEFTOVER_PREFIX, make_job_folder,
                                                  remove_job_folder, remove_tree, sweep_leftovers)
 
 ROOT = os.geteuid() == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.coscheduler.install import render_job_submit
+from slurm_plugin.hooks.install import render_job_submit
 
 LUA = next((p for p in map(shutil.which, ("lua5.1", "lua", "luajit", "lua5.3", "lua5.4")) if p),
            None)

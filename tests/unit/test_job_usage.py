@@ -20,7 +20,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def line(job=7, node="n1", borrowed=4.1, lent=0.0, allocation=1, end=110.0) -> dict:
-    """What the Epilog writes (coscheduler.accounting.usage_line)."""
+    """What the Epilog writes (slurm_plugin.node.accounting.usage_line)."""
     return {"time": end, "event": "job-usage", "job": job, "node": node,
             "allocation": allocation, "borrowed_core_s": borrowed, "lent_core_s": lent,
             "start": 100.0, "end": end, "closed_by": "epilog"}

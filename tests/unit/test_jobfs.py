@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from slurm_plugin.coscheduler.jobfs import JOB_FS_BYTES, mount_job_fs, unmount_job_fs
+from slurm_plugin.hooks.jobfs import JOB_FS_BYTES, mount_job_fs, unmount_job_fs
 
 
 def test_a_user_fills_only_his_jobs_folder_and_the_epilog_unmounts_it(tmp_path):

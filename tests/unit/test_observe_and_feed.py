@@ -3,9 +3,9 @@ from pathlib import Path
 
 from malleable_protocol import RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
-from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
-from slurm_plugin.coscheduler.ledger import Ledger, LedgerFile
-from slurm_plugin.coscheduler.observe import NodeObserver
+from slurm_plugin.node.cgroup_actuator import CgroupJob
+from slurm_plugin.node.ledger import Ledger, LedgerFile
+from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import ClusterWatcher, FeedJob, FeedStore, NodeFeed, Offers, WatcherConfig
 from slurm_plugin.feed.watcher import build_feeds
@@ -98,7 +98,7 @@ def test_peer_cap_is_the_smallest_offer_of_the_other_nodes():
 def test_ledger_file_round_trip_and_garbage(tmp_path):
     lf = LedgerFile(tmp_path, "n1")
     led = Ledger(starting={3: 1.5})
-    led.allocations[2] = __import__("slurm_plugin.coscheduler.ledger", fromlist=["x"]).Allocation(
+    led.allocations[2] = __import__("slurm_plugin.node.ledger", fromlist=["x"]).Allocation(
         7, S({1, 2}))
     lf.save(led)
     assert lf.load() == led
@@ -201,7 +201,7 @@ def test_every_feed_record_survives_its_own_bounds():
 
 
 def test_a_fence_holds_until_the_steps_slurmstepd_joins_its_cpuset():
-    from slurm_plugin.coscheduler.ledger import Fence
+    from slurm_plugin.node.ledger import Fence
     feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
     cg = {7: CgroupJob(1000, 7, S({0, 1, 2, 3}), {"step_batch": S({0, 1, 2, 3})})}
     where = {41: "/slurm_n1/uid_1000/job_7/step_batch"}     # slurmstepd not in step_0 yet
@@ -235,7 +235,7 @@ def test_a_fence_holds_until_the_steps_slurmstepd_joins_its_cpuset():
 
 def test_fences_survive_the_ledger_file_and_bad_step_names_are_refused(tmp_path):
     import pytest
-    from slurm_plugin.coscheduler.ledger import Fence, check_step_name
+    from slurm_plugin.node.ledger import Fence, check_step_name
     ledger = Ledger(fences={(7, "step_0"): Fence("step_0", 41, 5.0),
                             (7, "step_batch"): Fence("step_batch", 40, 4.0)})
     f = LedgerFile(tmp_path, "n1")
@@ -299,7 +299,7 @@ def test_on_cgroup_v2_a_fence_holds_until_the_steps_tasks_have_folders():
     the SPANK plugin runs, and the agent may already have written the job's CPUs there (seen in
     the VMs): neither may lift the fence; the tasks' folders, made after slurmstepd's writes, do."""
     from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
-    from slurm_plugin.coscheduler.ledger import Fence
+    from slurm_plugin.node.ledger import Fence
 
     class V2Cgroups(FakeCgroups):
         layout = SlurmCgroupLayout.named("n1", CgroupVersion.V2, multiple_slurmd=True)

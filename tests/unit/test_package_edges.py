@@ -51,8 +51,9 @@ PACKAGES = tuple(p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").
                  ["tool"]["setuptools"]["packages"]["find"]["include"])
 
 # Each unit's layer: a unit imports only units of lower layers (and itself). The order the
-# architecture promises (docs/design.md): protocol < policy < feed, simulator, user runtime <
-# node < the surfaces on top (the development cluster, the operator's command).
+# architecture promises (docs/design.md, "The house"): protocol < policy < feed, simulator, user
+# runtime < the node's cycle < what runs it (daemon, hooks, containers) < the development
+# cluster < the operator's command.
 LAYERS = {
     "malleable_protocol": 0,
     "malleable_policy": 1,
@@ -61,10 +62,12 @@ LAYERS = {
     "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1, "slurm_plugin.spank": 1,
     "slurm_plugin.logs": 1, "sbatch_templates": 1,
     "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_tf": 2,
-    "slurm_plugin.coscheduler": 3, "launcher": 3,
-    "slurm_plugin.cluster": 4,
-    "slurm_plugin.cli": 5,
-    "slurm_plugin": 5,          # its __init__ (empty)
+    "slurm_plugin.node": 3, "launcher": 3,
+    "slurm_plugin.daemon": 4, "slurm_plugin.hooks": 4, "slurm_plugin.containers": 4,
+    "slurm_plugin.cluster": 5,
+    "slurm_plugin.commands": 6,
+    "slurm_plugin.coscheduler": 7,   # an earlier version's hook path, for rendered Prologs
+    "slurm_plugin": 7,               # its __init__ (empty)
 }
 
 
@@ -205,34 +208,36 @@ def test_the_node_side_imports_no_simulator_and_the_policy_only_the_protocol():
 def test_the_graph_checks_can_fail(tmp_path):
     """The circles this tree had (a lazy import and a TYPE_CHECKING one closing them), and a
     layer breach: each is found."""
-    (tmp_path / "slurm_plugin" / "coscheduler").mkdir(parents=True)
+    for folder in ("slurm_plugin/node", "slurm_plugin/commands"):
+        (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "malleable_policy").mkdir()
     files = {
         "slurm_plugin/__init__.py": "",
-        "slurm_plugin/coscheduler/__init__.py": "",
-        "slurm_plugin/coscheduler/ledger.py": "from .accounting import CoreUsage\n",
-        "slurm_plugin/coscheduler/accounting.py":
+        "slurm_plugin/node/__init__.py": "",
+        "slurm_plugin/commands/__init__.py": "",
+        "slurm_plugin/node/ledger.py": "from .accounting import CoreUsage\n",
+        "slurm_plugin/node/accounting.py":
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .ledger import L\n",
-        "slurm_plugin/cli.py": "def simulate():\n    from malleable_policy import decide\n",
-        "slurm_plugin/coscheduler/reconciler.py": "from malleable_policy.decide import decide\n",
+        "slurm_plugin/commands/main.py": "def simulate():\n    from malleable_policy import decide\n",
+        "slurm_plugin/node/reconciler.py": "from malleable_policy.decide import decide\n",
         "malleable_policy/__init__.py": "",
-        "malleable_policy/decide.py": "def f():\n    from slurm_plugin.coscheduler import ledger\n",
+        "malleable_policy/decide.py": "def f():\n    from slurm_plugin.node import ledger\n",
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     graph = import_graph(tmp_path, ["slurm_plugin", "malleable_policy"])
-    assert find_cycle(graph) == ["slurm_plugin.coscheduler.ledger",
-                                 "slurm_plugin.coscheduler.accounting",
-                                 "slurm_plugin.coscheduler.ledger"]
-    assert find_cycle(unit_graph(graph)) == ["malleable_policy", "slurm_plugin.coscheduler",
+    assert find_cycle(graph) == ["slurm_plugin.node.ledger",
+                                 "slurm_plugin.node.accounting",
+                                 "slurm_plugin.node.ledger"]
+    assert find_cycle(unit_graph(graph)) == ["malleable_policy", "slurm_plugin.node",
                                              "malleable_policy"]
     assert layer_breaches(graph) == [
-        "malleable_policy.decide imports slurm_plugin.coscheduler.ledger"]
+        "malleable_policy.decide imports slurm_plugin.node.ledger"]
     # Without call-time imports, the lazy edges are gone; the TYPE_CHECKING one stays.
     top = import_graph(tmp_path, ["slurm_plugin", "malleable_policy"], call_time=False)
-    assert top["slurm_plugin.cli"] == set() and top["malleable_policy.decide"] == set()
-    assert top["slurm_plugin.coscheduler.reconciler"] == {"malleable_policy.decide"}
-    assert top["slurm_plugin.coscheduler.accounting"] == {"slurm_plugin.coscheduler.ledger"}
+    assert top["slurm_plugin.commands.main"] == set() and top["malleable_policy.decide"] == set()
+    assert top["slurm_plugin.node.reconciler"] == {"malleable_policy.decide"}
+    assert top["slurm_plugin.node.accounting"] == {"slurm_plugin.node.ledger"}
 
 
 def test_malleable_tf_modules_import_each_other_without_a_cycle():

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from malleable_protocol import ProtocolError
-from slurm_plugin.coscheduler.cgroup_actuator import CgroupJob
-from slurm_plugin.coscheduler.config import AgentConfig
-from slurm_plugin.coscheduler.ledger import Ledger
+from slurm_plugin.node.cgroup_actuator import CgroupJob
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.ledger import Ledger
 from malleable_policy.model import (JobView, NodeSnapshot, Plan, PlanInvariantError, Policy,
                                             RankView, SiteLimits, check_plan)
-from slurm_plugin.coscheduler.observe import NodeObserver
+from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.decide import LINEAR_GAIN, decide
 from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import FeedJob, NodeFeed

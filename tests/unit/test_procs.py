@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_plugin.coscheduler.executor import PlanExecutor
-from slurm_plugin.coscheduler.procs import (agent_pid, flock_holder, is_agent, lock_holder,
+from slurm_plugin.node.executor import PlanExecutor
+from slurm_plugin.node.procs import (agent_pid, flock_holder, is_agent, lock_holder,
                                             process_uid, signal_verified)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as other users")

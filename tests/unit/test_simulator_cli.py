@@ -41,7 +41,7 @@ def test_without_numpy_it_says_what_it_needs():
     """The simulator installed without numpy (its `sim` extra): one line says what is missing;
     the node's command is not touched by it."""
     code = ("import sys; sys.modules['numpy'] = None\n"
-            "from slurm_plugin.cli import build_parser\n"
+            "from slurm_plugin.commands.main import build_parser\n"
             "build_parser().parse_args(['status', '--json'])\n"
             "from malleable_sim.cli import main\n"
             "sys.exit(main(['--jobs', '10']))\n")
@@ -54,7 +54,7 @@ def test_without_numpy_it_says_what_it_needs():
 
 
 def test_the_node_command_has_no_simulate(capsys):
-    from slurm_plugin.cli import main as node_main
+    from slurm_plugin.commands.main import main as node_main
     with pytest.raises(SystemExit) as done:
         node_main(["simulate", "--jobs", "5"])
     assert done.value.code == 2

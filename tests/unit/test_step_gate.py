@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from malleable_policy.model import Outcome, OutcomeStatus
 from malleable_policy.model import Action, ActionKind, JobView, NodeSnapshot, Reason
 from malleable_policy.request import MalleableSpec
-from slurm_plugin.coscheduler.safety import Verdict
-from slurm_plugin.coscheduler.step_gate import StepGate, gated_jobs
-from slurm_plugin.coscheduler.step_socket import (StepStartRequest, StepStartServer,
+from slurm_plugin.node.safety import Verdict
+from slurm_plugin.node.step_gate import StepGate, gated_jobs
+from slurm_plugin.daemon.step_socket import (StepStartRequest, StepStartServer,
                                                    encode_answer)
 
 S = frozenset

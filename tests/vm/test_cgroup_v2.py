@@ -31,7 +31,7 @@ def test_discover_layout_reports_v2_and_the_node_scope(cosched: VMs):
             f"l = d(\"{NODE}\", slurm_conf=\"{SLURM_CONF}\"); "
             "print(l.version.value, l.node_dir(), l.multiple_slurmd)'"))
         assert out.split() == ["v2", SCOPE, "True"], out
-        cli = cosched.out(NODE, f"python3 -m slurm_plugin.cli cgroups --node {NODE}")
+        cli = cosched.out(NODE, f"python3 -m slurm_plugin.commands.main cgroups --node {NODE}")
         assert cli.startswith(f"cgroup v2, {SCOPE}/job_<J>/step_<S>/user/task_<T>"), cli
 
 
@@ -122,8 +122,8 @@ def test_grow_step_reclaim_and_shrink_on_cgroup_v2(cosched: VMs):
             raise
     try:
         with Stage("(c) B gets its core back before its script runs; A's rank down to 1"):
-            b_script = (f"echo B=$(python3 -m slurm_plugin.cli cgroups --node {NODE} "
-                        f"--job $SLURM_JOB_ID) A=$(python3 -m slurm_plugin.cli cgroups "
+            b_script = (f"echo B=$(python3 -m slurm_plugin.commands.main cgroups --node {NODE} "
+                        f"--job $SLURM_JOB_ID) A=$(python3 -m slurm_plugin.commands.main cgroups "
                         f"--node {NODE} --job {a}); sleep 20")
             b = int(vms.out(NODE, (
                 f"cd /tmp && {AS_TESTER} sbatch --parsable -N1 -n1 -w {NODE} -D /tmp "

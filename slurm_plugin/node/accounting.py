@@ -29,9 +29,9 @@ from typing import Any, Callable, Mapping
 
 from malleable_policy.model import NodeSnapshot, Outcome, OutcomeStatus
 
-from .core_usage import CoreUsage
-from .events import append_event
-from .ledger import Ledger, LedgerFile
+from slurm_plugin.node.core_usage import CoreUsage
+from slurm_plugin.node.events import append_event
+from slurm_plugin.node.ledger import Ledger, LedgerFile
 
 def account(usage: CoreUsage | None, held: int, allocation: int, now: float) -> CoreUsage:
     """``usage`` integrated up to ``now`` with the width it recorded (what the job held since

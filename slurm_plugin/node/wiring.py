@@ -6,16 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..cgroups import SlurmCgroupLayout, discover_layout
-from ..feed.store import FeedStore
-from .cgroup_actuator import CpusetActuator, fault_hook
-from .config import AgentConfig
-from .executor import PlanExecutor
-from .ledger import LedgerFile
-from .observe import NodeObserver
-from .ranks import RankReader
-from .reconciler import Reconciler
-from .step_gate import StepGate
+from slurm_plugin.cgroups import SlurmCgroupLayout, discover_layout
+from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.node.cgroup_actuator import CpusetActuator, fault_hook
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.executor import PlanExecutor
+from slurm_plugin.node.ledger import LedgerFile
+from slurm_plugin.node.observe import NodeObserver
+from slurm_plugin.node.ranks import RankReader
+from slurm_plugin.node.reconciler import Reconciler
+from slurm_plugin.node.step_gate import StepGate
 
 
 def load_config(path: Path) -> AgentConfig:

@@ -17,11 +17,11 @@ from typing import Callable
 from malleable_protocol import ProtocolError, RunLayout, Target, is_reload_signal, rank_share
 from malleable_protocol.safe_io import ensure_private_dir, share_read_with, write_atomic
 
-from .cgroup_actuator import ActuatorError, CpusetActuator
+from slurm_plugin.node.cgroup_actuator import ActuatorError, CpusetActuator
 from malleable_policy.model import (Action, ActionKind, NodeSnapshot, Outcome, OutcomeStatus,
                                     Plan, RankView)
-from .procs import signal_verified
-from .ranks import PidCheck, in_job_cgroup, read_job_ranks
+from slurm_plugin.node.procs import signal_verified
+from slurm_plugin.node.ranks import PidCheck, in_job_cgroup, read_job_ranks
 
 log = logging.getLogger("malleable.agent")
 

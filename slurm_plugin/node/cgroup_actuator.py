@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Callable, Mapping
 from pathlib import Path
 
-from ..cgroups import CPUS_FILE, SlurmCgroupLayout
+from slurm_plugin.cgroups import CPUS_FILE, SlurmCgroupLayout
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 
 class ActuatorError(RuntimeError):

@@ -27,7 +27,7 @@ from pathlib import Path
 from malleable_protocol import check_job_id
 from malleable_protocol.layout import check_step_name
 
-from .safety import Verdict
+from slurm_plugin.node.safety import Verdict
 
 log = logging.getLogger("malleable.agent")
 MAX_REQUEST_BYTES = 128

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from malleable_protocol.safe_io import ensure_private_dir
 
-from .. import spank
-from ..feed.store import FeedStore
-from .config import AgentConfig
+from slurm_plugin import spank
+from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.node.config import AgentConfig
 from malleable_policy.request import GRAMMAR, lua_grammar_source, lua_literal
 
 

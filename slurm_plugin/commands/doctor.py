@@ -17,8 +17,8 @@ from pathlib import Path
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
-from ..slurm.parsers import parse_config_value, parse_config_values
-from .config import AgentConfig
+from slurm_plugin.slurm.parsers import parse_config_value, parse_config_values
+from slurm_plugin.node.config import AgentConfig
 
 SPANK_SO = "malleable_spank.so"
 
@@ -167,10 +167,10 @@ def _hook_runs_ours(values: list[str]) -> tuple[str, bool]:
 
 def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
            wall=time.time) -> Facts:
-    from ..feed.notify import FeedMode, discover_feed_mode
-    from ..feed.store import FeedStore
-    from .node import node_layout
-    from .procs import agent_pid
+    from slurm_plugin.feed.notify import FeedMode, discover_feed_mode
+    from slurm_plugin.feed.store import FeedStore
+    from slurm_plugin.node.wiring import node_layout
+    from slurm_plugin.node.procs import agent_pid
     f = Facts(node=config.node)
     env = {"SLURM_CONF": str(config.slurm_conf)} if config.slurm_conf else None
     try:

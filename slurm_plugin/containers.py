@@ -29,10 +29,10 @@ from malleable_protocol import RunLayout, format_cpu_list, parse_cpu_list
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from malleable_protocol.safe_io import ensure_private_dir, write_atomic
 
-from .cgroup_actuator import ActuatorError
+from slurm_plugin.node.cgroup_actuator import ActuatorError
 from malleable_policy.model import Outcome, OutcomeStatus
 
-from .executor import PlanExecutor
+from slurm_plugin.node.executor import PlanExecutor
 from malleable_policy.model import JobView, NodeSnapshot, Plan, PlanInvariantError, Policy
 from malleable_policy.decide import decide
 from malleable_policy.request import PREFIX, MalleableSpec, RequestError, parse_submit

@@ -47,7 +47,7 @@ def process_uid(pid: int) -> int | None:
 
 def is_agent(pid: int) -> bool:
     """Whether ``pid`` is a root process (every uid 0) running the node's agent (``malleable
-    agent``, ``python -m slurm_plugin.cli agent``). The command line alone could be anyone's."""
+    agent``, ``python -m slurm_plugin.commands.main agent``). The command line alone could be anyone's."""
     if _pid(pid) is None or process_uid(pid) != 0:
         return False
     try:

@@ -12,9 +12,9 @@ from malleable_protocol import ProtocolError, RankStatus, RunLayout
 from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
-from ..cgroups import SlurmCgroupLayout, process_cpuset
+from slurm_plugin.cgroups import SlurmCgroupLayout, process_cpuset
 from malleable_policy.model import RankView
-from .procs import process_uid
+from slurm_plugin.node.procs import process_uid
 
 MAX_RANK_FILES = 1024
 

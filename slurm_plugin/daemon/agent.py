@@ -11,12 +11,12 @@ import threading
 import time
 from typing import Callable
 
-from ..cgroups import LayoutUnknown, SlurmCgroupLayout
-from .config import AgentConfig
-from .node import make_reconciler, node_layout
-from .reconciler import Reconciler
-from .safety import check_step_start, note, report_verdict, start_step
-from .step_socket import StepStartServer, encode_answer, refusal
+from slurm_plugin.cgroups import LayoutUnknown, SlurmCgroupLayout
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.wiring import make_reconciler, node_layout
+from slurm_plugin.node.reconciler import Reconciler
+from slurm_plugin.node.safety import check_step_start, note, report_verdict, start_step
+from slurm_plugin.daemon.step_socket import StepStartServer, encode_answer, refusal
 
 log = logging.getLogger("malleable.agent")
 
@@ -42,7 +42,7 @@ def watch_feed(config: AgentConfig, store, on_change: Callable[..., None]):
     """What tells the agent its feed changed, by the feed folder's file system (notify.py):
     inotify where it is local, else a wake port registered in the feed for the watcher.
     Returns what was started (``stop()``)."""
-    from ..feed.notify import FeedMode, InotifyWatch, WakeListener, discover_feed_mode
+    from slurm_plugin.feed.notify import FeedMode, InotifyWatch, WakeListener, discover_feed_mode
     mode, fstype = FeedMode(config.feed_mode), "set in the configuration"
     if mode is FeedMode.AUTO:
         mode, fstype = discover_feed_mode(config.feed_dir)
@@ -71,7 +71,7 @@ def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", 
     """Metrics of ``rec``'s cycles on ``addr:port``: serving at once if the port is free, else
     retried in the background (``MetricsServer``); never raises for a taken port, so a user
     who binds it first cannot keep the agent from reconciling. Returns the server (``stop``)."""
-    from .metrics import AgentMetrics, MetricsServer
+    from slurm_plugin.daemon.metrics import AgentMetrics, MetricsServer
     metrics = AgentMetrics(config.node)
     server = MetricsServer(metrics, port, addr, retry_s=retry_s)
     server.start()

@@ -10,12 +10,12 @@ from typing import Callable, Protocol
 
 from malleable_protocol import RunLayout
 
-from ..feed.model import NodeFeed, Offers
-from .cgroup_actuator import CgroupJob, CpusetActuator
-from .ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
+from slurm_plugin.feed.model import NodeFeed, Offers
+from slurm_plugin.node.cgroup_actuator import CgroupJob, CpusetActuator
+from slurm_plugin.node.ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
 from malleable_policy.model import JobView, NodeSnapshot, RankView, SiteLimits
-from ..cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
-from .ranks import read_job_ranks
+from slurm_plugin.cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
+from slurm_plugin.node.ranks import read_job_ranks
 
 
 class FeedSource(Protocol):

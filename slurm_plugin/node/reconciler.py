@@ -21,21 +21,21 @@ from typing import Callable
 
 from malleable_protocol import format_cpu_list
 
-from ..feed.model import JobReport, NodeReport, Offers
-from ..feed.store import FeedStore
-from .accounting import record_cycle
-from .config import AgentConfig
-from .core_usage import CoreUsage
-from .events import append_event
+from slurm_plugin.feed.model import JobReport, NodeReport, Offers
+from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.node.accounting import record_cycle
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.core_usage import CoreUsage
+from slurm_plugin.node.events import append_event
 from malleable_policy.model import Outcome, OutcomeStatus
 
-from .executor import PlanExecutor
-from .ledger import Fence, LedgerFile
+from slurm_plugin.node.executor import PlanExecutor
+from slurm_plugin.node.ledger import Fence, LedgerFile
 from malleable_policy.model import NodeSnapshot, Plan, PlanInvariantError
-from .observe import NodeObserver
+from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.decide import decide
-from .ranks import RankReader
-from .step_gate import StepGate, gated_jobs
+from slurm_plugin.node.ranks import RankReader
+from slurm_plugin.node.step_gate import StepGate, gated_jobs
 
 log = logging.getLogger("malleable.agent")
 

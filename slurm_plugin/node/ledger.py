@@ -25,7 +25,7 @@ from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import ProtocolError, decode_json_bounded
 from malleable_protocol.safe_io import ensure_private_dir, read_bounded, write_atomic
 
-from .core_usage import CoreUsage
+from slurm_plugin.node.core_usage import CoreUsage
 
 MAX_LEDGER_BYTES = 4 << 20
 STARTING_EXPIRY_S = 3600.0   # a start marker no Epilog removed (a lost job) expires

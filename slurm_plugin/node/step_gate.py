@@ -28,7 +28,7 @@ from malleable_protocol.layout import check_step_name
 from malleable_protocol.safe_io import ensure_private_dir, list_bounded, open_dir, read_bounded
 
 from malleable_policy.model import Outcome, OutcomeStatus
-from .ledger import Fence
+from slurm_plugin.node.ledger import Fence
 from malleable_policy.model import NodeSnapshot
 
 MAX_FENCE_FILES = 4096      # steps starting at once on one node, far above any real count

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from malleable_protocol import format_cpu_list
 
-from ..feed.store import FeedStore
-from .accounting import so_far
-from .core_usage import CoreUsage
-from .ledger import LedgerFile
+from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.node.accounting import so_far
+from slurm_plugin.node.core_usage import CoreUsage
+from slurm_plugin.node.ledger import LedgerFile
 
 
 @dataclass

@@ -12,13 +12,13 @@ from typing import Callable
 from malleable_protocol import check_job_id
 from malleable_protocol.layout import check_step_name
 
-from .cgroup_actuator import CgroupJob, CpusetActuator
-from .config import AgentConfig
-from .ledger import Fence, Ledger, LedgerFile
-from .node import make_actuator
-from .procs import process_uid
-from .events import append_event
-from .reconciler import CycleResult, Reconciler
+from slurm_plugin.node.cgroup_actuator import CgroupJob, CpusetActuator
+from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.ledger import Fence, Ledger, LedgerFile
+from slurm_plugin.node.wiring import make_actuator
+from slurm_plugin.node.procs import process_uid
+from slurm_plugin.node.events import append_event
+from slurm_plugin.node.reconciler import CycleResult, Reconciler
 
 
 @dataclass(frozen=True)

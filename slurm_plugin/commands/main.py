@@ -12,15 +12,15 @@ import os
 import sys
 from pathlib import Path
 
-from .cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
-from .cgroups import LayoutUnknown
-from .cluster.local import ClusterStatus
-from .coscheduler.cgroup_actuator import ActuatorError
+from slurm_plugin.cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
+from slurm_plugin.cgroups import LayoutUnknown
+from slurm_plugin.cluster.local import ClusterStatus
+from slurm_plugin.node.cgroup_actuator import ActuatorError
 from malleable_policy.model import Policy
-from .logs import add_log_level_option, setup_logging
-from .spank import SpankBuildError
+from slurm_plugin.logs import add_log_level_option, setup_logging
+from slurm_plugin.spank import SpankBuildError
 from malleable_protocol.runner import CommandError
-from .slurm import SlurmClientError, UnknownJob
+from slurm_plugin.slurm import SlurmClientError, UnknownJob
 
 
 POLICIES = [p.value for p in Policy]
@@ -110,7 +110,7 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
 
 def load_agent_config(path: str | Path, **overrides):
     """agent.json, or ``CliError`` saying which file and what is wrong with it."""
-    from .coscheduler.config import AgentConfig
+    from slurm_plugin.node.config import AgentConfig
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -125,7 +125,7 @@ def load_agent_config(path: str | Path, **overrides):
 
 
 def _agent_cmd(args: argparse.Namespace) -> int:
-    from .coscheduler.agent import run_agent
+    from slurm_plugin.daemon.agent import run_agent
     overrides = {}
     if args.node:
         overrides["node"] = args.node
@@ -138,7 +138,7 @@ def _agent_cmd(args: argparse.Namespace) -> int:
 
 
 def _doctor_cmd(args: argparse.Namespace) -> int:
-    from .coscheduler.doctor import Status, diagnose, gather, render
+    from slurm_plugin.commands.doctor import Status, diagnose, gather, render
     overrides = {"node": args.node} if args.node else {}
     config = load_agent_config(args.config, **overrides)
     checks = diagnose(gather(config))
@@ -154,8 +154,8 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from .feed import ClusterWatcher, FeedStore, WatcherConfig
-    from .slurm import CliSlurmClient
+    from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+    from slurm_plugin.slurm import CliSlurmClient
     setup_logging("watcher", args.log_level)
     feed_dir, slurm_conf = args.feed_dir, args.slurm_conf
     if args.config:   # the nodes' agent.json says where the feed is (the systemd unit's way)
@@ -202,8 +202,8 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
         return 0
     server = None
     if args.metrics_port is not None:
-        from .coscheduler.metrics import MetricsServer
-        from .feed.metrics import WatcherMetrics
+        from slurm_plugin.daemon.metrics import MetricsServer
+        from slurm_plugin.feed.metrics import WatcherMetrics
         metrics = WatcherMetrics()
         server = MetricsServer(metrics, args.metrics_port, args.metrics_address)
         server.start()
@@ -222,7 +222,7 @@ def _containers_cmd(args: argparse.Namespace) -> int:
     import threading
 
     from malleable_protocol import format_cpu_list, parse_cpu_list
-    from .coscheduler.containers import ContainerCoScheduler, DockerCli
+    from slurm_plugin.containers import ContainerCoScheduler, DockerCli
     from malleable_policy.model import Policy
     setup_logging("containers", args.log_level)
     cpus = parse_cpu_list(args.cpus) if args.cpus else frozenset(os.sched_getaffinity(0))
@@ -250,10 +250,10 @@ def _containers_cmd(args: argparse.Namespace) -> int:
 
 
 def _install_hooks_cmd(args: argparse.Namespace) -> int:
-    from .coscheduler.config import AgentConfig
-    from .coscheduler.install import install
+    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.hooks.install import install
     from malleable_policy.model import Policy
-    from .spank import SpankBuildError
+    from slurm_plugin.spank import SpankBuildError
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
                          run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
                          feed_dir=Path(args.feed_dir), max_cpus=args.max_cpus,
@@ -282,8 +282,8 @@ def _resize_cmd(args: argparse.Namespace) -> int:
 
 def _cgroups_cmd(args: argparse.Namespace) -> int:
     """The node's Slurm cgroup layout as discovered; with --job, that job's CPUs."""
-    from .cgroups import discover_layout
-    from .coscheduler.cgroup_actuator import read_cpus
+    from slurm_plugin.cgroups import discover_layout
+    from slurm_plugin.node.cgroup_actuator import read_cpus
     from malleable_protocol import format_cpu_list
     node = args.node or os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME")
     if not node:
@@ -305,7 +305,7 @@ def _cgroups_cmd(args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace):
     """A local cluster's client (its whole environment reaches the jobs), or Slurm's own."""
-    from .slurm import CliSlurmClient
+    from slurm_plugin.slurm import CliSlurmClient
     if getattr(args, "dir", None):
         return LocalCluster.load(Path(args.dir)).client()
     return CliSlurmClient()
@@ -316,9 +316,9 @@ def _status_cmd(args: argparse.Namespace, *, uid: int | None = None) -> int:
     own jobs, and only where the feed is readable to him. Exit 1 with what to do when there is
     no status to show: no feed folder, a feed no node was published into yet, a feed this user
     may not read, a job (``job_id``) not in it; also when a node reports a problem."""
-    from .coscheduler.status import (FeedUnreadable, check_feed, collect_problems,
+    from slurm_plugin.commands.status import (FeedUnreadable, check_feed, collect_problems,
                                      collect_status, format_table)
-    from .feed import FeedStore
+    from slurm_plugin.feed import FeedStore
     uid = os.geteuid() if uid is None else uid
     store = FeedStore(Path(args.feed_dir))
     try:
@@ -421,7 +421,7 @@ def package_version() -> str:
             pass
     try:
         import tomllib
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         project = tomllib.loads(pyproject.read_text())["project"]
         if project.get("name", "").replace("_", "-") == DISTRIBUTION:
             return str(project["version"])
