@@ -14,8 +14,9 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "engine": ["BF_WINDOW_S", "Backfill", "NodeBounds", "Placement", "QueueOrder", "SimPolicy",
-               "SimResult", "Simulation", "simulate"],
+    "config": ["BF_WINDOW_S", "Backfill", "NodeBounds", "Placement", "QueueOrder", "SimPolicy"],
+    "engine": ["Simulation", "simulate"],
+    "results": ["JobResult", "SimResult"],
     "lublin": ["Downey", "LublinModel", "generate_lublin", "offered_load", "scale_to_load"],
     "swf": ["SWFError", "SWFHeader", "SWFLog", "SWFRecord", "parse_swf_text", "read_swf"],
     "workload": ["Adjustment", "Amdahl", "DropReason", "Measured", "SimJob", "Workload",

@@ -1,25 +1,8 @@
 """A discrete-event simulation of a cluster whose nodes run the co-scheduler's own policy.
 
-Slurm's part is a stand-in for its two schedulers. The main one runs for arrivals and ends
-(when, below): queued jobs start in queue order (``QueueOrder``: first come, first served unless
-a site sets a priority) until the first that does not fit. Where a job goes is
-select/cons_tres's choice as this stand-in has it: a job that fits a node gets the node with the
-fewest free cores that holds it (best fit), and where none holds it now it is spread over
-several as ``sbatch -n P`` is (``Placement.SLURM_TASKS``, the default) or waits for one
-(``Placement.ONE_NODE``, below); a wider one takes whole idle nodes, lowest-numbered first, and
-the rest on the node that holds it most tightly, else on the nodes with the most free cores
-(``select_nodes``): Slurm packs a job's CPUs onto its nodes, it does not spread them evenly. The
-two schedulers run when slurmctld runs them: the main one for a batch job's arrival or an end at
-most once every ``batch_sched_delay_s`` (slurmctld's background loop calls schedule() only when
-that long has passed since its last call, 3 s by default), the backfill pass on a fixed cadence,
-at ``backfill_phase_s + k * backfill_interval_s`` (Slurm's bf_interval; its thread sleeps that
-long between passes whatever the queue does), while jobs wait, over the first ``backfill_depth``
-queued jobs (bf_max_job_test), planning with the running jobs' expected ends (start + time
-limit: a log's requested time, else start-up + runtime at the allocation; a job that grew ends
-sooner): conservatively, as Slurm does (each job that cannot start now is reserved where it fits
-earliest, if that is within ``backfill_window_s``, Slurm's bf_window, and no job after it may
-delay it), or EASY (only the first is reserved), see ``Backfill``. Slurm never sees lent
-cores: an allocation is taken from cores no running job was allocated.
+Slurm's part is the stand-in of ``slurm_standin`` (its schedulers on slurmctld's clocks,
+select/cons_tres's placement, conservative or EASY backfill); ``config`` holds the regimes and
+Slurm's settings, ``results`` what a run gives.
 
 The nodes' part is the agents': on every node where a job started or ended,
 ``malleable_policy.decide`` (the same function the agent runs, invariants checked) is given a
@@ -58,468 +41,20 @@ curve's rate for the cores its threads use:
 from __future__ import annotations
 
 import bisect
-import enum
 import heapq
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy
-
-from malleable_policy.model import JobView, NodeSnapshot, Policy, RankView
 from malleable_policy.decide import decide
+from malleable_policy.model import JobView, NodeSnapshot, RankView
+
+from .config import BF_WINDOW_S, Backfill, NodeBounds, Placement, QueueOrder, SimPolicy
 from .metrics import bounded_slowdown, percentile
-from .workload import SimJob, ask_share, fluid_lower_bound
-
-
-class SimPolicy(enum.Enum):
-    """The regimes, in the order they are reported: the baselines first."""
-
-    STATIC = "static"
-    STATIC_ASK = "static-ask"
-    CGROUP_ONLY = "cgroup-only"
-    LEND_IDLE = "lend-idle"
-    THROUGHPUT = "throughput"
-    NODES = "nodes"
-
-    @property
-    def threads_follow(self) -> bool:
-        """Whether a job's threads grow with its cores."""
-        return self in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
-
-    @property
-    def asks_less(self) -> bool:
-        """Whether malleable jobs ask Slurm for ``malleable_ask`` of their size."""
-        return self.threads_follow or self is SimPolicy.STATIC_ASK
-
-    def submitted(self, jobs: Sequence[SimJob], malleable_ask: float,
-                  node_cores: int) -> list[SimJob]:
-        """The jobs as this regime's users submit them: each malleable job asking Slurm for
-        ``malleable_ask`` of its cores (``ask_share``) where the regime asks less; under static
-        and cgroup-only every job asks for its size, as plain TensorFlow users do."""
-        return ask_share(jobs, malleable_ask, node_cores) if self.asks_less else list(jobs)
-
-    @property
-    def same_asks_baseline(self) -> "SimPolicy | None":
-        """The regime without an agent whose jobs ask Slurm for the same: against it, what
-        this regime's agent does on its own shows (None: no agent runs). Node-count
-        malleability's own effect is against static: its jobs ask for their size."""
-        if self is SimPolicy.NODES:
-            return SimPolicy.STATIC
-        if self.agent_policy is None:
-            return None
-        return SimPolicy.STATIC_ASK if self.asks_less else SimPolicy.STATIC
-
-    @property
-    def agent_policy(self) -> Policy | None:
-        return {SimPolicy.STATIC: None, SimPolicy.STATIC_ASK: None,
-                SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
-                SimPolicy.THROUGHPUT: Policy.THROUGHPUT, SimPolicy.NODES: None}[self]
-
-
-@dataclass(frozen=True)
-class NodeBounds:
-    """How far the ``nodes`` regime moves a malleable job's node count: down to ``shrink_to``
-    of the nodes it asked for (rounded up, at least 1), up to ``grow_to`` times them, and a
-    whole node more only if its cores add at least ``min_gain`` of what each of the job's cores
-    does now (its speedup curve: Downey's is flat beyond 2A - 1, so such a job never grows)."""
-
-    shrink_to: float = 0.5
-    grow_to: float = 2.0
-    min_gain: float = 0.5
-
-    def fewest(self, asked_nodes: int) -> int:
-        return max(1, math.ceil(asked_nodes * self.shrink_to))
-
-    def most(self, asked_nodes: int) -> int:
-        return max(asked_nodes, int(asked_nodes * self.grow_to))
-
-
-class QueueOrder(enum.Enum):
-    """The order of Slurm's queue (its priority), the same in every regime.
-
-    fcfs           submission order: Slurm's default (priority/basic, or multifactor's age)
-    widest-first   the most cores first: multifactor's job-size factor with large jobs favoured
-                   (PriorityFavorSmall=NO), a common site setting
-    longest-first  the longest time limit first (start + start-up + runtime at the allocation):
-                   what a site could set from the time limit; longest-processing-time-first
-                   is the classic order for a short makespan
-    """
-
-    FCFS = "fcfs"
-    WIDEST_FIRST = "widest-first"
-    LONGEST_FIRST = "longest-first"
-
-    def key(self, job: SimJob) -> tuple:
-        """Smaller is served first; submission order breaks ties."""
-        tie = (job.submit_s, job.job_id)
-        if self is QueueOrder.WIDEST_FIRST:
-            return (-job.cores, *tie)
-        if self is QueueOrder.LONGEST_FIRST:
-            return (-job.expected_s, *tie)
-        return tie
-
-
-# Slurm's bf_window default (BACKFILL_WINDOW in sched/backfill: 24 h).
-BF_WINDOW_S = 24 * 3600.0
-
-
-class Backfill(enum.Enum):
-    """Slurm's backfill pass (sched/backfill, every bf_interval), in two variants.
-
-    conservative  Slurm's: the queued jobs are tested in queue order, up to bf_max_job_test;
-                  each starts now if it fits without delaying a job tested before it, else it
-                  is reserved at the earliest time it fits, and no job tested after it may
-                  delay that. Like Slurm's node space map, a reservation holds its job's nodes
-                  whole, for its time limit. A job that cannot start within bf_window (one day
-                  by default) of the pass gets no reservation, as in Slurm ("starts too far in
-                  the future to worry about"): jobs after it may take its place.
-    easy          only the first job that does not fit is reserved (EASY backfill); the jobs
-                  after it start where they cannot delay it, on the cores it leaves.
-    """
-
-    CONSERVATIVE = "conservative"
-    EASY = "easy"
-
-
-class Placement(enum.Enum):
-    """Where a job that fits a node goes when no single node holds it now.
-
-    one-node      it waits for one node that holds it (best fit): the stand-in's earlier
-                  rule, and ``-N 1`` (or ``--ntasks-per-node=P``) in Slurm
-    slurm-tasks   the default: what select/cons_tres (CR_Core) does with ``sbatch -n P``: one
-                  node if one holds it (best fit), else its tasks spread over several nodes as
-                  a job wider than a node is (``select_nodes``: the node with the most free
-                  cores first, each giving all it has); it then runs as a multi-node job (a
-                  rank per core). Replayed on real Slurm (benchmarks/slurm_replay.py) its start
-                  times are nearer Slurm's than one-node's (median error 0.17 vs 0.45).
-    Jobs wider than a node are placed alike under both.
-    """
-
-    ONE_NODE = "one-node"
-    SLURM_TASKS = "slurm-tasks"
-
-
-class _Queue:
-    """Slurm's pending jobs in priority order (a heap: pop the first, push back)."""
-
-    def __init__(self, order: QueueOrder):
-        self.order = order
-        self._heap: list[tuple[tuple, SimJob]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def first(self) -> SimJob:
-        return self._heap[0][1]
-
-    def push(self, job: SimJob) -> None:
-        heapq.heappush(self._heap, (self.order.key(job), job))
-
-    def pop(self) -> SimJob:
-        return heapq.heappop(self._heap)[1]
-
-
-def select_nodes(usable: list[int], need: int, node_cores: int) -> dict[int, int] | None:
-    """Slurm's choice of nodes for a job wider than a node (select/cons_tres, as this stand-in
-    has it): whole idle nodes first, lowest-numbered first; what is left on the one node that
-    holds it with the fewest cores to spare; else on the nodes with the most usable cores first.
-    Each node gives all its cores but the last one, which gives the rest (cons_tres takes every
-    available CPU of the nodes it picks until the job has its count). ``usable``: each node's
-    cores the job may take. None if they are too few."""
-    if sum(usable) < need:
-        return None
-    chosen: dict[int, int] = {}
-    idle = -1       # the last idle node taken: they are taken lowest-numbered first
-    while need >= node_cores:
-        try:    # list.index: the nodes are scanned in C (1,002 of them in LLNL's Thunder)
-            idle = usable.index(node_cores, idle + 1)
-        except ValueError:
-            break
-        chosen[idle] = node_cores
-        need -= node_cores
-    if need == 0:
-        return chosen
-    # The node that holds the rest with the fewest cores to spare, lowest-numbered among
-    # equals: the first node with the least free count from ``need`` up that some node has.
-    for free in sorted(f for f in set(usable) if f >= need):
-        try:
-            node = usable.index(free, idle + 1 if free == node_cores else 0)
-        except ValueError:
-            continue        # every idle node is taken already
-        chosen[node] = need
-        return chosen
-    for free, node in sorted((-f, n) for n, f in enumerate(usable) if f > 0 and n not in chosen):
-        chosen[node] = min(-free, need)
-        need -= chosen[node]
-        if need == 0:
-            break
-    return chosen
-
-
-def peer_cap(offers: Sequence[int | None], i: int) -> int | None:
-    """The smallest per-rank offer of a job's other nodes (None if none has offered yet): what
-    the agent's observer reads from the feed (``NodeObserver._peer_cap``), here from the offers
-    the simulated agents made."""
-    caps = [*offers[:i], *offers[i + 1:]]
-    if None in caps:
-        caps = [o for o in caps if o is not None]
-    return min(caps) if caps else None
-
-
-class _Profile:
-    """One conservative backfill pass's view of the cluster: each node's free cores over time
-    (Slurm's view now, and the cores of each running job back at its expected end) and the
-    reservations made in this pass (whole nodes, for their jobs' time limits). Jobs started in
-    the pass are in the simulation's own state; a node where one started is read again."""
-
-    REMEMBERED = 16     # earlier searches kept for where a search may begin
-
-    def __init__(self, free: Sequence[int], ends_on: Sequence[Sequence[tuple[float, int, int]]],
-                 node_cores: int, now: float,
-                 ends: Sequence[tuple[float, int, int, int]] | None = None):
-        self._free, self._ends_on, self.node_cores, self.now = free, ends_on, node_cores, now
-        # Every running job's (expected end, job, node, cores), sorted: the simulation keeps it
-        # (read once, at the first wider search); else it is made from ends_on.
-        self._ends = ends
-        self.blocks: dict[int, list[tuple[float, float]]] = {}
-        self._steps: dict[int, tuple[list[float], list[int]]] = {}
-        # Per core count asked, the nodes by when they have that many free: built once per
-        # pass, so a node where a job started since appears too early (it is read again).
-        self._by_reach: dict[int, list[tuple[float, int, int]]] = {}
-        self._changed: set[int] = set()
-        # Every node's releases after now (for jobs wider than a node): times (None: to be
-        # read again), cores, nodes.
-        self._release_times: list[float] | None = None
-        self._release_cores: list[int] = []
-        self._release_nodes: list[int] = []
-        self._free_now: list[int] = []
-        self._total_now = 0
-        # The reservations, numbered as made, as (start, number, node, end) and (end, number,
-        # node), sorted.
-        self._reservations = 0
-        self._by_start: list[tuple[float, int, int, float]] = []
-        # The same by number (the n-th made is at n - 1): start, end, node.
-        self._res_start = numpy.zeros(64)
-        self._res_end = numpy.zeros(64)
-        self._res_node = numpy.zeros(64, numpy.int64)
-        self._by_end: list[tuple[float, int, int]] = []
-        # What the last searches for wider jobs found: (cores, length, earliest start).
-        self._found: list[tuple[int, float, float]] = []
-        # The searches that found no time up to their horizon: (cores, length, horizon).
-        self._beyond: list[tuple[int, float, float]] = []
-        # At each of those times: the releases up to it, each node's free cores, their sum
-        # (until a job starts in the pass: its start changes them).
-        self._released: dict[float, tuple[int, list[int], int]] = {}
-
-    def steps(self, node: int) -> tuple[list[float], list[int]]:
-        """The node's free cores from now on: (times, free), free non-decreasing."""
-        if node not in self._steps:
-            times, free = [self.now], [self._free[node]]
-            for end, _, cores in self._ends_on[node]:
-                if end <= times[-1]:
-                    free[-1] += cores
-                else:
-                    times.append(end)
-                    free.append(free[-1] + cores)
-            self._steps[node] = (times, free)
-        return self._steps[node]
-
-    def free_at(self, node: int, t: float) -> int:
-        times, free = self.steps(node)
-        return free[bisect.bisect_right(times, t) - 1]
-
-    def reach(self, node: int, need: int) -> float:
-        """When the node first has ``need`` cores free (inf: never)."""
-        times, free = self.steps(node)
-        i = bisect.bisect_left(free, need)
-        return times[i] if i < len(times) else float("inf")
-
-    def clear_from(self, node: int, t: float, length: float) -> float:
-        """The earliest start from ``t`` on whose window of ``length`` no reservation of this
-        pass holds the node."""
-        for start, end in self.blocks.get(node, ()):
-            if end <= t:
-                continue
-            if start >= t + length:
-                break
-            t = end
-        return t
-
-    def earliest_on_one(self, need: int, length: float) -> tuple[float, int]:
-        """The earliest time and the node a job of ``need`` cores (on one node) fits for
-        ``length``; at the same time the node with the fewest free cores now (best fit)."""
-        if need not in self._by_reach:
-            self._by_reach[need] = sorted((self.reach(n, need), self._free[n], n)
-                                          for n in range(len(self._free)))
-        best_t, best_node = float("inf"), -1
-        for reach, _, node in self._by_reach[need]:
-            if reach >= best_t:
-                break     # a node read again only reaches later: none below can beat best
-            if node in self._changed:
-                reach = self.reach(node, need)
-            t = self.clear_from(node, reach, length) if node in self.blocks else reach
-            if t < best_t:
-                best_t, best_node = t, node
-        assert best_node >= 0, "every job fits an empty node"
-        return best_t, best_node
-
-    def earliest_wide(self, need: int, length: float,
-                      horizon: float = math.inf) -> tuple[float, dict[int, int]]:
-        """The earliest time a job wider than a node fits for ``length`` on nodes no
-        reservation holds then, and the nodes ``select_nodes`` picks from what is free then;
-        (inf, {}) if that is after ``horizon`` (the search stops there).
-
-        One sweep over the candidate times (now, each release, each reservation's end): a
-        node is held at t while a reservation of this pass overlaps [t, t + length); each
-        node's free cores and the held nodes' sum are kept as the sweep goes (releases add to
-        a node, reservations enter by start and leave by end), so that each time costs its
-        changes, not a pass over every node (1,002 nodes in LLNL's Thunder)."""
-        if self._release_times is None:     # every node's releases after now, in time order
-            ends = self._ends if self._ends is not None else \
-                sorted((end, job, n, cores) for n, on in enumerate(self._ends_on)
-                       for end, job, cores in on)
-            # Free now in this view: a job past its expected end counts as ending now.
-            past = bisect.bisect_right(ends, (self.now, math.inf))
-            self._free_now = list(self._free)
-            for _, _, n, cores in ends[:past]:
-                self._free_now[n] += cores
-            self._total_now = sum(self._free_now)
-            later = ends[past:]
-            self._release_times = [end for end, _, _, _ in later]
-            self._release_cores = [cores for _, _, _, cores in later]
-            self._release_nodes = [n for _, _, n, _ in later]
-        # Nor does it fit before a horizon an earlier search for fewer cores and no longer
-        # passed without a fit.
-        if any(asked <= need and longest <= length and horizon <= passed
-               for asked, longest, passed in self._beyond):
-            return math.inf, {}
-        rel_t, rel_c, rel_n = self._release_times, self._release_cores, self._release_nodes
-        by_start, by_end = self._by_start, self._by_end
-        n_released, n_start, n_end = len(rel_t), len(by_start), len(by_end)
-        # Where the sweep may begin: the pass only takes cores away (a start holds its cores
-        # until its expected end, a reservation holds its nodes), and a job that asks more
-        # cores for longer fits no sooner, so no such job fits before what an earlier search
-        # of this pass found for fewer cores and no longer (a time every search looks at).
-        t = self.now
-        for asked, longest, found in self._found:
-            if found > t and asked <= need and longest <= length:
-                t = found
-        # The state at t without a check at each time before it: each node's free cores after
-        # the releases up to t; the nodes held by the reservations overlapping [t, t + length).
-        if t in self._released:         # as an earlier search left it at t
-            k, cur, total = self._released[t]
-            cur = list(cur)
-        else:
-            k = bisect.bisect_right(rel_t, t)
-            cur = list(self._free_now)
-            for j in range(k):
-                cur[rel_n[j]] += rel_c[j]
-            total = self._total_now + sum(rel_c[:k])
-        # Per node, the reservations overlapping the window (a list); per reservation number,
-        # whether it entered the window (a bytearray). Those at t are found in numpy: a pass on
-        # Thunder makes thousands of node entries, one on the generated workload about 500.
-        i_start = bisect.bisect_left(by_start, (t + length,))
-        made = self._reservations
-        inside = (self._res_start[:made] < t + length) & (self._res_end[:made] > t)
-        count = numpy.bincount(self._res_node[:made][inside], minlength=len(cur))
-        holds = count.tolist()
-        held_nodes = numpy.flatnonzero(count).tolist()   # every node held in this search
-        held_free = sum(map(cur.__getitem__, held_nodes))
-        entered = bytearray(1) + inside.tobytes()
-        i_end = bisect.bisect_right(by_end, (t, math.inf))
-        inf = math.inf
-        while True:
-            while k < n_released and rel_t[k] <= t:
-                node = rel_n[k]
-                cur[node] += rel_c[k]
-                total += rel_c[k]
-                if holds[node]:
-                    held_free += rel_c[k]
-                k += 1
-            while i_start < n_start and by_start[i_start][0] < t + length:
-                _, rid, node, end = by_start[i_start]
-                i_start += 1
-                if end <= t:
-                    continue           # over before the window (a zero-length window)
-                entered[rid] = 1
-                holds[node] += 1
-                if holds[node] == 1:
-                    held_free += cur[node]
-                    held_nodes.append(node)
-            while i_end < n_end and by_end[i_end][0] <= t:
-                _, rid, node = by_end[i_end]
-                i_end += 1
-                if not entered[rid]:
-                    continue
-                holds[node] -= 1
-                if not holds[node]:
-                    held_free -= cur[node]
-            if total - held_free >= need:
-                self._found.append((need, length, t))
-                self._released[t] = (k, list(cur), total)
-                if len(self._found) > self.REMEMBERED:
-                    gone = self._found.pop(0)[2]
-                    if all(found != gone for _, _, found in self._found):
-                        self._released.pop(gone, None)
-                for node in held_nodes:
-                    if holds[node]:
-                        cur[node] = 0
-                placement = select_nodes(cur, need, self.node_cores)
-                assert placement is not None
-                return t, placement
-            # The next candidate: the next release or reservation end after t.
-            t = min(rel_t[k] if k < n_released else inf,
-                    by_end[i_end][0] if i_end < n_end else inf)
-            if t == inf:
-                raise AssertionError("every job fits the empty cluster")
-            if t > horizon:
-                self._beyond.append((need, length, horizon))
-                if len(self._beyond) > self.REMEMBERED:
-                    self._beyond.pop(0)
-                return inf, {}
-
-    def reserve(self, placement: dict[int, int], start: float, length: float) -> None:
-        end = start + length
-        starts, ends = [], []
-        made = self._reservations
-        if made + len(placement) > len(self._res_start):     # room for twice as many
-            size = 2 * (made + len(placement))
-            for name in ("_res_start", "_res_end", "_res_node"):
-                grown = numpy.zeros(size, getattr(self, name).dtype)
-                grown[:made] = getattr(self, name)[:made]
-                setattr(self, name, grown)
-        nodes = list(placement)
-        self._res_start[made:made + len(nodes)] = start
-        self._res_end[made:made + len(nodes)] = end
-        self._res_node[made:made + len(nodes)] = nodes
-        for node in placement:
-            bisect.insort(self.blocks.setdefault(node, []), (start, end))
-            self._reservations += 1
-            starts.append((start, self._reservations, node, end))
-            ends.append((end, self._reservations, node))
-        # Its entries share one start and one end and are numbered after every earlier one:
-        # they go in as a block after the entries of the same time (a sort would compare all).
-        at = bisect.bisect_right(self._by_start, (start, math.inf))
-        self._by_start[at:at] = starts
-        at = bisect.bisect_right(self._by_end, (end, math.inf))
-        self._by_end[at:at] = ends
-
-    def started(self, placement: dict[int, int], expected_end: float) -> None:
-        """A job of this pass started now on ``placement`` (the simulation's state already
-        holds it): its nodes are read again, and its cores come back at its expected end."""
-        self._released.clear()
-        for node, cores in placement.items():
-            self._steps.pop(node, None)
-            self._changed.add(node)
-            if self._release_times is not None and expected_end > self.now:
-                self._free_now[node] -= cores
-                self._total_now -= cores
-                i = bisect.bisect_right(self._release_times, expected_end)
-                self._release_times.insert(i, expected_end)
-                self._release_cores.insert(i, cores)
-                self._release_nodes.insert(i, node)
+from .results import JobResult, SimResult
+from .slurm_standin import BackfillProfile, JobQueue, Reservation, peer_cap, select_nodes
+from .workload import SimJob, fluid_lower_bound
 
 
 @dataclass
@@ -572,81 +107,6 @@ class _Running:
         return sum(per_node), self.job.cores * threads
 
 
-@dataclass
-class _Reservation:
-    """Backfill's reservation for the first job that does not fit: from ``start``, on each of
-    its nodes, ``spare`` cores beyond it. A job may start on such a node now only if it is
-    expected to end by ``start`` or fits in the spare cores (which it then uses up)."""
-
-    start: float
-    spare: dict[int, int]
-
-    def usable(self, node: int, free: int, expected_end: float) -> int:
-        if expected_end <= self.start or node not in self.spare:
-            return free
-        return min(free, self.spare[node])
-
-    def book(self, node: int, cores: int, expected_end: float) -> None:
-        """A job started on ``node``: if it still runs at ``start``, it takes spare cores."""
-        if node in self.spare and expected_end > self.start:
-            self.spare[node] -= cores
-
-
-@dataclass(frozen=True)
-class JobResult:
-    job_id: int
-    submit_s: float
-    start_s: float
-    end_s: float
-    cores: int
-    malleable: bool
-    nodes: int = 1
-    reference_s: float = 0.0   # start-up and runtime at its requested size (``SimJob``)
-
-    @property
-    def response_s(self) -> float:
-        return self.end_s - self.submit_s
-
-    @property
-    def wait_s(self) -> float:
-        return self.start_s - self.submit_s
-
-
-@dataclass(frozen=True)
-class SimResult:
-    policy: str
-    nodes: int
-    cores: int
-    jobs: int
-    malleable_jobs: int
-    core_seconds: float        # cores the jobs' threads used x seconds (start-up excluded)
-    makespan_s: float          # first submit to last end
-    lower_bound_makespan_s: float
-    mean_response_s: float     # submit to end (turnaround)
-    p95_response_s: float
-    mean_wait_s: float         # submit to start
-    p95_wait_s: float
-    mean_bounded_slowdown: float   # metrics.bounded_slowdown, tau = TAU_S
-    utilisation: float         # core_seconds / (cores x makespan)
-    queue_order: str
-    backfill: str
-    resizes: int               # changes of a running job's cores (per node)
-    decide_calls: int
-    wall_s: float
-    per_job: tuple[JobResult, ...] = ()
-
-    @property
-    def mean_completion_s(self) -> float:
-        """The earlier name of ``mean_response_s`` (benchmarks/coscheduling/validate.py)."""
-        return self.mean_response_s
-
-    def summary(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "per_job"}
-
-
-# Rounds of offers between a multi-node job's agents settled in one instant: each round
-# replans the nodes whose peer cap changed (offers do not depend on peer caps, so the second
-# round is normally the last).
 PEER_ROUNDS = 3
 
 
@@ -698,7 +158,7 @@ class Simulation:
         self._ends: list[tuple[float, int, int, int]] = []
         self._events: list[tuple] = []
         self._seq = 0
-        self._queue = _Queue(queue_order)
+        self._queue = JobQueue(queue_order)
         self._starts: dict[int, float] = {}
         self._results: list[JobResult] = []
         self._busy_core_s = 0.0
@@ -814,7 +274,7 @@ class Simulation:
         """Slurm's backfill over the window (queue order): each job starts now where it fits
         without delaying the reservations before it, else it is reserved at the earliest time
         it fits. Returns the jobs still waiting."""
-        profile = _Profile(self._free, self._ends_on, self.cores, now, self._ends)
+        profile = BackfillProfile(self._free, self._ends_on, self.cores, now, self._ends)
         # From each job on, the fewest cores asked by a job on one node, and by a wider one:
         # once no job left could start now, its reservation changes nothing this pass.
         least_one, least_wide = [self.cores + 1], [self.nodes * self.cores + 1]
@@ -853,7 +313,7 @@ class Simulation:
                 waiting.append(job)
         return waiting
 
-    def _best_fit_clear(self, need: int, length: float, profile: _Profile,
+    def _best_fit_clear(self, need: int, length: float, profile: BackfillProfile,
                         now: float) -> int | None:
         """The best-fit node that holds ``need`` cores now and that no reservation of this
         pass holds within ``length`` from now (None if none): the common case, without the
@@ -879,7 +339,7 @@ class Simulation:
             return any(self._by_free[free] for free in range(job.cores, self.cores + 1))
         return job.cores <= self._free_total
 
-    def _place(self, job: SimJob, reservation: _Reservation | None = None,
+    def _place(self, job: SimJob, reservation: Reservation | None = None,
                expected_end: float = 0.0) -> dict[int, int] | None:
         """Where Slurm starts the job now: cores per node, or None. A job that fits a node
         gets one (best fit), else (``Placement.SLURM_TASKS`` only) nodes as a wider one does;
@@ -896,7 +356,7 @@ class Simulation:
             [reservation.usable(n, f, expected_end) for n, f in enumerate(self._free)]
         return select_nodes(usable, job.cores, self.cores)
 
-    def _best_fit(self, need: int, reservation: _Reservation | None = None,
+    def _best_fit(self, need: int, reservation: Reservation | None = None,
                   expected_end: float = 0.0) -> int | None:
         """The node with the fewest free cores that still holds ``need`` and where a job
         expected to end at ``expected_end`` cannot delay the reservation (deterministic: the
@@ -907,7 +367,7 @@ class Simulation:
                     return node
         return None
 
-    def _reserve(self, job: SimJob, now: float) -> _Reservation:
+    def _reserve(self, job: SimJob, now: float) -> Reservation:
         """When and where the job will fit by the running jobs' expected ends, and how many
         cores each of those nodes has spare then beyond it."""
         if self._one_node(job):
@@ -922,7 +382,7 @@ class Simulation:
                 if free >= job.cores and (best is None or at < best[0]):
                     best = (at, node, free - job.cores)
             assert best is not None, "every job fits an empty node"
-            return _Reservation(start=best[0], spare={best[1]: best[2]})
+            return Reservation(start=best[0], spare={best[1]: best[2]})
         # Wider than a node (or spread): the first instant the cluster has its cores free, on
         # the nodes select_nodes picks from what is free then (one node if one holds it).
         free, total, at = list(self._free), self._free_total, now
@@ -936,7 +396,7 @@ class Simulation:
             at = max(now, end)
         placement = select_nodes(free, job.cores, self.cores)
         assert placement is not None, "every job fits the empty cluster"
-        return _Reservation(start=at, spare={n: free[n] - k for n, k in placement.items()})
+        return Reservation(start=at, spare={n: free[n] - k for n, k in placement.items()})
 
     def _hold(self, node: int, expected_end: float, job_id: int, cores: int) -> None:
         """A running job holds ``cores`` of the node until its expected end (Slurm's view)."""

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from malleable_policy.request import MalleableSpec
 from malleable_sim import (Amdahl, Backfill, SimJob, SimPolicy, ask_share,
                                     fluid_lower_bound, read_swf, simulate, swf_workload)
-from malleable_sim.engine import peer_cap, select_nodes
+from malleable_sim.slurm_standin import peer_cap, select_nodes
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
 NODE = MalleableSpec(min_cpus=1, max_cpus=None)

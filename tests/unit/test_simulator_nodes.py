@@ -6,7 +6,8 @@ import pytest
 
 from malleable_policy.request import MalleableSpec
 from malleable_sim import Amdahl, SimJob, SimPolicy, simulate
-from malleable_sim.engine import NodeBounds, _Profile
+from malleable_sim.config import NodeBounds
+from malleable_sim.slurm_standin import BackfillProfile
 from malleable_sim.lublin import Downey
 
 LINEAR = Amdahl(serial=0.0, comm=0.0)
@@ -73,7 +74,7 @@ def test_idle_nodes_grow_a_job_whose_speedup_gains():
 def test_a_wide_job_is_planned_on_the_cores_of_a_job_past_its_expected_end():
     # Node 0's job was expected to end at 5 and still runs at 10 (it was shrunk, or a
     # rounding error): its cores count as freed now, not never.
-    profile = _Profile([0, 0], [[(5.0, 1, 4)], [(20.0, 2, 4)]], 4, 10.0)
+    profile = BackfillProfile([0, 0], [[(5.0, 1, 4)], [(20.0, 2, 4)]], 4, 10.0)
     assert profile.earliest_wide(8, 10.0) == (20.0, {0: 4, 1: 4})
 
 

@@ -1,4 +1,4 @@
-"""Conservative backfill's search for a job wider than a node (``_Profile.earliest_wide``), a
+"""Conservative backfill's search for a job wider than a node (``BackfillProfile.earliest_wide``), a
 sweep that keeps the held nodes' free cores as it goes, against the direct rule it stands for:
 at each candidate time, every node that a reservation of the pass overlaps in the window is
 out, and the job fits where the others have its cores."""
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from malleable_sim.engine import _Profile, select_nodes
+from malleable_sim.slurm_standin import BackfillProfile, select_nodes
 
 CORES = 4
 
 
-def direct(profile: _Profile, need: int, length: float) -> tuple[float, dict[int, int]]:
+def direct(profile: BackfillProfile, need: int, length: float) -> tuple[float, dict[int, int]]:
     nodes = range(len(profile._free))
     times = sorted({profile.now, *(t for n in nodes for t in profile.steps(n)[0][1:]),
                     *(end for blocks in profile.blocks.values() for _, end in blocks)})
@@ -36,7 +36,7 @@ def profiles(draw):
             running, used = [], 0
         free.append(CORES - used)
         ends_on.append(sorted((end, i, c) for i, (end, c) in enumerate(running)))
-    profile = _Profile(free, ends_on, CORES, now)
+    profile = BackfillProfile(free, ends_on, CORES, now)
     for _ in range(draw(st.integers(0, 4))):
         nodes = draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))
         start = now + 5.0 * draw(st.integers(0, 6))

@@ -1,23 +1,17 @@
-"""The pure parts of benchmarks/slurm_replay.py: the slice, its compression (limits rounded up to
-Slurm's whole minutes), the start-time error, and reading slurmctld's log."""
+"""The replay's pure half (malleable_sim/replay.py; benchmarks/slurm_replay.py runs the
+cluster): the slice, its compression (limits rounded up to Slurm's whole minutes), the
+start-time error, and reading slurmctld's log."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from malleable_sim import Amdahl, SimJob
+from malleable_sim import replay
 from malleable_sim.swf import SWFRecord, SWFHeader, SWFLog
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "slurm_replay.py"
-_spec = importlib.util.spec_from_file_location("slurm_replay", BENCH)
-replay = importlib.util.module_from_spec(_spec)
-sys.modules["slurm_replay"] = replay    # dataclasses look their module up there
-_spec.loader.exec_module(replay)
 
 
 def rec(job, submit, run, procs, req, status=1):

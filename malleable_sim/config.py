@@ -1,0 +1,141 @@
+"""What a simulation is asked to model: the regime (``SimPolicy``), Slurm's settings as the
+stand-in has them (``QueueOrder``, ``Backfill`` with ``BF_WINDOW_S``, ``Placement``), and the
+node-count regime's bounds (``NodeBounds``)."""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from malleable_policy.model import Policy
+
+from .workload import SimJob, ask_share
+
+
+class SimPolicy(enum.Enum):
+    """The regimes, in the order they are reported: the baselines first."""
+
+    STATIC = "static"
+    STATIC_ASK = "static-ask"
+    CGROUP_ONLY = "cgroup-only"
+    LEND_IDLE = "lend-idle"
+    THROUGHPUT = "throughput"
+    NODES = "nodes"
+
+    @property
+    def threads_follow(self) -> bool:
+        """Whether a job's threads grow with its cores."""
+        return self in (SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT)
+
+    @property
+    def asks_less(self) -> bool:
+        """Whether malleable jobs ask Slurm for ``malleable_ask`` of their size."""
+        return self.threads_follow or self is SimPolicy.STATIC_ASK
+
+    def submitted(self, jobs: Sequence[SimJob], malleable_ask: float,
+                  node_cores: int) -> list[SimJob]:
+        """The jobs as this regime's users submit them: each malleable job asking Slurm for
+        ``malleable_ask`` of its cores (``ask_share``) where the regime asks less; under static
+        and cgroup-only every job asks for its size, as plain TensorFlow users do."""
+        return ask_share(jobs, malleable_ask, node_cores) if self.asks_less else list(jobs)
+
+    @property
+    def same_asks_baseline(self) -> "SimPolicy | None":
+        """The regime without an agent whose jobs ask Slurm for the same: against it, what
+        this regime's agent does on its own shows (None: no agent runs). Node-count
+        malleability's own effect is against static: its jobs ask for their size."""
+        if self is SimPolicy.NODES:
+            return SimPolicy.STATIC
+        if self.agent_policy is None:
+            return None
+        return SimPolicy.STATIC_ASK if self.asks_less else SimPolicy.STATIC
+
+    @property
+    def agent_policy(self) -> Policy | None:
+        return {SimPolicy.STATIC: None, SimPolicy.STATIC_ASK: None,
+                SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
+                SimPolicy.THROUGHPUT: Policy.THROUGHPUT, SimPolicy.NODES: None}[self]
+
+
+@dataclass(frozen=True)
+class NodeBounds:
+    """How far the ``nodes`` regime moves a malleable job's node count: down to ``shrink_to``
+    of the nodes it asked for (rounded up, at least 1), up to ``grow_to`` times them, and a
+    whole node more only if its cores add at least ``min_gain`` of what each of the job's cores
+    does now (its speedup curve: Downey's is flat beyond 2A - 1, so such a job never grows)."""
+
+    shrink_to: float = 0.5
+    grow_to: float = 2.0
+    min_gain: float = 0.5
+
+    def fewest(self, asked_nodes: int) -> int:
+        return max(1, math.ceil(asked_nodes * self.shrink_to))
+
+    def most(self, asked_nodes: int) -> int:
+        return max(asked_nodes, int(asked_nodes * self.grow_to))
+
+
+class QueueOrder(enum.Enum):
+    """The order of Slurm's queue (its priority), the same in every regime.
+
+    fcfs           submission order: Slurm's default (priority/basic, or multifactor's age)
+    widest-first   the most cores first: multifactor's job-size factor with large jobs favoured
+                   (PriorityFavorSmall=NO), a common site setting
+    longest-first  the longest time limit first (start + start-up + runtime at the allocation):
+                   what a site could set from the time limit; longest-processing-time-first
+                   is the classic order for a short makespan
+    """
+
+    FCFS = "fcfs"
+    WIDEST_FIRST = "widest-first"
+    LONGEST_FIRST = "longest-first"
+
+    def key(self, job: SimJob) -> tuple:
+        """Smaller is served first; submission order breaks ties."""
+        tie = (job.submit_s, job.job_id)
+        if self is QueueOrder.WIDEST_FIRST:
+            return (-job.cores, *tie)
+        if self is QueueOrder.LONGEST_FIRST:
+            return (-job.expected_s, *tie)
+        return tie
+
+
+# Slurm's bf_window default (BACKFILL_WINDOW in sched/backfill: 24 h).
+BF_WINDOW_S = 24 * 3600.0
+
+
+class Backfill(enum.Enum):
+    """Slurm's backfill pass (sched/backfill, every bf_interval), in two variants.
+
+    conservative  Slurm's: the queued jobs are tested in queue order, up to bf_max_job_test;
+                  each starts now if it fits without delaying a job tested before it, else it
+                  is reserved at the earliest time it fits, and no job tested after it may
+                  delay that. Like Slurm's node space map, a reservation holds its job's nodes
+                  whole, for its time limit. A job that cannot start within bf_window (one day
+                  by default) of the pass gets no reservation, as in Slurm ("starts too far in
+                  the future to worry about"): jobs after it may take its place.
+    easy          only the first job that does not fit is reserved (EASY backfill); the jobs
+                  after it start where they cannot delay it, on the cores it leaves.
+    """
+
+    CONSERVATIVE = "conservative"
+    EASY = "easy"
+
+
+class Placement(enum.Enum):
+    """Where a job that fits a node goes when no single node holds it now.
+
+    one-node      it waits for one node that holds it (best fit): the stand-in's earlier
+                  rule, and ``-N 1`` (or ``--ntasks-per-node=P``) in Slurm
+    slurm-tasks   the default: what select/cons_tres (CR_Core) does with ``sbatch -n P``: one
+                  node if one holds it (best fit), else its tasks spread over several nodes as
+                  a job wider than a node is (``select_nodes``: the node with the most free
+                  cores first, each giving all it has); it then runs as a multi-node job (a
+                  rank per core). Replayed on real Slurm (benchmarks/slurm_replay.py) its start
+                  times are nearer Slurm's than one-node's (median error 0.17 vs 0.45).
+    Jobs wider than a node are placed alike under both.
+    """
+
+    ONE_NODE = "one-node"
+    SLURM_TASKS = "slurm-tasks"

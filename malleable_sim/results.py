@@ -1,0 +1,63 @@
+"""What a simulation gives: each job's times (``JobResult``) and the run's metrics
+(``SimResult``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job_id: int
+    submit_s: float
+    start_s: float
+    end_s: float
+    cores: int
+    malleable: bool
+    nodes: int = 1
+    reference_s: float = 0.0   # start-up and runtime at its requested size (``SimJob``)
+
+    @property
+    def response_s(self) -> float:
+        return self.end_s - self.submit_s
+
+    @property
+    def wait_s(self) -> float:
+        return self.start_s - self.submit_s
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    nodes: int
+    cores: int
+    jobs: int
+    malleable_jobs: int
+    core_seconds: float        # cores the jobs' threads used x seconds (start-up excluded)
+    makespan_s: float          # first submit to last end
+    lower_bound_makespan_s: float
+    mean_response_s: float     # submit to end (turnaround)
+    p95_response_s: float
+    mean_wait_s: float         # submit to start
+    p95_wait_s: float
+    mean_bounded_slowdown: float   # metrics.bounded_slowdown, tau = TAU_S
+    utilisation: float         # core_seconds / (cores x makespan)
+    queue_order: str
+    backfill: str
+    resizes: int               # changes of a running job's cores (per node)
+    decide_calls: int
+    wall_s: float
+    per_job: tuple[JobResult, ...] = ()
+
+    @property
+    def mean_completion_s(self) -> float:
+        """The earlier name of ``mean_response_s`` (benchmarks/coscheduling/validate.py)."""
+        return self.mean_response_s
+
+    def summary(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "per_job"}
+
+
+# Rounds of offers between a multi-node job's agents settled in one instant: each round
+# replans the nodes whose peer cap changed (offers do not depend on peer caps, so the second
+# round is normally the last).
