@@ -88,13 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     return sm
 
 
-def run(args: argparse.Namespace) -> int:
-    """Simulates every asked regime on one workload, prints a row each (and the ratios
-    between them), and writes the summaries to ``--json``."""
-    from . import (Backfill, Placement, QueueOrder, SimPolicy, Simulation, Workload,
-                   WorkloadModel, closed_batch, generate, generate_lublin, offered_load,
-                   read_swf, scale_to_load, swf_workload)
-    from .metrics import ratios
+def load_workload(args: argparse.Namespace):
+    """The jobs to simulate (an SWF log's, or generated) and what the summary says of them."""
+    from . import (Workload, WorkloadModel, generate, generate_lublin, offered_load, read_swf,
+                   scale_to_load, swf_workload)
     if args.swf:
         log = read_swf(Path(args.swf).read_bytes())
         workload = swf_workload(log, nodes=args.nodes, cores=args.cores,
@@ -104,56 +101,49 @@ def run(args: argparse.Namespace) -> int:
             dropped = {k: v for k, v in workload.dropped.items() if v}
             raise ValueError(f"no job of {args.swf} to simulate: {workload.read} job lines "
                              f"read, dropped {dropped}")
-        natural_load = offered_load(workload.jobs, args.nodes * args.cores)
+        about = {"swf_header": log.header.summary(),
+                 "natural_offered_load": offered_load(workload.jobs, args.nodes * args.cores),
+                 "offered_load": args.swf_offered_load}
         if args.swf_offered_load is not None:
             workload = dataclasses.replace(workload, jobs=tuple(scale_to_load(
                 workload.jobs, args.swf_offered_load, args.nodes * args.cores)))
-    elif args.workload == "lublin":
-        workload = Workload(tuple(generate_lublin(args.jobs or 1000, args.nodes, args.cores,
-                                                  args.malleable_fraction, args.seed,
-                                                  offered=args.offered_load)))
-    else:
-        model = WorkloadModel(offered_load=args.offered_load,
-                              runtime_max_s=args.max_runtime_h * 3600.0)
-        workload = Workload(tuple(generate(args.jobs or 1000, args.nodes, args.cores,
-                                           args.malleable_fraction, args.seed, model)))
-    jobs = closed_batch(workload.jobs) if args.closed_batch else list(workload.jobs)
-    policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
-    results = []
-    print(f"{'policy':12s} {'makespan s':>11s} {'bound s':>11s} {'mean resp s':>11s} "
-          f"{'p95 wait s':>11s} {'mean bsld':>9s} {'util':>5s} {'resizes':>8s} {'wall s':>6s}")
-    for policy in policies:
-        r = Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
-                       cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
-                       backfill_depth=args.backfill_depth,
-                       backfill_interval_s=args.backfill_interval,
-                       batch_sched_delay_s=args.batch_sched_delay,
-                       backfill_window_s=args.backfill_window * 60.0,
-                       queue_order=QueueOrder(args.queue_order),
-                       placement=Placement(args.placement)).run()
-        summary = {**r.summary(), "seed": args.seed, "malleable_fraction":
-                   args.malleable_fraction, "malleable_ask": args.malleable_ask,
-                   "closed_batch": args.closed_batch, "workload": args.swf or "generated",
-                   "jobs_read": workload.read, "jobs_dropped": dict(workload.dropped),
-                   "jobs_adjusted": dict(workload.adjusted)}
-        if args.swf:
-            summary["swf_header"] = log.header.summary()
-            summary["natural_offered_load"] = natural_load
-            summary["offered_load"] = args.swf_offered_load
-        else:
-            summary["workload_model"] = args.workload
-            summary["offered_load"] = args.offered_load
-            if args.workload == "project":
-                summary["max_runtime_h"] = args.max_runtime_h
-        results.append(summary)
-        print(f"{policy.value:12s} {r.makespan_s:11.0f} {r.lower_bound_makespan_s:11.0f} "
-              f"{r.mean_response_s:11.0f} {r.p95_wait_s:11.0f} {r.mean_bounded_slowdown:9.2f} "
-              f"{r.utilisation:5.3f} {r.resizes:8d} {r.wall_s:6.1f}")
-    # The total effect (against static at full size) and the agent's own (against the regime
-    # without an agent whose jobs ask for the same).
+        return workload, about
+    about = {"workload_model": args.workload, "offered_load": args.offered_load}
+    if args.workload == "lublin":
+        return Workload(tuple(generate_lublin(args.jobs or 1000, args.nodes, args.cores,
+                                              args.malleable_fraction, args.seed,
+                                              offered=args.offered_load))), about
+    model = WorkloadModel(offered_load=args.offered_load,
+                          runtime_max_s=args.max_runtime_h * 3600.0)
+    about["max_runtime_h"] = args.max_runtime_h
+    return Workload(tuple(generate(args.jobs or 1000, args.nodes, args.cores,
+                                   args.malleable_fraction, args.seed, model))), about
+
+
+def simulate_regime(args: argparse.Namespace, policy, jobs):
+    """One regime's run of ``jobs`` with the command line's cluster and Slurm settings."""
+    from . import Backfill, Placement, QueueOrder, Simulation
+    return Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
+                      cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
+                      backfill_depth=args.backfill_depth,
+                      backfill_interval_s=args.backfill_interval,
+                      batch_sched_delay_s=args.batch_sched_delay,
+                      backfill_window_s=args.backfill_window * 60.0,
+                      queue_order=QueueOrder(args.queue_order),
+                      placement=Placement(args.placement)).run()
+
+
+SHORT = {"makespan_s": "makespan", "mean_response_s": "resp", "p95_response_s": "p95 resp",
+         "mean_wait_s": "wait", "p95_wait_s": "p95 wait", "mean_bounded_slowdown": "bsld"}
+
+
+def add_ratios(results: list[dict], policies) -> None:
+    """Each row against static at full size (vs_static: the total effect) and against the
+    regime without an agent whose jobs ask for the same (vs_same_asks: the agent's own), where
+    both ran; each printed once."""
+    from . import SimPolicy
+    from .metrics import ratios
     by_policy = {row["policy"]: row for row in results}
-    short = {"makespan_s": "makespan", "mean_response_s": "resp", "p95_response_s": "p95 resp",
-             "mean_wait_s": "wait", "p95_wait_s": "p95 wait", "mean_bounded_slowdown": "bsld"}
     for policy in policies:
         row = by_policy[policy.value]
         for key, base in (("vs_static", SimPolicy.STATIC),
@@ -163,7 +153,31 @@ def run(args: argparse.Namespace) -> int:
             row[key] = ratios(row, by_policy[base.value])
             if key == "vs_static" or base is not SimPolicy.STATIC:    # each line once
                 print(f"{policy.value:12s} / {base.value:10s} " + "  ".join(
-                    f"{short[m]} {v:.3f}" for m, v in row[key].items() if v is not None))
+                    f"{SHORT[m]} {v:.3f}" for m, v in row[key].items() if v is not None))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulates every asked regime on one workload, prints a row each (and the ratios
+    between them), and writes the summaries to ``--json``."""
+    from . import SimPolicy, closed_batch
+    workload, about = load_workload(args)
+    jobs = closed_batch(workload.jobs) if args.closed_batch else list(workload.jobs)
+    policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
+    results = []
+    print(f"{'policy':12s} {'makespan s':>11s} {'bound s':>11s} {'mean resp s':>11s} "
+          f"{'p95 wait s':>11s} {'mean bsld':>9s} {'util':>5s} {'resizes':>8s} {'wall s':>6s}")
+    for policy in policies:
+        r = simulate_regime(args, policy, jobs)
+        results.append({**r.summary(), "seed": args.seed,
+                        "malleable_fraction": args.malleable_fraction,
+                        "malleable_ask": args.malleable_ask, "closed_batch": args.closed_batch,
+                        "workload": args.swf or "generated", "jobs_read": workload.read,
+                        "jobs_dropped": dict(workload.dropped),
+                        "jobs_adjusted": dict(workload.adjusted), **about})
+        print(f"{policy.value:12s} {r.makespan_s:11.0f} {r.lower_bound_makespan_s:11.0f} "
+              f"{r.mean_response_s:11.0f} {r.p95_wait_s:11.0f} {r.mean_bounded_slowdown:9.2f} "
+              f"{r.utilisation:5.3f} {r.resizes:8d} {r.wall_s:6.1f}")
+    add_ratios(results, policies)
     if args.json:
         Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results,
                                               indent=2) + "\n")

@@ -19,7 +19,7 @@ from slurm_plugin.logs import setup_logging
 from slurm_plugin.slurm import UnknownJob
 from malleable_protocol.runner import CommandError
 
-from .test_hostile_ports_and_privacy import _feed
+from .fakes import FakeNative, World, feed_of_three_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_status_of_one_job(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     store = FeedStore(tmp_path / "feed")
     store.prepare()
-    _feed(store)
+    feed_of_three_jobs(store)
     base = ["status", "--feed-dir", str(store.feed_dir), "--json"]
     assert main(base) == 0
     assert [r["job_id"] for r in json.loads(capsys.readouterr().out)] == [1, 2]
@@ -323,7 +323,6 @@ def test_no_other_logging_set_up_is_left():
 def test_resize_lines_are_info_on_rank_0_only(rank, level, caplog):
     from malleable_tf.runtime import Runtime
 
-    from .test_runtime_logic import FakeNative, World
     w = World({0, 1, 2, 3})
     rt = Runtime(FakeNative(w.calls), intra_pool=4, inter_pool=4, local_rank=0, local_size=1,
                  rank=rank, read_affinity=lambda: w.mask, cgroup=w, pin=w.pin)
@@ -340,7 +339,6 @@ def test_other_ranks_resize_lines_are_not_shown_by_default(capsys):
     import malleable_tf
     from malleable_tf.runtime import Runtime
 
-    from .test_runtime_logic import FakeNative, World
     log = logging.getLogger("malleable_tf")
     saved = (list(log.handlers), log.level, log.propagate)
     for h in saved[0]:

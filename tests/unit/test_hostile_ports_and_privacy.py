@@ -15,6 +15,8 @@ from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.daemon.metrics import AgentMetrics, MetricsServer
 from slurm_plugin.feed.store import FeedStore
 
+from .fakes import feed_of_three_jobs
+
 
 def _taken_port() -> socket.socket:
     """A listening socket on an ephemeral loopback port, as a job user would hold it."""
@@ -248,15 +250,6 @@ def test_the_event_log_is_roots_alone_even_one_an_older_version_made(tmp_path):
     assert stat.S_IMODE(old.stat().st_mode) == 0o600 and '"job": 1' in old.read_text()
 
 
-def _feed(store, node="n1"):
-    from malleable_policy.request import MalleableSpec
-    from slurm_plugin.feed import FeedJob, NodeFeed
-    store.write_node(NodeFeed(node, 4, (
-        FeedJob(1, 1000, "alice", frozenset({0}), (node,), MalleableSpec(1, None)),
-        FeedJob(2, 1001, "bob", frozenset({1}), (node,), MalleableSpec(1, None)),
-        FeedJob(3, 1000, "alice", frozenset({2}), (node,), None))))
-
-
 def test_feed_folders_and_files_are_roots_alone(tmp_path):
     from slurm_plugin.feed import FeedStore, NodeReport, Offers
     feed = tmp_path / "feed"
@@ -266,7 +259,7 @@ def test_feed_folders_and_files_are_roots_alone(tmp_path):
     (feed / "events").chmod(0o664)
     store = FeedStore(feed)
     store.prepare()
-    _feed(store)
+    feed_of_three_jobs(store)
     store.write_offers(Offers("n1", {1: 2}))
     store.write_report(NodeReport("n1"))
     assert stat.S_IMODE(feed.stat().st_mode) == 0o711        # SlurmUser reaches events by name
@@ -303,7 +296,7 @@ def test_status_shows_a_user_only_his_own_jobs_and_root_all(tmp_path, capsys):
     from slurm_plugin.feed import FeedStore, NodeReport
     store = FeedStore(tmp_path)
     store.prepare()
-    _feed(store)
+    feed_of_three_jobs(store)
     store.write_report(NodeReport("n1", problems=("job 2 of bob: cgroup folder elsewhere",)))
     assert [r.job_id for r in collect_status(store)] == [1, 2]
     assert [r.job_id for r in collect_status(store, uid=1000)] == [1]
@@ -323,7 +316,7 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
     from slurm_plugin.feed import FeedStore
     store = FeedStore(open_tmp / "feed")
     store.prepare()
-    _feed(store)
+    feed_of_three_jobs(store)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:     # pragma: no cover - the child, as nobody

@@ -12,6 +12,8 @@ import pytest
 
 from slurm_plugin.hooks.install import render_job_submit
 
+from .fakes import LUA_UPVALUE
+
 LUA = next((p for p in map(shutil.which, ("lua5.1", "lua", "luajit", "lua5.3", "lua5.4")) if p),
            None)
 
@@ -27,27 +29,7 @@ MALLEABLE = 'admin_comment = "malleable:min=1,max=node,weight=1"'
 # A local of the rendered script, reached through a function that uses it (the tests' way in):
 # slurm_job_modify's own, else one of the functions of a table it uses (the script's entry
 # points call the module table's functions).
-LUA_UPVALUE = """
-function upvalue(f, name, depth)
-   depth = depth or 2
-   local tables = {}
-   for i = 1, 255 do
-      local n, v = debug.getupvalue(f, i)
-      if n == nil then break end
-      if n == name then return v end
-      if type(v) == "table" then tables[#tables + 1] = v end
-   end
-   if depth == 0 then return nil end
-   for _, t in ipairs(tables) do
-      for _, g in pairs(t) do
-         if type(g) == "function" then
-            local found = upvalue(g, name, depth - 1)
-            if found ~= nil then return found end
-         end
-      end
-   end
-end
-"""
+
 
 PRELUDE = """
 slurm = {SUCCESS = 0, ERROR = -1,

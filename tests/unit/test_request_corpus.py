@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from slurm_plugin.hooks.install import render_job_submit
 
-from .test_job_submit_lua import LUA_UPVALUE
+from .fakes import LUA_UPVALUE
 from malleable_policy.request import (GRAMMAR, Grammar, RequestError, submit_request,
                                               update_request)
 

@@ -9,57 +9,7 @@ from malleable_tf import Action, MalleableError, NotInitialized
 from malleable_tf.runtime import Runtime
 
 
-class FakeLib:
-    def __init__(self, calls):
-        self.calls = calls
-        self.parked = {0: 0, 1: 0}
-
-    def mtf_set_parked(self, pool, n):
-        self.calls.append(("park", pool, n))
-        self.parked[pool] = n
-        return 0
-
-    def mtf_set_split_width(self, n, shard_too):
-        self.calls.append(("split", n))
-        return 0
-
-    def mtf_gate_set_capacity(self, n):
-        self.calls.append(("gate", n))
-        return 0
-
-    def mtf_wait_settled(self, pool, timeout_ms):
-        return self.parked[pool]
-
-    def mtf_shutdown(self):
-        self.calls.append(("shutdown",))
-
-
-class FakeNative:
-    def __init__(self, calls):
-        self.lib = FakeLib(calls)
-
-
-class World:
-    def __init__(self, cpus):
-        self.mask = frozenset(cpus)
-        self.cpuset_cpus = None
-        self.quota_cpus = None
-        self.invalidations = 0
-        self.calls = []
-
-    # The CgroupReader interface.
-    def cpuset(self):
-        return self.cpuset_cpus
-
-    def quota(self):
-        return self.quota_cpus
-
-    def invalidate(self):
-        self.invalidations += 1
-
-    def pin(self, cpus):
-        self.calls.append(("pin", tuple(sorted(cpus))))
-        self.mask = frozenset(cpus)   # pinning changes what the main thread's mask reads
+from .fakes import FakeNative, World
 
 
 def make(world, pool=4, local_rank=0, local_size=1, follow=True):

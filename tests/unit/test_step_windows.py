@@ -6,7 +6,7 @@ import random
 from malleable_tf.runtime import Runtime
 from malleable_tf.telemetry import StepWindow, StepWindows
 
-from .test_runtime_logic import FakeNative, World
+from .fakes import FakeNative, World
 
 
 def run(w: StepWindows, events):
