@@ -35,7 +35,7 @@ trainer = threading.Thread(target=train, daemon=True)
 trainer.start()
 time.sleep(2.0)  # warm up: tracing, first steps
 rt = malleable_tf.runtime()
-lib = rt.native_lib
+lib = rt.pools.lib
 pool = rt.intra_pool
 
 if mode == "follow":

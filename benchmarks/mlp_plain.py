@@ -1,4 +1,4 @@
-"""Plain TensorFlow (no malleable_tf, no strategy): the MLP of launcher/train_multiworker.py in
+"""Plain TensorFlow (no malleable_tf, no strategy): the MLP of examples/train_multiworker.py in
 the same custom loop, on the CPUs this process is given, for ``--seconds``; prints
 "RESULT {json}" with its steps/s. multiworker.py's baseline, run at 1 and 2 cores.
 

@@ -2,7 +2,7 @@
 real 2-node cluster with its agents: how fast a resize reaches the workers, and steps/s at 1 and
 2 cores per worker, the two sizes alternating in one job so the machine's drifts hit both alike.
 
-Two jobs from the multi-worker batch template (launcher/train_multiworker.py, a 2 x 1024-wide MLP
+Two jobs from the multi-worker batch template (examples/train_multiworker.py, a 2 x 1024-wide MLP
 on 256 rows a step), one after the other in the same run, and plain TensorFlow between them:
 
 - two_workers: a worker on each of 2 nodes. ``scontrol update Comment=malleable:cpus=N``
@@ -40,7 +40,7 @@ from malleable_policy.model import Policy
 
 REPO = Path(__file__).resolve().parents[1]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
-TRAIN = REPO / "launcher" / "train_multiworker.py"
+TRAIN = REPO / "examples" / "train_multiworker.py"
 WIDTH, BATCH = 1024, 256          # per worker: a 2 x 1024-wide MLP on 256 rows a step
 
 

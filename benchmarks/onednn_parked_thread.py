@@ -41,7 +41,7 @@ import tensorflow as tf
 from benchmarks.workloads import keras_cnn_step, steps_per_second
 step = keras_cnn_step()
 steps_per_second(step, seconds=1.0)
-lib = malleable_tf.runtime().native_lib
+lib = malleable_tf.runtime().pools.lib
 buf = (ctypes.c_long * 8)()
 
 def parked(pool):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from common import HERE, RESULTS, machine, median, percentile, run_worker, save
-from malleable_tf.runtime import pin_all_threads
+from malleable_runtime.runtime import pin_all_threads
 from malleable_protocol.cpulist import parse_cpu_list
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")

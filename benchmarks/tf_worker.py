@@ -81,7 +81,7 @@ if args.mode == "malleable":
     state = {"intra_active": s.intra_active, "intra_pool": s.intra_pool,
              "inter_active": s.inter_active, "allowed": sorted(s.allowed_cpus),
              "share": sorted(s.share_cpus), "following": s.following,
-             "split_width": malleable_tf.runtime().native_lib.mtf_split_width()}
+             "split_width": malleable_tf.runtime().pools.lib.mtf_split_width()}
 for step in steps.values():
     steps_per_second(step, seconds=0.5)  # trace, compile, warm caches
 state = {**(state or {}), "affinity": sorted(os.sched_getaffinity(0))}

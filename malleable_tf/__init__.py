@@ -28,6 +28,11 @@ of it (the same thread counts; ranks then float over their node's cores).
 Inside a Slurm job on a node whose co-scheduler made the job's folder, what malleable-srun would
 set is assumed where unset (``python train.py`` in a batch script joins the co-scheduler too).
 
+The framework-neutral part (following the allowance, control signals and the target, status
+records, step counting) is ``malleable_runtime``; this package is TensorFlow's adapter to it
+(``malleable_tf.pools``: parking through the native library) and TensorFlow's own helpers
+(keras, data, horovod, multiworker, run).
+
 Steps/s per thread count (the status record) come from the optimizers' apply_gradients, from
 ``malleable_tf.step()`` in loops the runtime cannot see, or from ``MalleableCallback``.
 """
@@ -35,27 +40,26 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import logging
 import os
-import signal
-import socket
-import sys
 import threading
 from pathlib import Path
 from typing import Callable
 
-from .control import Action
-from .runtime import MalleableError, NotInitialized, Runtime
-from .settings import AllowanceSource, OneDnn, Pinning, Settings, env_signals
-from .state import ThreadState
+from malleable_runtime.control import Action
+from malleable_runtime.runtime import MalleableError, NotInitialized, Runtime
+from malleable_runtime import session
+from malleable_runtime.session import (ignore_signals_until_init, place, settings_from_env,
+                                       setup_logging, start_runtime)
+from malleable_runtime.state import ThreadState
+from .settings import OneDnn, Settings
 from ._native import NativeBuildError
+from .pools import NativeWakeups, TfPools
 
 # The API, and its one front door: users import these from ``malleable_tf``, never from the
 # modules that define them (tests/unit/test_package_edges.py checks every importer).
 __all__ = ["init", "set_threads", "threads", "step", "shutdown", "runtime", "ThreadState", "Action",
            "MalleableError", "NotInitialized", "NativeBuildError"]
 
-_runtime: Runtime | None = None
 _init_lock = threading.Lock()
 # What the running init() settled on, and whether a later init() may join it: malleable_tf.run
 # sets _joinable, so that a script run through it may still call init() itself (see _join).
@@ -63,43 +67,7 @@ _settings: dict | None = None
 _joinable = False
 
 
-def _ignore_until_init() -> None:
-    """A control signal that arrives before init() must not kill the process (the default action
-    of SIGUSR1 and of every real-time signal): ignore the configured signals until init()
-    installs the real handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        for signo in env_signals(os.environ):
-            if signal.getsignal(signo) == signal.SIG_DFL:
-                signal.signal(signo, signal.SIG_IGN)
-    except ValueError:
-        pass  # a bad MALLEABLE_TF_SIGNALS is reported by init()
-
-
-_ignore_until_init()
-
-
-def _settings_from_env() -> Settings:
-    """The environment's settings. Inside a Slurm job whose folder the node's Prolog made (the
-    co-scheduler runs), a rank started without malleable-srun (``python train.py`` in a batch
-    script or under salloc) first gets what malleable-srun would have set, where the user set
-    nothing: its status record, its node's target, the cgroup as allowance, a pool that can grow
-    to the node (in os.environ, as malleable-srun sets them: what it starts sees them too)."""
-    settings = Settings.from_env(os.environ)
-    if settings.status is not None or settings.job_id is None:
-        return settings
-    from malleable_protocol import RunLayout
-    try:
-        layout = RunLayout(settings.run_dir)
-        if not layout.job_dir(settings.job_id).is_dir():
-            return settings
-        defaults = layout.rank_env(settings.job_id)
-    except ValueError:
-        return settings
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    return Settings.from_env(os.environ)
+ignore_signals_until_init(os.environ)
 
 
 def init(max_threads: int | None = None, *, inter_max_threads: int | None = None,
@@ -123,16 +91,16 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
     Under ``python -m malleable_tf.run`` the runner has already called it: a call here then
     returns the running state, and raises MalleableError only if it asks for other settings.
     """
-    global _runtime, _settings
+    global _settings
     asked = dict(locals())   # the arguments alone, for a second call's check
     with _init_lock:
-        if _runtime is not None:
+        if session.running() is not None:
             if not _joinable:
                 raise MalleableError("malleable_tf.init() already ran")
             return _join(asked)
         # Every setting is checked before TensorFlow is touched: a bad one leaves init() free
         # to run again.
-        env = _settings_from_env()
+        env = settings_from_env(Settings.from_env)
         for name, value in (("max_threads", max_threads), ("inter_max_threads",
                                                           inter_max_threads)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -160,39 +128,31 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
                                  f"first op ({exc})") from exc
         if before_runtime is not None:
             before_runtime()
-        _setup_logging(env.log)   # before load(): it may warn (a parking-only library)
+        setup_logging(env.log, "malleable_tf")   # before load(): it may warn (parking only)
         native = load(tf, env.native)
         intra_pool = native.attach(inter_max)
         if intra_pool != max_threads:
             raise MalleableError(f"TensorFlow made an intra-op pool of {intra_pool} threads, "
                                  f"not {max_threads}")
-        lr = env.local_rank if local_rank is None else local_rank
-        ls = env.local_size if local_size is None else local_size
-        rk = env.rank if rank is None else rank
-        status = status_path or env.status
-        fields = {"rank": rk, "local_rank": lr, "pid": os.getpid(), "job": str(env.job_id or 0),
-                  "step": env.step, "node": env.node or socket.gethostname()}
-        status = None if not status else Path(str(status).format(**fields))
-        target_path = None if not env.target else Path(env.target.format(**fields))
-        rt = Runtime(native, intra_pool=intra_pool, inter_pool=inter_max, local_rank=lr,
-                     local_size=ls, rank=rk, follow=follow, poll_interval_s=poll_interval_s,
-                     recheck_interval_s=recheck_interval_s,
-                     status_path=status, target_path=target_path,
-                     mask_restricts=env.allowance is AllowanceSource.AUTO, split=env.split,
-                     pin_share=env.pin is Pinning.SHARE,
-                     onednn_inline=env.onednn is OneDnn.INLINE, node=env.node)
-        rt.install_signals(signals)   # before any status record names the reload signal
-        rt.load_target()
-        rt.refresh_allowance(reason="init") or rt.set_threads(reason="init")
-        if count_steps:
+        pools = TfPools(native, intra_pool=intra_pool, inter_pool=inter_max, split=env.split,
+                        onednn_inline=env.onednn is OneDnn.INLINE)
+        where = place(env, status_path=status_path, local_rank=local_rank,
+                      local_size=local_size, rank=rank)
+
+        def count_optimizer_steps(rt: Runtime) -> None:
             from .keras import count_optimizer_steps
             count_optimizer_steps(rt)
-        rt.start_watcher()
+
+        rt = start_runtime(pools, NativeWakeups(native), env, where, follow=follow,
+                           signals=signals, poll_interval_s=poll_interval_s,
+                           recheck_interval_s=recheck_interval_s,
+                           before_watcher=count_optimizer_steps if count_steps else None)
         _settings = {**asked, "max_threads": max_threads, "inter_max_threads": inter_max,
-                     "follow": follow, "signals": dict(signals), "status_path": status,
-                     "local_rank": lr, "local_size": ls, "rank": rk, "count_steps": count_steps,
-                     "_fields": fields}
-        _runtime = rt
+                     "follow": follow, "signals": dict(signals),
+                     "status_path": where.status_path, "local_rank": where.local_rank,
+                     "local_size": where.local_size, "rank": where.rank,
+                     "count_steps": count_steps, "_fields": dict(where.fields)}
+        session.set_running(rt)
         atexit.register(shutdown)
         return rt.state()
 
@@ -218,23 +178,14 @@ def _join(asked: dict) -> ThreadState:
             "arguments or set them in the environment (MALLEABLE_TF_MAX_THREADS, "
             "MALLEABLE_TF_SIGNALS, MALLEABLE_TF_STATUS, MALLEABLE_TF_FOLLOW), or run the script "
             "without malleable_tf.run (malleable-srun --no-auto-init)")
-    return _runtime.state()
-
-
-def _setup_logging(enabled: bool) -> None:
-    log = logging.getLogger("malleable_tf")
-    if not log.handlers and enabled:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+    return runtime().state()
 
 
 def runtime() -> Runtime:
-    if _runtime is None:
+    rt = session.running()
+    if rt is None:
         raise NotInitialized()
-    return _runtime
+    return rt
 
 
 def set_threads(intra: int | None = None, inter: int | None = None) -> ThreadState:
@@ -253,15 +204,15 @@ def step(n: int = 1) -> None:
     after ``shutdown()`` it does nothing, so a script runs the same without malleable_tf."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"step(n): n must be an int >= 0, not {n!r}")
-    rt = _runtime
+    rt = session.running()
     if rt is not None:
         rt.step(n)
 
 
 def shutdown() -> None:
     """Unpark every thread for good (so the process can exit) and stop the watcher."""
-    global _runtime
     with _init_lock:
-        rt, _runtime = _runtime, None
+        rt = session.running()
+        session.set_running(None)
     if rt is not None:
         rt.close()

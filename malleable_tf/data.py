@@ -31,7 +31,7 @@ import malleable_tf
 
 def gate(fn: Callable) -> Callable:
     """Wrap a tf.data map function so that its calls pass the gate. Needs ``init()`` first."""
-    ops = malleable_tf.runtime().native_ops
+    ops = malleable_tf.runtime().pools.ops
 
     @functools.wraps(fn)
     def gated(*args):
@@ -68,10 +68,10 @@ def map(dataset, fn: Callable, num_parallel_calls=None, deterministic=None, name
 def stats() -> dict[str, int]:
     """The gate now: capacity, calls holding a ticket, the most at once since the last
     ``reset_max()``, tickets ever taken."""
-    lib = malleable_tf.runtime().native_lib
+    lib = malleable_tf.runtime().pools.lib
     return {"capacity": lib.mtf_gate_stat(0), "in_use": lib.mtf_gate_stat(1),
             "max_in_use": lib.mtf_gate_stat(2), "acquired": lib.mtf_gate_stat(3)}
 
 
 def reset_max() -> None:
-    malleable_tf.runtime().native_lib.mtf_gate_reset_max()
+    malleable_tf.runtime().pools.lib.mtf_gate_reset_max()

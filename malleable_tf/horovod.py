@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 
 from . import init as _init
-from .runtime import MalleableError
-from .state import ThreadState
+from malleable_runtime.runtime import MalleableError
+from malleable_runtime.state import ThreadState
 
 
 class KerasVersionError(MalleableError):

@@ -19,7 +19,8 @@ import time
 
 import tensorflow as tf
 
-from .runtime import Runtime
+from malleable_runtime.runtime import NotInitialized, Runtime
+from malleable_runtime.session import running
 
 log = logging.getLogger("malleable_tf")
 
@@ -122,8 +123,10 @@ class MalleableCallback(tf.keras.callbacks.Callback):
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            from . import runtime
-            self._runtime = runtime()
+            rt = running()
+            if rt is None:
+                raise NotInitialized()
+            self._runtime = rt
         return self._runtime
 
     def on_train_begin(self, logs=None):

@@ -16,7 +16,7 @@ Why this shape (docs/FACTS.md, TensorFlow 2.21): the strategy must be made befor
 runtime starts ("Collective ops must be configured at program startup"), and after the pools are
 sized (their size cannot change once it runs), so ``init()`` makes it inside
 ``malleable_tf.init()``, between the two. Keras 3's ``model.fit`` does not run under this
-strategy (keras-team/keras#20585): train with a custom loop, as ``launcher/train_multiworker.py``
+strategy (keras-team/keras#20585): train with a custom loop, as ``examples/train_multiworker.py``
 does. The cluster is Slurm's step: its nodes (SLURM_STEP_NODELIST), tasks per node, and this
 task's rank; tasks placed block-wise (Slurm's default) are worker 0, 1, ... in node order, as
 TensorFlow's own SlurmClusterResolver assumes, and a worker placed otherwise is refused. A node
@@ -38,7 +38,7 @@ from typing import Callable, Mapping
 
 from malleable_protocol.hostlist import expand_counts, expand_hostlist
 
-from .runtime import MalleableError
+from malleable_runtime.runtime import MalleableError
 
 PORT_RANGE = (20000, 40000)      # where the derived port bases fall (below Linux's ephemeral)
 _DIGITS = re.compile(r"^[0-9]{1,10}$")

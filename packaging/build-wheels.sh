@@ -1,7 +1,7 @@
 #!/bin/bash
-# Builds the user side's wheel, malleable-tf (docs/install.md section 9): malleable_tf, the
-# protocol it shares with the node side, and the launcher as malleable_tf.launcher (the
-# `malleable-srun` command). Installed into a user's environment beside the TensorFlow there:
+# Builds the user side's wheel, malleable-tf (docs/install.md section 9): malleable_runtime (the
+# framework-neutral runtime and the launcher, the `malleable-srun` command), malleable_tf
+# (TensorFlow's adapter) and the protocol they share with the node side. Installed into a user's environment beside the TensorFlow there:
 # it requires none (pip cannot say "tensorflow or tensorflow-cpu or a site build", and requiring
 # one would install it beside, or over, another); the extra [tensorflow] asks for the tested
 # range. Pure Python: the native part (malleable_tf/native) is compiled on first use against the
@@ -23,7 +23,7 @@ copy() {   # copy SRC_PACKAGE DEST_FOLDER: the package's files, no caches
 }
 copy malleable_tf malleable_tf
 copy malleable_protocol malleable_protocol
-copy launcher malleable_tf/launcher
+copy malleable_runtime malleable_runtime
 cp "$REPO/README.md" "$work/"
 cat > "$work/pyproject.toml" <<TOML
 [build-system]
@@ -45,10 +45,10 @@ tensorflow = ["tensorflow>=2.15,<2.22"]
 horovod = ["horovod==0.28.1"]
 
 [project.scripts]
-malleable-srun = "malleable_tf.launcher.srun:main"
+malleable-srun = "malleable_runtime.srun:main"
 
 [tool.setuptools.packages.find]
-include = ["malleable_tf*", "malleable_protocol*"]
+include = ["malleable_tf*", "malleable_runtime*", "malleable_protocol*"]
 
 [tool.setuptools.package-data]
 malleable_tf = ["native/*.cc", "native/*.h"]

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import launcher.train_digits as train_digits
+import examples.train_digits as train_digits
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy

@@ -161,7 +161,7 @@ if ! VENV="$SITE_VENV" have_versions "${SITE_DEPS[@]}" "$HOROVOD_PIN"; then
 fi
 # The project itself is copied in (not linked to this checkout, which users may not reach),
 # again whenever its sources change; then the native library is built once for everyone.
-digest=$(cd "$REPO" && git ls-files -z -- pyproject.toml malleable_protocol malleable_policy malleable_tf launcher \
+digest=$(cd "$REPO" && git ls-files -z -- pyproject.toml malleable_protocol malleable_policy malleable_runtime malleable_tf examples \
            slurm_plugin sbatch_templates 2>/dev/null | xargs -0 sha256sum | sha256sum | cut -c1-16)
 stamp="$SITE_VENV/.malleable-source"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then

@@ -188,7 +188,7 @@ def test_horovod_allreduce_across_three_nodes_under_srun_pmix(cluster, tmp_path)
     client = cluster.client()
     script = tmp_path / "hvd.sh"
     out = tmp_path / "hvd.out"
-    script.write_text(f"#!/bin/bash\nsrun --mpi=pmix {sys.executable} -m launcher.allreduce_check\n")
+    script.write_text(f"#!/bin/bash\nsrun --mpi=pmix {sys.executable} -m examples.allreduce_check\n")
     job_id = client.submit(script, ["-N3", "-n3", f"--output={out}", "--time=5"])
     job = wait_for(lambda: (lambda j: j if not j.state.holds_cores and j.state is not JobState.PENDING
                             else None)(client.job(job_id)), timeout=240, what="the job to end")

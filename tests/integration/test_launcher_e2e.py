@@ -86,7 +86,7 @@ def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):
     tmp_path.chmod(0o777)
     script = tmp_path / "train.sbatch"
     script.write_text(render("single-node", {
-        "program": str(REPO / "launcher" / "train_digits.py"), "ntasks": "1", "time": "10",
+        "program": str(REPO / "examples" / "train_digits.py"), "ntasks": "1", "time": "10",
         "args": f"--epochs 100000 --checkpoint-dir {tmp_path}/ckpt",
         "output": f"{tmp_path}/out-%j.txt", "python": sys.executable,
         "launcher": LAUNCHER}))

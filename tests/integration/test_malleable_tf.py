@@ -66,7 +66,7 @@ def test_bad_input_before_and_after_init(tmp_path):
     code = r"""
 import os, signal, time
 import malleable_tf
-from malleable_tf.control import DEFAULT_RELOAD_SIGNAL
+from malleable_runtime.control import DEFAULT_RELOAD_SIGNAL
 # A control signal before init does no harm (a real-time one's default action would end us).
 os.kill(os.getpid(), DEFAULT_RELOAD_SIGNAL); time.sleep(0.1)
 errors = []
@@ -142,7 +142,7 @@ for intra in (2, 1, 2):
 same = [abs(l - out[0][0]) <= 1e-5 * abs(out[0][0]) and
         float(abs(g - out[0][1]).max()) <= 1e-4 * float(abs(out[0][1]).max()) for l, g in out]
 print("RESULT " + json.dumps({"errors": errors, "same": same,
-                              "split": malleable_tf.runtime().native_lib.mtf_split_width()}))
+                              "split": malleable_tf.runtime().pools.lib.mtf_split_width()}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=180, env={**os.environ, **QUIET, "ONEDNN_UNDER_TEST": onednn})

@@ -1,5 +1,5 @@
 """Keras 3 across nodes without Horovod: two MultiWorkerMirroredStrategy workers, one on each of
-two nodes of the real cluster with its agents, train one model (launcher/train_multiworker.py,
+two nodes of the real cluster with its agents, train one model (examples/train_multiworker.py,
 TensorFlow 2.21 from .venv-keras3), started by the multi-worker batch template. Their weights stay equal after every epoch; the job grows
 into idle cores, a Prolog takes a node's core back and gives it again, and ``scontrol update``
 resizes it on both nodes, and both workers' threads follow each time."""
@@ -21,7 +21,7 @@ from .helpers import finish, rank_statuses, wait_for
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
-TRAIN = REPO / "launcher" / "train_multiworker.py"
+TRAIN = REPO / "examples" / "train_multiworker.py"
 
 
 def threads(folder: Path) -> dict[int, int] | None:

@@ -46,14 +46,14 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
     assert installs == ["malleable-tf"], installs
     run([py, "-m", "pip", "install", "--no-index", "--quiet", wheel])
     assert run([py, "-I", "-c", TF_VERSION]).stdout.strip() == before
-    where = run([py, "-I", "-c", "import malleable_tf, malleable_tf.launcher.srun as s; "
+    where = run([py, "-I", "-c", "import malleable_tf, malleable_runtime.srun as s; "
                  "print(malleable_tf.__file__)"]).stdout
     assert where.startswith(own_site), where       # the wheel's, not the checkout's
     usage = run([env_dir / "bin" / "malleable-srun", "--help"], cwd=tmp_path).stdout
     assert usage.startswith("``malleable-srun``: run a Horovod TensorFlow program")
     top = run([py, "-I", "-c", "import importlib.metadata as m; "
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
-    assert sorted(top.split()) == ["malleable_protocol", "malleable_tf"]
+    assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf"]
 
 
 def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tmp_path):

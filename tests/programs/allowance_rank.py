@@ -9,7 +9,7 @@ Prolog made, MALLEABLE_RUN_DIR/jobs/job_<J>/rank_<r>.<step>.json.
     allowance_rank.py STOP_FILE [MAX_THREADS]
 
 Standard library and the project's stdlib-only modules only (malleable_protocol and
-malleable_tf.allowance, which imports no TensorFlow).
+malleable_runtime.allowance, which imports no TensorFlow).
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from malleable_protocol import RankStatus, RunLayout, step_folder
 from malleable_protocol.layout import DEFAULT_RUN_DIR
-from malleable_tf.allowance import (AllowanceFollower, CgroupReader, local_rank_and_size,
+from malleable_runtime.allowance import (AllowanceFollower, CgroupReader, local_rank_and_size,
                                     read_affinity, share_of)
-from malleable_tf.telemetry import write_status
+from malleable_runtime.telemetry import write_status
 
 stop_file = Path(sys.argv[1])
 max_threads = int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1

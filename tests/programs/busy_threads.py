@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from malleable_tf.procstat import busy_threads, thread_cpu_ticks
+from malleable_runtime.procstat import busy_threads, thread_cpu_ticks
 
 PLAIN = sys.argv[1] == "--plain"
 POOL = int(sys.argv[-1])
@@ -80,7 +80,7 @@ else:
 
     def parked_tids():
         buf = (ctypes.c_long * 64)()
-        k = rt.native_lib.mtf_parked_tids(0, buf, 64)
+        k = rt.pools.lib.mtf_parked_tids(0, buf, 64)
         return sorted(buf[i] for i in range(k))
 
     for n in list(range(POOL, 0, -1)) + [POOL]:
@@ -94,7 +94,7 @@ else:
                         "parked_changed": parked != parked_tids(),
                         "parked_overlap_busy": len(set(parked) & ever_busy),
                         "parked_cpu_ticks": sum(w.get(t, 0) for w in ticks for t in parked),
-                        "split_width": rt.native_lib.mtf_split_width()})
+                        "split_width": rt.pools.lib.mtf_split_width()})
 stop.set()
 worker.join()
 print("RESULT " + json.dumps(results), flush=True)

@@ -10,7 +10,7 @@ import time
 
 import malleable_tf
 import malleable_tf.data
-from malleable_tf.procstat import CLK_TCK, thread_cpu_ticks
+from malleable_runtime.procstat import CLK_TCK, thread_cpu_ticks
 
 malleable_tf.init(max_threads=2)
 import tensorflow as tf  # noqa: E402

@@ -11,7 +11,7 @@ import time
 os.sched_setaffinity(0, {0})     # before TensorFlow: every thread starts on core 0
 import malleable_tf  # noqa: E402
 import malleable_tf.data  # noqa: E402
-from malleable_tf.runtime import pin_all_threads  # noqa: E402
+from malleable_runtime.runtime import pin_all_threads  # noqa: E402
 
 malleable_tf.init(max_threads=2)
 import tensorflow as tf  # noqa: E402

@@ -8,7 +8,7 @@ malleable_tf.init(max_threads=4)
 import tensorflow as tf  # noqa: E402
 
 malleable_tf.set_threads(intra=1, inter=1)
-assert malleable_tf.runtime().native_lib.mtf_parked(0) == 3
+assert malleable_tf.runtime().pools.lib.mtf_parked(0) == 3
 x = tf.random.normal((256, 256))
 tf.matmul(x, x).numpy()
 how = sys.argv[1]

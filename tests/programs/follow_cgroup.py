@@ -19,7 +19,7 @@ if len(sys.argv) > 3:
         f.write(str(os.getpid()))
 malleable_tf.init(max_threads=int(sys.argv[1]) if len(sys.argv) > 1 else None,
                   recheck_interval_s=float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
-lib = malleable_tf.runtime().native_lib
+lib = malleable_tf.runtime().pools.lib
 import tensorflow as tf  # noqa: E402
 
 a = tf.random.normal((256, 256))

@@ -8,7 +8,7 @@ malleable_tf.init(max_threads=2, follow=False)
 import tensorflow as tf  # noqa: E402
 
 rt = malleable_tf.runtime()
-lib = rt.native_lib
+lib = rt.pools.lib
 malleable_tf.set_threads(intra=1, inter=1)
 parked = [lib.mtf_parked(0), lib.mtf_parked(1)]
 width = lib.mtf_split_width()
@@ -16,6 +16,6 @@ x = tf.ones((256, 256))
 total = float(tf.reduce_sum(tf.matmul(x, x)).numpy())
 malleable_tf.set_threads(intra=2, inter=2)
 print("RESULT " + json.dumps({
-    "tensorflow": tf.__version__, "parking_only": rt._native.parking_only,
-    "library": rt._native.path.name, "parked_at_1": parked, "split_width_at_1": width,
+    "tensorflow": tf.__version__, "parking_only": rt.pools.native.parking_only,
+    "library": rt.pools.native.path.name, "parked_at_1": parked, "split_width_at_1": width,
     "parked_at_2": [lib.mtf_parked(0), lib.mtf_parked(1)], "sum": total}), flush=True)

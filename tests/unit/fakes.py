@@ -28,6 +28,9 @@ class FakeLib:
     def mtf_wait_settled(self, pool, timeout_ms):
         return self.parked[pool]
 
+    def mtf_poll_stop(self):
+        pass    # no poller runs in these tests
+
     def mtf_shutdown(self):
         self.calls.append(("shutdown",))
 
@@ -35,6 +38,15 @@ class FakeLib:
 class FakeNative:
     def __init__(self, calls):
         self.lib = FakeLib(calls)
+
+
+def fake_tf_adapter(calls, pool: int, inter: int | None = None, **options):
+    """TensorFlow's adapter (pools and wake-ups) on the fake native library: the arguments the
+    runtime takes first."""
+    from malleable_tf.pools import NativeWakeups, TfPools
+    native = FakeNative(calls)
+    return (TfPools(native, intra_pool=pool, inter_pool=pool if inter is None else inter,
+                    **options), NativeWakeups(native))
 
 
 class World:

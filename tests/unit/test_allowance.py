@@ -4,11 +4,11 @@ from pathlib import Path
 import pytest
 
 from malleable_tf import Action
-from malleable_tf.allowance import (Allowance, expand_tasks_per_node, local_rank_and_size,
+from malleable_runtime.allowance import (Allowance, expand_tasks_per_node, local_rank_and_size,
                                     parse_proc_cgroup, parse_quota, share_of)
-from malleable_tf.control import (DEFAULT_RELOAD_SIGNAL, DEFAULT_SIGNALS,
+from malleable_runtime.control import (DEFAULT_RELOAD_SIGNAL, DEFAULT_SIGNALS,
                                   announced_reload_signal, parse_signal_spec, signal_name)
-from malleable_tf.telemetry import MAX_THREAD_COUNTS, StepRate
+from malleable_runtime.telemetry import MAX_THREAD_COUNTS, StepRate
 
 
 def test_usable_counts_quota():
@@ -116,7 +116,7 @@ def test_cgroup_files_inside_a_docker_container_on_cgroup_v1(tmp_path):
     /sys/fs/cgroup/cpuset itself. The cpuset file is found there, so a process in a container
     follows its cpuset when `docker update` grows it (its affinity mask alone does not widen
     again once it pinned itself)."""
-    from malleable_tf.allowance import CgroupFiles, parse_cgroup_mount_roots
+    from malleable_runtime.allowance import CgroupFiles, parse_cgroup_mount_roots
     text = (Path(__file__).parent.parent / "fixtures" / "docker_container_cgroup.txt").read_text()
     mountinfo = "\n".join(line for line in text.splitlines() if " - " in line)
     proc_cgroup = "\n".join(line for line in text.splitlines() if " - " not in line)

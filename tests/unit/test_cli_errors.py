@@ -19,7 +19,7 @@ from slurm_plugin.logs import setup_logging
 from slurm_plugin.slurm import UnknownJob
 from malleable_protocol.runner import CommandError
 
-from .fakes import FakeNative, World, feed_of_three_jobs
+from .fakes import World, fake_tf_adapter, feed_of_three_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -316,17 +316,17 @@ def test_no_other_logging_set_up_is_left():
             assert "StreamHandler" not in text, path
 
 
-# --- malleable_tf: resize lines by rank ------------------------------------------------------
+# --- the user runtime: resize lines by rank ------------------------------------------------------
 
 @pytest.mark.parametrize("rank,level", [(0, logging.INFO), (1, logging.DEBUG),
                                         (5, logging.DEBUG)])
 def test_resize_lines_are_info_on_rank_0_only(rank, level, caplog):
-    from malleable_tf.runtime import Runtime
+    from malleable_runtime.runtime import Runtime
 
     w = World({0, 1, 2, 3})
-    rt = Runtime(FakeNative(w.calls), intra_pool=4, inter_pool=4, local_rank=0, local_size=1,
+    rt = Runtime(*fake_tf_adapter(w.calls, 4), local_rank=0, local_size=1,
                  rank=rank, read_affinity=lambda: w.mask, cgroup=w, pin=w.pin)
-    with caplog.at_level(logging.DEBUG, logger="malleable_tf"):
+    with caplog.at_level(logging.DEBUG, logger="malleable_runtime"):
         rt.set_threads(reason="init")
         rt.set_threads(intra=2, reason="test")
     resizes = [r for r in caplog.records if " resize intra " in r.getMessage()]
@@ -335,19 +335,19 @@ def test_resize_lines_are_info_on_rank_0_only(rank, level, caplog):
 
 
 def test_other_ranks_resize_lines_are_not_shown_by_default(capsys):
-    """malleable_tf's own handler (logger at INFO) drops the DEBUG lines unless asked for."""
-    import malleable_tf
-    from malleable_tf.runtime import Runtime
+    """The runtime's own handler (logger at INFO) drops the DEBUG lines unless asked for."""
+    from malleable_runtime.runtime import Runtime
+    from malleable_runtime.session import setup_logging
 
-    log = logging.getLogger("malleable_tf")
+    log = logging.getLogger("malleable_runtime")
     saved = (list(log.handlers), log.level, log.propagate)
     for h in saved[0]:
         log.removeHandler(h)
     try:
-        malleable_tf._setup_logging(True)
+        setup_logging(True)
         for rank in (0, 1):
             w = World({0, 1, 2, 3})
-            rt = Runtime(FakeNative(w.calls), intra_pool=4, inter_pool=4, local_rank=0,
+            rt = Runtime(*fake_tf_adapter(w.calls, 4), local_rank=0,
                          local_size=1, rank=rank, read_affinity=lambda: w.mask, cgroup=w,
                          pin=w.pin)
             rt.set_threads(intra=2, reason="test")

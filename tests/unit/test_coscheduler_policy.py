@@ -192,7 +192,7 @@ def ranks(n):
 
 
 def test_three_cores_two_ranks_each_rank_is_told_the_cores_it_holds():
-    from malleable_tf.allowance import Allowance, share_of
+    from malleable_runtime.allowance import Allowance, share_of
     snap = NodeSnapshot("n", frozenset(range(3)),
                         (job(1, {0}, spec=M(1, None), ranks=ranks(2)),))
     (a,) = decide(snap, Policy.LEND_IDLE).actions

@@ -199,7 +199,7 @@ def test_a_target_is_roots_and_readable_by_the_jobs_user_alone(open_tmp):
     assert Target.decode(read_bounded(path, 4096)).cpus == frozenset({0})
     nogroup = pwd.getpwuid(JOB_UID).pw_gid
     # The job's ranks read it, as malleable_tf does:
-    from malleable_tf.control import load_target
+    from malleable_runtime.control import load_target
     assert _can_read_as(JOB_UID, nogroup, path,
                         read=lambda p: load_target(p).cpus == frozenset({0}))
     assert not _can_read_as(STRANGER_UID, nogroup, path)      # same group, another user: no

@@ -1,6 +1,6 @@
 import pytest
 
-from launcher.srun import LaunchError, is_python, plan_launch, split_srun_options, with_runner
+from malleable_runtime.srun import LaunchError, is_python, plan_launch, split_srun_options, with_runner
 
 RUN = ["-m", "malleable_tf.run"]
 

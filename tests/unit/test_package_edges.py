@@ -1,6 +1,6 @@
-"""The packages' import edges match how they are deployed: malleable_tf and the launcher run
-in the user's job and never import the root daemon's package; the protocol imports nothing of
-the project and nothing outside the standard library."""
+"""The packages' import edges match how they are deployed: the user runtime (malleable_runtime,
+malleable_tf) and the example programs run in the user's job and never import the root daemon's
+package; the protocol imports nothing of the project and nothing outside the standard library."""
 import ast
 import re
 import subprocess
@@ -25,7 +25,7 @@ def imported_modules(package: str) -> dict[str, set[str]]:
 
 
 def test_job_side_never_imports_the_root_daemon():
-    for package in ("malleable_tf", "launcher", "malleable_protocol"):
+    for package in ("malleable_runtime", "malleable_tf", "examples", "malleable_protocol"):
         for path, names in imported_modules(package).items():
             bad = sorted(n for n in names if n.split(".")[0] == "slurm_plugin")
             assert not bad, f"{path} imports {bad}"
@@ -61,8 +61,9 @@ LAYERS = {
     # the SPANK plugin's build, logging, the batch templates
     "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1, "slurm_plugin.spank": 1,
     "slurm_plugin.logs": 1, "sbatch_templates": 1,
-    "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_tf": 2,
-    "slurm_plugin.node": 3, "launcher": 3,
+    "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_runtime": 2,
+    "slurm_plugin.node": 3, "malleable_tf": 3,      # TensorFlow's adapter to malleable_runtime
+    "examples": 4,                                  # example training programs
     "slurm_plugin.daemon": 4, "slurm_plugin.hooks": 4, "slurm_plugin.containers": 4,
     "slurm_plugin.cluster": 5,
     "slurm_plugin.commands": 6,
@@ -240,13 +241,31 @@ def test_the_graph_checks_can_fail(tmp_path):
     assert top["slurm_plugin.node.accounting"] == {"slurm_plugin.node.ledger"}
 
 
-def test_malleable_tf_modules_import_each_other_without_a_cycle():
-    graph = module_level_imports(ROOT / "malleable_tf", "malleable_tf")
+# What a framework is: its modules, and the project's adapters to them.
+FRAMEWORKS = ("tensorflow", "keras", "horovod", "torch", "jax", "malleable_tf")
+
+
+def test_the_user_runtime_core_imports_no_framework():
+    """malleable_runtime is the part every framework shares: no import of one, at any time (a
+    lazy import would make a PyTorch job load TensorFlow)."""
+    for path, names in imported_modules("malleable_runtime").items():
+        assert not [n for n in names if n.split(".")[0] in FRAMEWORKS], path
+    lazy = [n for names in imported_modules("malleable_tf").values() for n in names]
+    assert "tensorflow" in lazy and "malleable_runtime.runtime" in lazy   # the scan sees both
+    done = subprocess.run([sys.executable, "-c",
+                           "import sys, malleable_runtime.session, malleable_runtime.srun; "
+                           f"print(sorted(set(sys.modules) & set({FRAMEWORKS!r})))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_user_runtime_modules_import_each_other_without_a_cycle():
+    graph = module_level_imports(ROOT / "malleable_runtime", "malleable_runtime")
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     # ThreadState has a module of its own; both its users import it from there.
-    assert "malleable_tf.state" in graph["malleable_tf.runtime"]
-    assert "malleable_tf.state" in graph["malleable_tf.telemetry"]
-    assert graph["malleable_tf.state"] == set()
+    assert "malleable_runtime.state" in graph["malleable_runtime.runtime"]
+    assert "malleable_runtime.state" in graph["malleable_runtime.telemetry"]
+    assert graph["malleable_runtime.state"] == set()
 
 
 def test_the_cycle_check_can_fail(tmp_path):
@@ -265,15 +284,17 @@ def test_the_cycle_check_can_fail(tmp_path):
     assert find_cycle(module_level_imports(pkg, "pkg")) is None   # a call-time import is no edge
 
 
-def test_each_malleable_tf_module_imports_first_in_a_fresh_interpreter():
+def test_each_user_runtime_module_imports_first_in_a_fresh_interpreter():
     """Each module imported first in an interpreter of its own (the ones that import TensorFlow
     at their top, keras.py, are left to the graph check: seconds each)."""
-    for path in sorted((ROOT / "malleable_tf").glob("*.py")):
+    for path in sorted([*(ROOT / "malleable_runtime").glob("*.py"),
+                        *(ROOT / "malleable_tf").glob("*.py")]):
         tree = ast.parse(path.read_text())
         if any(isinstance(n, ast.Import) and any(a.name == "tensorflow" for a in n.names)
                for n in tree.body):
             continue
-        name = "malleable_tf" if path.name == "__init__.py" else f"malleable_tf.{path.stem}"
+        package = path.parent.name
+        name = package if path.name == "__init__.py" else f"{package}.{path.stem}"
         done = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"import {name}: {done.stderr}"
@@ -288,24 +309,26 @@ def public_api() -> set[str]:
     raise AssertionError("malleable_tf/__init__.py has no __all__")
 
 
-FRONT_DOOR_DIRS = ("malleable_tf", "launcher", "tests", "benchmarks", "scripts",
-                   "sbatch_templates", "slurm_plugin", "docs")
+# Where the API is used (the two packages that define it are where it is made, not used).
+FRONT_DOOR_DIRS = ("examples", "tests", "benchmarks", "scripts", "sbatch_templates",
+                   "slurm_plugin", "docs")
 
-
-DOC_IMPORT = re.compile(r"from[ \t]+malleable_tf\.(\w+)[ \t]+import[ \t]+\(?([\w \t,]+)")
+DOC_IMPORT = re.compile(
+    r"from[ \t]+(malleable_tf|malleable_runtime)\.(\w+)[ \t]+import[ \t]+\(?([\w \t,]+)")
 
 
 def back_doors(paths, api: set[str]) -> list[str]:
-    """Imports of an API name from a module of malleable_tf (code, and code lines in docs)."""
+    """Imports of an API name from a module of the user runtime (code, and code lines in
+    docs)."""
     bad = []
     for path in paths:
         text = path.read_text(errors="replace")
         if path.suffix == ".py":
             found = [(n.module, [a.name for a in n.names]) for n in ast.walk(ast.parse(text))
                      if isinstance(n, ast.ImportFrom) and n.level == 0
-                     and (n.module or "").startswith("malleable_tf.")]
+                     and (n.module or "").startswith(("malleable_tf.", "malleable_runtime."))]
         else:
-            found = [(f"malleable_tf.{m}", names.split(",")) for m, names in DOC_IMPORT.findall(text)]
+            found = [(f"{p}.{m}", names.split(",")) for p, m, names in DOC_IMPORT.findall(text)]
         for module, names in found:
             wrong = api & {n.strip() for n in names}
             if wrong:
@@ -324,16 +347,18 @@ def test_the_api_has_one_front_door():
     bad = back_doors(paths, api)
     assert not bad, "import these from malleable_tf: " + "; ".join(bad)
     # runtime.py re-exports nothing of control's any more.
-    import malleable_tf.runtime as runtime_module
+    import malleable_runtime.runtime as runtime_module
     assert not hasattr(runtime_module, "parse_signal_spec")
     assert not hasattr(runtime_module, "DEFAULT_SIGNALS")
 
 
 def test_the_front_door_check_can_fail(tmp_path):
     code, doc = tmp_path / "t.py", tmp_path / "d.md"
-    code.write_text("from malleable_tf.runtime import (Action,\n    MalleableError)\n"
-                    "from malleable_tf.runtime import Runtime\n")
-    doc.write_text("    from malleable_tf.state import ThreadState\n")
+    code.write_text("from malleable_runtime.runtime import (Action,\n    MalleableError)\n"
+                    "from malleable_runtime.runtime import Runtime\n"
+                    "from malleable_tf.keras import MalleableError\n")
+    doc.write_text("    from malleable_runtime.state import ThreadState\n")
     assert back_doors([code, doc], public_api()) == [
-        f"{code}: from malleable_tf.runtime import ['Action', 'MalleableError']",
-        f"{doc}: from malleable_tf.state import ['ThreadState']"]
+        f"{code}: from malleable_runtime.runtime import ['Action', 'MalleableError']",
+        f"{code}: from malleable_tf.keras import ['MalleableError']",
+        f"{doc}: from malleable_runtime.state import ['ThreadState']"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import malleable_tf
+from malleable_runtime import session
 from malleable_tf import run as runner
 from malleable_tf import Action, MalleableError
 
@@ -148,7 +149,7 @@ def joined(monkeypatch):
                 "recheck_interval_s": 1.0, "status_path": Path("/s/rank_3.json"),
                 "local_rank": 1, "local_size": 2, "rank": 3, "count_steps": True,
                 "_fields": {"rank": 3, "local_rank": 1, "pid": 99, "job": "0", "node": "n"}}
-    monkeypatch.setattr(malleable_tf, "_runtime", FakeRuntime())
+    monkeypatch.setattr(session, "_running", FakeRuntime())
     monkeypatch.setattr(malleable_tf, "_settings", settings)
     monkeypatch.setattr(malleable_tf, "_joinable", True)
 

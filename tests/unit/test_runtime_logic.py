@@ -6,14 +6,14 @@ mechanism is tested on real TensorFlow in tests/integration/test_malleable_tf.py
 import pytest
 
 from malleable_tf import Action, MalleableError, NotInitialized
-from malleable_tf.runtime import Runtime
+from malleable_runtime.runtime import Runtime
 
 
-from .fakes import FakeNative, World
+from .fakes import World, fake_tf_adapter
 
 
 def make(world, pool=4, local_rank=0, local_size=1, follow=True):
-    rt = Runtime(FakeNative(world.calls), intra_pool=pool, inter_pool=pool, local_rank=local_rank,
+    rt = Runtime(*fake_tf_adapter(world.calls, pool), local_rank=local_rank,
                  local_size=local_size, follow=follow, read_affinity=lambda: world.mask,
                  cgroup=world, pin=world.pin)
     rt.set_threads(reason="init")
@@ -155,7 +155,7 @@ def test_the_record_names_the_reload_signal_only_once_its_handler_is_in():
     def install(signo, code):
         installed.append(signo)
         return -22 if signo == signal.SIGUSR2 else 0      # EINVAL
-    rt._native.lib.mtf_install_signal = install
+    rt.pools.lib.mtf_install_signal = install   # the wake-ups share the native library
     assert rt.status_record().reload_signal is None
     with pytest.raises(MalleableError, match="SIGUSR2"):
         rt.install_signals({signal.SIGRTMIN + 3: Action.RELOAD, signal.SIGUSR2: Action.RELOAD})
@@ -245,7 +245,7 @@ def test_cgroup_mode_ignores_a_launch_binding():
     # Slurm binds a task to its allocation at launch; the co-scheduler grew the cpuset before.
     w = World({1})
     w.cpuset_cpus = frozenset({0, 1})
-    rt = Runtime(FakeNative(w.calls), intra_pool=2, inter_pool=2, local_rank=0, local_size=1,
+    rt = Runtime(*fake_tf_adapter(w.calls, 2), local_rank=0, local_size=1,
                  read_affinity=lambda: w.mask, cgroup=w, pin=w.pin, mask_restricts=False)
     rt.set_threads(reason="init")
     assert rt.state().allowed_cpus == {0, 1} and rt.state().intra_active == 2

@@ -30,7 +30,7 @@ def test_multi_node_golden():
 
 def test_multi_worker_golden():
     golden("multi-worker.sbatch", render("multi-worker", {
-        **FIXED, "program": "launcher/train_multiworker.py", "args": "--epochs 20"}))
+        **FIXED, "program": "examples/train_multiworker.py", "args": "--epochs 20"}))
 
 
 def test_coschedule_golden():

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import malleable_tf
 from malleable_protocol.layout import DEFAULT_RUN_DIR
 from malleable_tf import Action
-from malleable_tf.control import DEFAULT_RELOAD_SIGNAL
+from malleable_runtime.control import DEFAULT_RELOAD_SIGNAL
+from malleable_runtime.session import settings_from_env
 from malleable_tf.settings import (AllowanceSource, NativeBuild, NativeVariant, OneDnn, Pinning,
                                    Settings, Split)
 
@@ -42,9 +42,9 @@ def test_settings_cannot_be_changed_after_the_read():
         s.signals[signal.SIGUSR2] = Action.RELOAD
 
 
-def test_split_is_the_runtimes_enum():
-    from malleable_tf.runtime import Split as RuntimeSplit
-    assert RuntimeSplit is Split
+def test_split_is_the_adapters_enum():
+    from malleable_tf.pools import Split as PoolsSplit
+    assert PoolsSplit is Split
 
 
 @pytest.mark.parametrize("env,read", [
@@ -189,7 +189,7 @@ def test_in_a_co_scheduled_job_a_rank_takes_what_malleable_srun_would_set(clean_
     clean_env.setenv("SLURM_JOB_ID", "42")
     clean_env.setenv("MALLEABLE_RUN_DIR", str(tmp_path))
     clean_env.setenv("MALLEABLE_TF_ALLOWANCE", "auto")     # the user's own setting wins
-    s = malleable_tf._settings_from_env()
+    s = settings_from_env(Settings.from_env)
     assert s.status == str(tmp_path / "jobs" / "job_42" / "rank_{rank}.{step}.json")
     assert s.target == str(tmp_path / "targets" / "job_42.{node}.json")
     assert s.max_threads == os.cpu_count() and s.allowance is AllowanceSource.AUTO
@@ -204,7 +204,7 @@ def test_outside_a_co_scheduled_job_nothing_is_assumed(clean_env, tmp_path, env)
     clean_env.setenv("MALLEABLE_RUN_DIR", str(tmp_path))
     for key, value in env.items():
         clean_env.setenv(key, value)
-    s = malleable_tf._settings_from_env()
+    s = settings_from_env(Settings.from_env)
     assert s.target is None and s.max_threads is None and "MALLEABLE_TF_TARGET" not in os.environ
 
 

@@ -3,10 +3,10 @@
 import json
 import random
 
-from malleable_tf.runtime import Runtime
-from malleable_tf.telemetry import StepWindow, StepWindows
+from malleable_runtime.runtime import Runtime
+from malleable_runtime.telemetry import StepWindow, StepWindows
 
-from .fakes import FakeNative, World
+from .fakes import World, fake_tf_adapter
 
 
 def run(w: StepWindows, events):
@@ -118,7 +118,7 @@ class Clock:
 
 def make_runtime(tmp_path, clock, pool=2):
     w = World(set(range(pool)))
-    rt = Runtime(FakeNative(w.calls), intra_pool=pool, inter_pool=pool, local_rank=0,
+    rt = Runtime(*fake_tf_adapter(w.calls, pool), local_rank=0,
                  local_size=1, read_affinity=lambda: w.mask, cgroup=w, pin=w.pin, clock=clock,
                  status_path=tmp_path / "status.json")
     rt.set_threads(reason="init")

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("malleable_protocol", "malleable_tf", "slurm_plugin", "sbatch_templates",
-            "launcher", "tests/programs", "packaging", "docs/install.md", "pyproject.toml")
+PACKAGES = ("malleable_protocol", "malleable_policy", "malleable_runtime", "malleable_tf",
+            "slurm_plugin", "sbatch_templates", "examples", "tests/programs", "packaging", "docs/install.md", "pyproject.toml")
 SRC = "/opt/malleable/src"
 HOOKS = "/etc/malleable"            # the guide's MALLEABLE_ETC
 USER_SIDE = "/opt/malleable/user"     # malleable_tf for the jobs (a site's user environment)

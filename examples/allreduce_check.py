@@ -1,6 +1,6 @@
 """One Horovod allreduce across every rank of a job; each rank reports where it runs.
 
-Run under srun --mpi=pmix (or mpirun) as `python -m launcher.allreduce_check`.
+Run under srun --mpi=pmix (or mpirun) as `python -m examples.allreduce_check`.
 """
 import os
 import time

@@ -1,9 +1,10 @@
-"""The live resizing runtime of one TensorFlow process.
+"""The live resizing runtime of one training process, whatever its framework.
 
-``Runtime`` owns the target thread counts and applies them: it parks pool threads through the
-native library, pins the process's threads to this rank's share of the allowed CPUs, and, when
+``Runtime`` owns the target thread counts and applies them: it resizes the framework's pools
+through its adapter (``adapter.ThreadPools``), pins the process's threads to this rank's share of the allowed CPUs, and, when
 following, re-reads the allowance whenever the native poller sees the affinity mask or a cgroup
-file change, on every control signal, and once a second as a safety net. It also keeps the
+file change (``adapter.Wakeups``), on every control signal, and once a second as a safety
+net. It also keeps the
 running count of training steps (``step``, sources such as the optimizer counter) and credits
 them to the intra-op thread count in force. Nothing starts in the constructor: ``start_watcher``
 starts the Python watcher thread, the native poller and the step sampler.
@@ -26,12 +27,11 @@ from malleable_protocol import RankStatus, ResizeEvent, Target, format_cpu_list
 from . import allowance as allow
 from . import control
 from . import telemetry
-from ._native import INTER, INTRA, NativeLib
+from .adapter import ThreadPools, Wakeups
 from .control import Action
-from .settings import Split
 from .state import ThreadState
 
-log = logging.getLogger("malleable_tf")
+log = logging.getLogger(__name__)
 
 
 class MalleableError(RuntimeError):
@@ -39,8 +39,8 @@ class MalleableError(RuntimeError):
 
 
 class NotInitialized(MalleableError):
-    def __init__(self) -> None:
-        super().__init__("malleable_tf.init() has not run (or shutdown() has)")
+    def __init__(self, package: str = "malleable_tf") -> None:
+        super().__init__(f"{package}.init() has not run (or shutdown() has)")
 
 
 def thread_ids(pid: int | str = "self") -> list[int]:
@@ -62,25 +62,25 @@ def pin_all_threads(cpus: frozenset[int], pid: int | str = "self") -> int:
             pass  # a thread that just exited
         except OSError as exc:   # EINVAL: CPUs outside the cpuset; EPERM: not ours
             refused += 1
-            log.warning("malleable_tf: cannot pin thread %d to %s: %s", tid,
+            log.warning("malleable: cannot pin thread %d to %s: %s", tid,
                         format_cpu_list(cpus), exc)
     return refused
 
 
 class Runtime:
-    def __init__(self, native: NativeLib, *, intra_pool: int, inter_pool: int, local_rank: int,
+    def __init__(self, pools: ThreadPools, wakeups: Wakeups, *, local_rank: int,
                  local_size: int, rank: int = 0, follow: bool = True, poll_interval_s: float = 0.005,
                  recheck_interval_s: float = 1.0,
                  status_path: Path | None = None, target_path: Path | None = None,
                  read_affinity: Callable[[], frozenset[int]] = lambda: allow.read_affinity(os.getpid()),
                  cgroup: allow.CgroupReader | None = None, mask_restricts: bool = True,
-                 split: Split = Split.ACTIVE, onednn_inline: bool = False,
                  pin: Callable[[frozenset[int]], None] = pin_all_threads,
                  pin_share: bool = True, node: str = "",
                  clock: Callable[[], float] = time.monotonic, sample_interval_s: float = 0.5):
-        self._native = native
-        self.intra_pool = intra_pool
-        self.inter_pool = inter_pool
+        self.pools = pools
+        self._wakeups = wakeups
+        self.intra_pool = intra_pool = pools.intra_pool
+        self.inter_pool = inter_pool = pools.inter_pool
         self.local_rank, self.local_size, self.rank = local_rank, local_size, rank
         self.follow = follow
         # The native poll (a few syscalls, no GIL) runs every poll_interval_s; the Python
@@ -90,9 +90,6 @@ class Runtime:
         self._polled_paths: tuple[Path, ...] | None = None
         self.target_path = target_path
         self._cgroup = cgroup or allow.CgroupReader()
-        self.split = split
-        # At one active intra-op thread, oneDNN's work runs in the calling thread (split_width.cc)
-        self.onednn_inline = onednn_inline
         self._pin = pin
         # Pin the threads to this rank's share of the allowance (locality), or to the whole
         # allowance (ranks float over their node's cores; the thread counts are the same).
@@ -115,8 +112,7 @@ class Runtime:
         # or is about to hold (a shrink parks threads before the cpuset narrows).
         self._target: Target | None = None
         self._watcher: control.Watcher | None = None
-        self._warned_split = False
-        # Steps: malleable_tf.step() and running totals read from elsewhere (the optimizer
+        # Steps: the package's step() and running totals read from elsewhere (the optimizer
         # counter, a TF variable), cut into windows on every resize and by the sampler.
         self._step_counter = telemetry.StepCounter()
         self._step_sources: list[Callable[[], int]] = []
@@ -124,21 +120,11 @@ class Runtime:
         self._windows = telemetry.StepWindows()
         self.sample_interval_s = sample_interval_s
         self._sampler: telemetry.StepSampler | None = None
-        # True once every Keras optimizer's apply_gradients counts a step (malleable_tf.keras):
-        # MalleableCallback then leaves the counting to it.
+        # True once the adapter counts every optimizer step itself (malleable_tf.keras: each Keras
+        # optimizer's apply_gradients): its callback then leaves the counting to it.
         self.counts_optimizer_steps = False
 
     # --- state ---------------------------------------------------------------------------
-
-    @property
-    def native_lib(self):
-        """The native library's C functions (ctypes): counters for tests and benchmarks."""
-        return self._native.lib
-
-    @property
-    def native_ops(self):
-        """The native library's TensorFlow ops (the tf.data gate)."""
-        return self._native.ops
 
     @property
     def status_path(self) -> Path | None:
@@ -209,16 +195,7 @@ class Runtime:
         pin_set = share if not self.follow or self.pin_share else allowed.cpus
         if self.follow and grow:
             self._pin_to(pin_set)
-        self._set_parked(INTRA, self.intra_pool - intra)
-        self._set_parked(INTER, self.inter_pool - inter)
-        if self.split is not Split.POOL:
-            self._set_split_width(intra)
-        # tf.data map calls (malleable_tf.data) run on threads of their own: as many at once
-        # as there are active inter-op threads, the pool that runs independent work.
-        self._native.lib.mtf_gate_set_capacity(inter)
-        if wait_s > 0:
-            self._native.lib.mtf_wait_settled(INTRA, int(wait_s * 1000))
-            self._native.lib.mtf_wait_settled(INTER, int(wait_s * 1000))
+        self.pools.resize(intra, inter, wait_s)
         if self.follow and not grow:
             self._pin_to(pin_set)
         self._share = share
@@ -231,7 +208,7 @@ class Runtime:
                                                 reason, round(latency_ms, 3)))
             # Rank 0's at INFO; every other rank's at DEBUG (one line per rank per resize).
             log.log(logging.INFO if self.rank == 0 else logging.DEBUG,
-                    "malleable_tf: rank %d resize intra %d->%d inter %d->%d cpus=%s reason=%s "
+                    "malleable: rank %d resize intra %d->%d inter %d->%d cpus=%s reason=%s "
                     "latency=%.2fms", self.rank, before[0], intra, before[1], inter,
                     format_cpu_list(share), reason, latency_ms)
         self.write_status()
@@ -242,23 +219,6 @@ class Runtime:
         if share != self._follower.pinned:
             self._pin(share)
             self._follower.pinned = share
-
-    def _set_split_width(self, n: int) -> None:
-        """New Eigen kernels split their work n ways, as in a process started with n threads."""
-        rc = self._native.lib.mtf_set_split_width(n, int(self.split is Split.ACTIVE))
-        if rc == 0 and self.onednn_inline:
-            rc = self._native.lib.mtf_set_onednn_inline(int(n == 1))
-        if rc == -2 and not self._warned_split:
-            self._warned_split = True
-            log.warning("malleable_tf: this TensorFlow's table of Eigen devices was not found; "
-                        "kernels keep splitting work %d ways", self.intra_pool)
-        elif rc not in (0, -2):
-            raise MalleableError(f"native set_split_width({n}) failed with {rc}")
-
-    def _set_parked(self, pool: int, n: int) -> None:
-        rc = self._native.lib.mtf_set_parked(pool, n)
-        if rc != 0:
-            raise MalleableError(f"native set_parked(pool={pool}, n={n}) failed with {rc}")
 
     # --- steps/s and telemetry -------------------------------------------------------------
 
@@ -285,7 +245,7 @@ class Runtime:
                 try:
                     self._source_totals[i] = int(read())
                 except Exception as exc:  # noqa: BLE001 - a user's step source may raise anything
-                    log.debug("malleable_tf: step source %r: %s", read, exc)
+                    log.debug("malleable: step source %r: %s", read, exc)
             return self._step_counter.total + sum(self._source_totals)
 
     def sample_steps(self, *, flush: bool = False) -> None:
@@ -345,7 +305,7 @@ class Runtime:
         """Route each signal to its action. Only then does the status record name the reload
         signal, the one the agent sends: its default action may end the process."""
         for signo, action in mapping.items():
-            rc = self._native.lib.mtf_install_signal(int(signo), action.value)
+            rc = self._wakeups.install_signal(int(signo), action.value)
             if rc != 0:
                 raise MalleableError(f"cannot install handler for signal "
                                      f"{control.signal_name(signo)}: {os.strerror(-rc)}")
@@ -357,11 +317,11 @@ class Runtime:
             return
         if self.follow:
             self._arm_poller()
-            rc = self._native.lib.mtf_poll_start(int(self.poll_interval_s * 1e6), os.getpid(),
-                                                 Action.ALLOWANCE.value)
+            rc = self._wakeups.poll_start(int(self.poll_interval_s * 1e6), os.getpid(),
+                                          Action.ALLOWANCE.value)
             if rc != 0:
                 raise MalleableError(f"cannot start the allowance poller: {-rc}")
-        self._watcher = control.Watcher(self._native.lib.mtf_signal_fd(),
+        self._watcher = control.Watcher(self._wakeups.signal_fd(),
                                         self.recheck_interval_s, self.handle, self._after_wake)
         self._watcher.start()
         self._sampler = telemetry.StepSampler(self.sample_steps, self.sample_interval_s)
@@ -380,7 +340,7 @@ class Runtime:
         paths = tuple(self._cgroup.watched_paths())
         if paths != self._polled_paths:
             joined = b"\0".join(os.fsencode(p) for p in paths)
-            self._native.lib.mtf_poll_set_paths(joined, len(joined))
+            self._wakeups.poll_paths(joined)
             self._polled_paths = paths
 
     def close(self) -> None:
@@ -394,7 +354,8 @@ class Runtime:
         try:
             self.sample_steps(flush=True)   # the last steps reach the status record
         except Exception as exc:  # noqa: BLE001 - at exit, a step source may be gone already
-            log.debug("malleable_tf: last step sample: %s", exc)
+            log.debug("malleable: last step sample: %s", exc)
         if self._watcher is not None:
             self._watcher.stop()
-        self._native.lib.mtf_shutdown()
+        self._wakeups.stop()
+        self.pools.release()

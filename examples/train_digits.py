@@ -1,7 +1,7 @@
 """A real malleable training job: Keras + Horovod on scikit-learn's handwritten digits (shipped
 inside the scikit-learn package: nothing is downloaded), with MalleableCallback.
 
-    malleable-srun python launcher/train_digits.py [--epochs 30] [--checkpoint-dir DIR]
+    malleable-srun python examples/train_digits.py [--epochs 30] [--checkpoint-dir DIR]
 
 Every epoch prints the rank's cores and steps/s. On SIGTERM (time limit, preemption, scancel)
 the ranks agree on a stop at the next batch, rank 0 saves a checkpoint and they exit cleanly;

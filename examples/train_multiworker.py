@@ -1,8 +1,8 @@
 """Multi-worker training on Keras 3 without Horovod: MultiWorkerMirroredStrategy under Slurm,
 one worker per task, malleable on every worker.
 
-    srun -N2 --ntasks-per-node=1 python launcher/train_multiworker.py [--epochs 20]
-    MALLEABLE_TF_STRATEGY=multiworker malleable-srun python launcher/train_multiworker.py
+    srun -N2 --ntasks-per-node=1 python examples/train_multiworker.py [--epochs 20]
+    MALLEABLE_TF_STRATEGY=multiworker malleable-srun python examples/train_multiworker.py
 
 A custom loop (Keras 3's ``model.fit`` does not run under this strategy, docs/FACTS.md): the
 model and optimizer made in the strategy's scope, each worker its shard of a synthetic
