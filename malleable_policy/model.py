@@ -268,8 +268,10 @@ class Outcome:
     latency_ms: float = 0.0
 
 
-class PlanInvariantError(AssertionError):
-    pass
+class PlanInvariantError(Exception):
+    """A plan that would give a core to two jobs, leave a job without cores or give cores the
+    node has not: a bug in a policy, never acted on. Its own type, not AssertionError, so that
+    ``python -O`` and a test's ``pytest.raises(AssertionError)`` cannot confuse it."""
 
 
 def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
+from malleable_protocol.errors import FixableError
 
 PREFIX = "malleable:"
 MAX_VALUE = 4096
@@ -40,7 +41,7 @@ _DIGITS = re.compile(r"[0-9]+")
 _LEADING_WORD = re.compile(r"[A-Za-z]*")
 
 
-class RequestError(ValueError):
+class RequestError(FixableError, ValueError):
     pass
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
+from .errors import FixableError
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -22,7 +23,7 @@ class CommandResult:
     stderr: str
 
 
-class CommandError(RuntimeError):
+class CommandError(FixableError, RuntimeError):
     """An external command failed: it exited non-zero, timed out, or could not be started."""
 
     def __init__(self, args: Sequence[str], returncode: int | None, stderr: str, reason: str = ""):

@@ -20,7 +20,7 @@ from malleable_protocol import ProtocolError, Target, is_reload_signal
 from malleable_protocol.records import MAX_RECORD_BYTES
 from malleable_protocol.safe_io import read_bounded
 
-log = logging.getLogger("malleable_tf")
+log = logging.getLogger(__name__)
 
 
 class Action(enum.Enum):
@@ -118,7 +118,7 @@ def load_target(path: Path) -> Target | None:
     except FileNotFoundError:
         return None
     except (OSError, ProtocolError) as exc:
-        log.warning("malleable_tf: ignoring target file %s: %s", path, exc)
+        log.warning("malleable: ignoring target file %s: %s", path, exc)
         return None
 
 
@@ -163,7 +163,7 @@ class Watcher:
                     self._on_action(Action.RELOAD)
                 self._after_wake(not ready)
             except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one bad event
-                log.warning("malleable_tf: watcher: %s", exc)
+                log.warning("malleable: watcher: %s", exc)
 
 
 def _drain(fd: int) -> bytes:

@@ -20,7 +20,7 @@ from malleable_protocol.records import MAX_THREAD_COUNTS
 
 from .state import ThreadState
 
-log = logging.getLogger("malleable_tf")
+log = logging.getLogger(__name__)
 
 
 class StepRate:
@@ -159,7 +159,7 @@ class StepSampler:
             try:
                 self._sample()
             except Exception as exc:  # noqa: BLE001 - the sampler must outlive any one bad read
-                log.warning("malleable_tf: step sampler: %s", exc)
+                log.warning("malleable: step sampler: %s", exc)
 
 
 def write_status(path: Path, record: RankStatus) -> None:
@@ -210,4 +210,4 @@ class Telemetry:
         try:
             write_status(self.status_path, record)
         except OSError as exc:
-            log.warning("malleable_tf: cannot write status to %s: %s", self.status_path, exc)
+            log.warning("malleable: cannot write status to %s: %s", self.status_path, exc)

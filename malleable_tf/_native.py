@@ -126,7 +126,7 @@ def build(tf, *, compiler: str | None = None, parking_only: bool = False,
     except OSError as exc:
         # A job user without a home: build in a private folder, for this process only.
         private = Path(tempfile.mkdtemp(prefix="malleable-native-"))
-        logging.getLogger("malleable_tf").warning(
+        logging.getLogger(__name__).warning(
             "malleable_tf: cannot use the cache %s (%s); building in %s for this process "
             "(set MALLEABLE_CACHE, or let the installer build the site copy)",
             target.parent, exc, private)
@@ -180,7 +180,7 @@ def build_for_this_tensorflow(tf, native: NativeBuild | None = None) -> tuple[Pa
             path = build(tf, parking_only=True, cxxflags=native.cxxflags)
         except NativeBuildError as fallback:
             raise NativeBuildError(f"{full}\nand the parking-only variant: {fallback}") from full
-        logging.getLogger("malleable_tf").warning(
+        logging.getLogger(__name__).warning(
             "malleable_tf: the full native library does not build against TensorFlow %s (its "
             "split-width part reads a private member of DeviceBase); using parking only: "
             "threads are parked and woken, kernels keep splitting work by the pool size. "

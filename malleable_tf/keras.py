@@ -22,7 +22,7 @@ import tensorflow as tf
 from malleable_runtime.runtime import NotInitialized, Runtime
 from malleable_runtime.session import running
 
-log = logging.getLogger("malleable_tf")
+log = logging.getLogger(__name__)
 
 _step_var: tf.Variable | None = None   # one per process: the classes are patched once
 _inside = threading.local()            # an apply_gradients under way in this thread

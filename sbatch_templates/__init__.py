@@ -12,9 +12,10 @@ import shlex
 import string
 from dataclasses import dataclass
 from importlib import resources
+from malleable_protocol.errors import FixableError
 
 
-class TemplateError(ValueError):
+class TemplateError(FixableError, ValueError):
     pass
 
 

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo
 from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
+from malleable_protocol.errors import FixableError
 
 DEFAULT_MOUNT = Path("/sys/fs/cgroup")
 CPUS_FILE = "cpuset.cpus"
@@ -42,7 +43,7 @@ class CgroupVersion(enum.Enum):
     V2 = "v2"
 
 
-class LayoutUnknown(RuntimeError):
+class LayoutUnknown(FixableError, RuntimeError):
     """The node's layout could not be told from the node: the message says what was looked for."""
 
 

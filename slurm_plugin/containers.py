@@ -38,7 +38,7 @@ from malleable_policy.decide import decide
 from malleable_policy.request import PREFIX, MalleableSpec, RequestError, parse_submit
 
 LABEL = "malleable"
-log = logging.getLogger("malleable.containers")
+log = logging.getLogger(__name__)
 
 
 class ContainerParseError(ValueError):

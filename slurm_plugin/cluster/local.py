@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from malleable_protocol.cgroupfs import parse_mountinfo
+from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 
 from slurm_plugin import cgroups
@@ -42,7 +43,7 @@ ACCOUNTING_BINARIES = {
 }
 
 
-class ClusterError(RuntimeError):
+class ClusterError(FixableError, RuntimeError):
     pass
 
 

@@ -11,6 +11,7 @@ import string
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from malleable_protocol.errors import FixableError
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
 # SchedulerParameters: "bf_interval=1,bf_resolution=1,bf_continue" (one line of slurm.conf).
@@ -18,7 +19,7 @@ _SCHED_ITEM = r"[a-z][a-z0-9_]*(=[A-Za-z0-9_.:-]+)?"
 SCHED_PARAMS_RE = re.compile(rf"^{_SCHED_ITEM}(,{_SCHED_ITEM})*$")
 
 
-class SpecError(ValueError):
+class SpecError(FixableError, ValueError):
     pass
 
 

@@ -12,29 +12,29 @@ import os
 import sys
 from pathlib import Path
 
-from slurm_plugin.cluster import DEFAULT_ROOT, ClusterError, LocalCluster, SpecError, default_spec
-from slurm_plugin.cgroups import LayoutUnknown
+from slurm_plugin.cluster import DEFAULT_ROOT, LocalCluster, default_spec
 from slurm_plugin.cluster.local import ClusterStatus
-from slurm_plugin.node.cgroup_actuator import ActuatorError
 from malleable_policy.model import Policy
 from slurm_plugin.logs import add_log_level_option, setup_logging
 from slurm_plugin.spank import SpankBuildError
 from malleable_protocol.runner import CommandError
-from slurm_plugin.slurm import SlurmClientError, UnknownJob
+from slurm_plugin.slurm import UnknownJob
+from malleable_protocol.errors import FixableError
 
 
 POLICIES = [p.value for p in Policy]
 
 
-class CliError(Exception):
+class CliError(FixableError):
     """A command cannot do what it was asked; the message says what was wrong and what to do
     (exit 1)."""
 
 
 # What a command fails with when the world is not as asked (files, Slurm, the cluster, the
-# node): one line on stderr and exit 1. Anything else is a bug and keeps its traceback.
-RUNTIME_ERRORS = (CliError, ClusterError, SpecError, CommandError, SlurmClientError, LayoutUnknown,
-                  SpankBuildError, ActuatorError, ValueError, OSError)
+# node, a request): one line on stderr and exit 1. Anything else is a bug and keeps its
+# traceback (ValueError and OSError included: where one is the user's to fix, the code that
+# knows says so with a FixableError).
+RUNTIME_ERRORS = (FixableError,)
 
 
 def _log(msg: str) -> None:
@@ -183,13 +183,13 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
             if args.once:
                 raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
                                "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
-            logging.getLogger("malleable.watcher").warning(
+            logging.getLogger(__name__).warning(
                 "slurmctld does not answer yet (%s): trying again in %g s", exc, wait_s)
             if stop.wait(wait_s):
                 return 0
             wait_s = min(wait_s * 2, 30.0)
     accounting = client if storage == "accounting_storage/slurmdbd" else None
-    logging.getLogger("malleable.watcher").info(
+    logging.getLogger(__name__).info(
         "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
         else f"usage.jsonl only (AccountingStorageType={storage})")
     watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting)
@@ -253,7 +253,6 @@ def _install_hooks_cmd(args: argparse.Namespace) -> int:
     from slurm_plugin.node.config import AgentConfig
     from slurm_plugin.hooks.install import install
     from malleable_policy.model import Policy
-    from slurm_plugin.spank import SpankBuildError
     config = AgentConfig(node="(set by SLURMD_NODENAME or --node)", policy=Policy(args.policy),
                          run_dir=Path(args.run_dir), state_dir=Path(args.state_dir),
                          feed_dir=Path(args.feed_dir), max_cpus=args.max_cpus,
@@ -599,7 +598,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except OSError as exc:
+            # A path the world refused (missing, no permission, full disk) is the user's or
+            # admin's to fix; an OSError without one is a bug like any other.
+            if exc.filename is None:
+                raise
+            raise CliError(f"{exc.filename}: {exc.strerror or exc}") from exc
     except RUNTIME_ERRORS as exc:
         # One line says what was wrong; what an error carries beyond it (daemons' log tails)
         # follows, indented.

@@ -84,8 +84,8 @@ def node_usage(state_dir: Path | None, node: str, now: float) -> dict[int, CoreU
     if state_dir is None:
         return {}
     try:
-        ledger = LedgerFile(state_dir, node).load()    # unreadable or bad: an empty ledger
-    except ValueError:       # a node name no file can have
+        ledger = LedgerFile(state_dir, node).load()
+    except (OSError, ValueError):  # not root, a bad node name, a ledger kept aside as corrupt
         return {}
     return {job_id: so_far(u, now) for job_id, u in ledger.usage.items()}
 

@@ -18,7 +18,7 @@ from slurm_plugin.node.reconciler import Reconciler
 from slurm_plugin.node.safety import check_step_start, note, report_verdict, start_step
 from slurm_plugin.daemon.step_socket import StepStartServer, encode_answer, refusal
 
-log = logging.getLogger("malleable.agent")
+log = logging.getLogger(__name__)
 
 
 def await_layout(config: AgentConfig, *, wait_s: float,

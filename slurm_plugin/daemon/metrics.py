@@ -12,7 +12,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-log = logging.getLogger("malleable.agent.metrics")
+log = logging.getLogger(__name__)
 
 
 class AgentMetrics:

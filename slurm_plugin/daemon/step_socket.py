@@ -29,7 +29,7 @@ from malleable_protocol.layout import check_step_name
 
 from slurm_plugin.node.safety import Verdict
 
-log = logging.getLogger("malleable.agent")
+log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 128
 _REQUEST = re.compile(rb"step-start ([0-9]{1,10}) (step_[0-9a-z_]{1,16}) ([0-9]{1,10})\n")
 

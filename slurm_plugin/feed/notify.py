@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 from malleable_protocol import check_node_name
 from malleable_protocol.cgroupfs import parse_mountinfo
 
-log = logging.getLogger("malleable.feed")
+log = logging.getLogger(__name__)
 
 WAKE_MIN_GAP_S = 0.05          # wakes closer than this are one
 MAX_WAKE_BYTES = 128

@@ -27,7 +27,7 @@ from slurm_plugin.feed.notify import send_wake
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
 
-log = logging.getLogger("malleable.watcher")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from slurm_plugin.cgroups import CPUS_FILE, SlurmCgroupLayout
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
+from malleable_protocol.errors import FixableError
 
-class ActuatorError(RuntimeError):
+class ActuatorError(FixableError, RuntimeError):
     pass
 
 

@@ -23,7 +23,7 @@ from malleable_policy.model import (Action, ActionKind, NodeSnapshot, Outcome, O
 from slurm_plugin.node.procs import signal_verified
 from slurm_plugin.node.ranks import PidCheck, in_job_cgroup, read_job_ranks
 
-log = logging.getLogger("malleable.agent")
+log = logging.getLogger(__name__)
 
 _ORDER = {ActionKind.SHRINK: 0, ActionKind.MOVE: 1, ActionKind.REALIGN: 2, ActionKind.GROW: 3}
 

@@ -17,15 +17,19 @@ Read and written only under the node's lock.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from malleable_protocol import check_job_id, check_node_name, format_cpu_list, parse_cpu_list
 from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import ProtocolError, decode_json_bounded
-from malleable_protocol.safe_io import ensure_private_dir, read_bounded, write_atomic
+from malleable_protocol.safe_io import UnsafePath, ensure_private_dir, read_bounded, write_atomic
 
 from slurm_plugin.node.core_usage import CoreUsage
+
+log = logging.getLogger(__name__)
 
 MAX_LEDGER_BYTES = 4 << 20
 STARTING_EXPIRY_S = 3600.0   # a start marker no Epilog removed (a lost job) expires
@@ -95,19 +99,45 @@ class Ledger:
         return led
 
 
+class LedgerCorrupt(ValueError):
+    """The ledger could not be decoded: the node refuses to act until an admin has looked."""
+
+
 class LedgerFile:
     def __init__(self, state_dir: Path, node: str):
         self.folder = Path(state_dir)
         self.name = f"ledger-{check_node_name(node)}.json"
 
+    @property
+    def kept_aside(self) -> Path:
+        """Where a ledger that could not be decoded is kept, for the admin to look at."""
+        return self.folder / f"{self.name}.corrupt"
+
     def load(self) -> Ledger:
-        """The ledger; an unreadable one is started anew (the feed re-teaches allocations)."""
+        """The ledger; none yet: an empty one. One that cannot be decoded is kept aside and
+        logged, and this and every later load raise ``LedgerCorrupt`` until the admin removes
+        the kept file: without its fences and allocations the node would guess which cores are
+        whose, so it changes nothing. An OSError reading it (EIO) is raised as it is."""
+        path = self.folder / self.name
         try:
-            return Ledger.decode(read_bounded(self.folder / self.name, MAX_LEDGER_BYTES))
+            return Ledger.decode(read_bounded(path, MAX_LEDGER_BYTES))
         except FileNotFoundError:
+            if self.kept_aside.exists():
+                raise LedgerCorrupt(self._refusal()) from None
             return Ledger()
-        except (OSError, ValueError, KeyError, TypeError):
-            return Ledger()
+        except UnsafePath as exc:      # not a regular file, or over the bound: root wrote neither
+            reason = str(exc)
+        except (ValueError, KeyError, TypeError) as exc:    # ProtocolError is a ValueError
+            reason = f"{type(exc).__name__}: {exc}"
+        os.replace(path, self.kept_aside)
+        log.error("ledger %s cannot be decoded (%.200s); kept aside as %s", path, reason,
+                  self.kept_aside)
+        raise LedgerCorrupt(self._refusal()) from None
+
+    def _refusal(self) -> str:
+        return (f"the node's ledger could not be decoded and is kept in {self.kept_aside}: no "
+                "cpuset changes until an admin checks the jobs' cores (malleable status, "
+                "malleable doctor) and removes that file")
 
     def save(self, ledger: Ledger) -> None:
         ensure_private_dir(self.folder)

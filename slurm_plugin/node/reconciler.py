@@ -37,7 +37,7 @@ from malleable_policy.decide import decide
 from slurm_plugin.node.ranks import RankReader
 from slurm_plugin.node.step_gate import StepGate, gated_jobs
 
-log = logging.getLogger("malleable.agent")
+log = logging.getLogger(__name__)
 
 
 @dataclass

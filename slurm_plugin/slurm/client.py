@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
+from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from slurm_plugin.slurm.model import Job, JobState, Node
 from slurm_plugin.slurm.parsers import (cpu_ids_of, parse_config_value, parse_nodes_json, parse_sacct_field,
@@ -23,7 +24,7 @@ from slurm_plugin.slurm.parsers import (cpu_ids_of, parse_config_value, parse_no
 _COMMENT_RE = re.compile(r"^[\x20-\x7e]{0,1024}$")
 
 
-class SlurmClientError(RuntimeError):
+class SlurmClientError(FixableError, RuntimeError):
     pass
 
 

@@ -11,13 +11,14 @@ from importlib import resources
 from pathlib import Path
 
 from malleable_protocol.runner import CommandError, run_command
+from malleable_protocol.errors import FixableError
 
 SOURCE = "malleable_spank.c"
 LIBRARY = "malleable_spank.so"
 HEADER = Path("/usr/include/slurm/spank.h")
 
 
-class SpankBuildError(RuntimeError):
+class SpankBuildError(FixableError, RuntimeError):
     pass
 
 

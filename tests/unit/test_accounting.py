@@ -17,7 +17,7 @@ from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.config import AgentConfig
 from malleable_policy.model import Outcome, OutcomeStatus
 from slurm_plugin.hooks.install import prepare_node_folders
-from slurm_plugin.node.ledger import Ledger, LedgerFile
+from slurm_plugin.node.ledger import Ledger, LedgerCorrupt, LedgerFile
 from slurm_plugin.daemon.metrics import AgentMetrics
 from malleable_policy.model import (Action, ActionKind, JobView, NodeSnapshot, Reason)
 from slurm_plugin.node.reconciler import CycleResult, Reconciler
@@ -159,7 +159,9 @@ def test_bad_usage_is_refused_with_a_protocol_error(bad, tmp_path):
     lf = LedgerFile(tmp_path, "n1")
     lf.save(Ledger())
     (tmp_path / lf.name).write_bytes(raw)
-    assert lf.load() == Ledger()              # started anew, like any bad ledger
+    with pytest.raises(LedgerCorrupt):        # kept aside, like any bad ledger
+        lf.load()
+    assert lf.kept_aside.read_bytes() == raw
 
 
 def test_bad_usage_keys_are_refused():

@@ -228,6 +228,19 @@ def test_a_bug_is_not_hidden_as_a_runtime_error(monkeypatch):
     monkeypatch.setattr(cli, "_client", lambda args: _Slurm(ZeroDivisionError("bug")))
     with pytest.raises(ZeroDivisionError):
         main(["resize", "7", "2"])
+    # A ValueError, or an OSError that names no path, is a bug too (they were one-line errors).
+    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(ValueError("bug")))
+    with pytest.raises(ValueError):
+        main(["resize", "7", "2"])
+    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(OSError(5, "EIO")))
+    with pytest.raises(OSError):
+        main(["resize", "7", "2"])
+
+
+def test_a_path_the_world_refused_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(
+        PermissionError(13, "Permission denied", "/etc/slurm/slurm.conf")))
+    _fails(capsys, ["resize", "7", "2"], "resize", "/etc/slurm/slurm.conf: Permission denied")
 
 
 def test_runtime_errors_exit_1_in_a_real_process(tmp_path):

@@ -28,7 +28,7 @@ from malleable_protocol.cgroupfs import (cpuset_cgroup, parse_cgroup_mount_roots
 from malleable_protocol.layout import check_step_name
 from malleable_protocol.records import MAX_RECORD_BYTES, decode_json_bounded
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, parse_stepd_title
-from slurm_plugin.node.ledger import Allocation, Fence, Ledger, LedgerFile
+from slurm_plugin.node.ledger import Allocation, Fence, Ledger, LedgerCorrupt, LedgerFile
 from malleable_policy.request import (MalleableSpec, RequestError, parse_submit,
                                               parse_update, spec_and_request)
 from slurm_plugin.feed.model import (FeedJob, JobReport, MAX_FEED_BYTES, NodeFeed, NodeReport,
@@ -530,18 +530,26 @@ def ledger_file(tmp_path_factory) -> LedgerFile:
 def test_ledger_decode_refuses_with_a_protocol_error_only(ledger_file, raw):
     call(Ledger.decode, raw, refuses=ProtocolError)
     (ledger_file.folder / ledger_file.name).write_bytes(raw)
-    assert isinstance(ledger_file.load(), Ledger)
+    try:
+        assert isinstance(ledger_file.load(), Ledger)
+    except LedgerCorrupt:       # refused: kept aside whole
+        assert ledger_file.kept_aside.read_bytes() == raw
+        ledger_file.kept_aside.unlink()
 
 
-def test_ledger_of_wrong_shapes_is_started_anew(ledger_file):
+def test_ledger_of_wrong_shapes_is_kept_aside(ledger_file):
     """A list where a map belongs (AttributeError) or a 400-digit time (OverflowError) got
-    past LedgerFile.load, which catches ValueError, KeyError and TypeError."""
+    past LedgerFile.load, which catches ValueError, KeyError and TypeError: each is a
+    ProtocolError now, so the ledger is kept aside and the load refused."""
     for raw in (b'{"allocations": [1]}', b'{"ended": {"5": 1' + b"0" * 400 + b"}}",
                 b'{"allocations": {"5": {"uid": 1, "cpus": 3}}}'):
         with pytest.raises(ProtocolError):
             Ledger.decode(raw)
         (ledger_file.folder / ledger_file.name).write_bytes(raw)
-        assert ledger_file.load() == Ledger()
+        with pytest.raises(LedgerCorrupt):
+            ledger_file.load()
+        ledger_file.kept_aside.unlink()
+    assert ledger_file.load() == Ledger()
 
 
 # --- slurm_plugin.slurm.parsers ----------------------------------------------------------------

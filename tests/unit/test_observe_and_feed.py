@@ -4,7 +4,9 @@ from pathlib import Path
 from malleable_protocol import RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.node.cgroup_actuator import CgroupJob
-from slurm_plugin.node.ledger import Ledger, LedgerFile
+import pytest
+
+from slurm_plugin.node.ledger import Ledger, LedgerCorrupt, LedgerFile
 from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.request import MalleableSpec
 from slurm_plugin.feed import ClusterWatcher, FeedJob, FeedStore, NodeFeed, Offers, WatcherConfig
@@ -103,6 +105,13 @@ def test_ledger_file_round_trip_and_garbage(tmp_path):
     lf.save(led)
     assert lf.load() == led
     (tmp_path / "ledger-n1.json").write_text("{not json")
+    with pytest.raises(LedgerCorrupt, match="kept in"):
+        lf.load()
+    assert lf.kept_aside.read_text() == "{not json"
+    assert not (tmp_path / "ledger-n1.json").exists()
+    with pytest.raises(LedgerCorrupt):      # and again, until the admin removes the kept file
+        lf.load()
+    lf.kept_aside.unlink()
     assert lf.load() == Ledger()
 
 

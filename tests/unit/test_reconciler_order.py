@@ -146,3 +146,17 @@ def test_a_fence_reaches_the_saved_ledger_before_its_file_is_removed(tmp_path):
     observe = journal.names().index("observe")
     assert (7, "step_1") in journal[observe][1] and (7, "step_1") in journal[save][1]
     assert save < journal.names().index("gate.remove_fences")
+
+
+def test_a_corrupt_ledger_is_kept_aside_and_the_node_changes_nothing_until_removed(tmp_path):
+    journal, gate, rec = make(tmp_path)
+    (rec.ledger.folder / rec.ledger.name).write_bytes(b'{"fences": [')
+    for _ in range(2):      # refused each cycle while the kept file is there
+        journal.clear()
+        result = rec.cycle()
+        assert any("LedgerCorrupt" in e for e in result.errors), result.errors
+        assert journal.names() == ["ledger.load"]     # nothing observed, closed or moved
+    assert rec.ledger.kept_aside.read_bytes() == b'{"fences": ['
+    rec.ledger.kept_aside.unlink()     # the admin has looked
+    journal.clear()
+    assert rec.cycle().errors == [] and "execute" in journal.names()
