@@ -364,20 +364,26 @@ class LocalCluster:
         self._wait("slurmdbd answering sacctmgr", records, timeout_s, dbd_answers,
                    log_of={"slurmdbd": p.log / "slurmdbd.log"})
 
-    def _agent_argv(self, node: str) -> list[str]:
-        return [sys.executable, "-m", "slurm_plugin.commands.main", "agent",
-                "--config", str(self.hooks_dir / "agent.json"), "--node", node,
+    def agent_args(self, node: str) -> list[str]:
+        """The agent's options on ``node``: its config, node and metrics port."""
+        return ["--config", str(self.hooks_dir / "agent.json"), "--node", node,
                 "--metrics-port", str(self.spec.metrics_port(node))]
 
-    def restart_agent(self, node: str, env: dict[str, str] | None = None) -> daemons.DaemonRecord:
+    def _agent_argv(self, node: str) -> list[str]:
+        return [sys.executable, "-m", "slurm_plugin.commands.main", "agent",
+                *self.agent_args(node)]
+
+    def restart_agent(self, node: str, env: dict[str, str] | None = None,
+                      argv: list[str] | None = None) -> daemons.DaemonRecord:
         """Start ``node``'s agent again (what its service manager does after a crash), after
-        stopping the one recorded if it still runs. ``env`` is added to its environment."""
+        stopping the one recorded if it still runs. ``env`` is added to its environment;
+        ``argv`` replaces the command (a test's agent with a fault hook, given agent_args)."""
         records = self.records()
         name = f"agent {node}"
         for old in (r for r in records if r.name == name):
             daemons.stop_daemon(old)
         daemons.reap_children()
-        rec = daemons.start_daemon(name, self._agent_argv(node),
+        rec = daemons.start_daemon(name, argv or self._agent_argv(node),
                                    self.paths.log / f"{name.replace(' ', '-')}.out",
                                    env={**os.environ, **(env or {})})
         daemons.save_records(self.paths.daemons_file,

@@ -16,6 +16,7 @@ from slurm_plugin.cluster import DEFAULT_ROOT, LocalCluster, default_spec
 from slurm_plugin.cluster.local import ClusterStatus
 from malleable_policy.model import Policy
 from slurm_plugin.logs import add_log_level_option, setup_logging
+from slurm_plugin.node.config import load_agent_config
 from slurm_plugin.spank import SpankBuildError
 from malleable_protocol.runner import CommandError
 from slurm_plugin.slurm import UnknownJob
@@ -106,22 +107,6 @@ def _cluster_cmd(args: argparse.Namespace) -> int:
         print("\n".join(cluster.env_lines()))
         return 0
     raise AssertionError(args.action)
-
-
-def load_agent_config(path: str | Path, **overrides):
-    """agent.json, or ``CliError`` saying which file and what is wrong with it."""
-    from slurm_plugin.node.config import AgentConfig
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read the agent's config {path}: {exc.strerror or exc} (render "
-                       "it with `malleable install-slurm-hooks DIR`, or give --config)") from None
-    try:
-        return AgentConfig.from_json(text, **overrides)
-    except KeyError as exc:
-        raise CliError(f"bad agent config {path}: missing setting {exc.args[0]!r}") from None
-    except (ValueError, TypeError) as exc:   # not JSON, a bad or missing setting
-        raise CliError(f"bad agent config {path}: {exc}") from None
 
 
 def _agent_cmd(args: argparse.Namespace) -> int:

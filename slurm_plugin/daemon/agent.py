@@ -13,6 +13,7 @@ from typing import Callable
 
 from slurm_plugin.cgroups import LayoutUnknown, SlurmCgroupLayout
 from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.cgroup_actuator import WriteHook
 from slurm_plugin.node.wiring import make_reconciler, node_layout
 from slurm_plugin.node.reconciler import Reconciler
 from slurm_plugin.node.safety import check_step_start, note, report_verdict, start_step
@@ -100,12 +101,14 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
 
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
               metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
-              layout_wait_s: float = 30.0) -> int:
+              layout_wait_s: float = 30.0, before_write: WriteHook | None = None) -> int:
     """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told. Logs
-    through ``logging`` as set up by the caller (``malleable agent``: ``logs.setup_logging``)."""
+    through ``logging`` as set up by the caller (``malleable agent``: ``logs.setup_logging``).
+    ``before_write``: a test's fault hook before each cpuset write (never the command's)."""
     layout = await_layout(config, wait_s=0.0 if once else layout_wait_s)
     log.info("cgroup layout: %s", layout.describe())
-    rec = make_reconciler(config, layout, feed_refresh_s=None if once else config.feed_refresh_s)
+    rec = make_reconciler(config, layout, feed_refresh_s=None if once else config.feed_refresh_s,
+                          before_write=before_write)
     if once:
         result = rec.cycle()
         for o in result.outcomes:

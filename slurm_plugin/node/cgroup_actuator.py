@@ -8,7 +8,6 @@ path serves it. Where the folders are is the node's ``SlurmCgroupLayout`` (``slu
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Mapping
@@ -113,11 +112,13 @@ def _any_users(folders: list[str]) -> bool:
     return False
 
 
+# A hook run before the n-th cpuset write (n, the folder): a fault-injection point that tests
+# pass in (tests/programs/slurm_plugin_agent_stopping_at_write.py); production passes none.
+WriteHook = Callable[[int, str], None]
+
+
 class CpusetActuator:
-    def __init__(self, layout: SlurmCgroupLayout,
-                 before_write: Callable[[int, str], None] | None = None):
-        """``before_write(n, folder)`` runs before the n-th cpuset write of this actuator (a
-        fault-injection point for tests; see ``fault_hook``)."""
+    def __init__(self, layout: SlurmCgroupLayout, before_write: WriteHook | None = None):
         self.layout = layout
         self._before_write = before_write
         self._writes = 0
@@ -247,20 +248,3 @@ class CpusetActuator:
             return  # a step that just ended
         except OSError as exc:
             raise ActuatorError(f"writing {format_cpu_list(cpus)} to {folder}: {exc}") from exc
-
-
-def fault_hook(spec: str | None) -> Callable[[int, str], None] | None:
-    """MALLEABLE_FAULT=stop-before-write:N: the process stops itself (SIGSTOP) just before its
-    N-th cpuset write, holding the node's lock, so a test can kill it (-9) or leave it hung at
-    an exact point of a write sequence. Unset (the normal case): no hook."""
-    if not spec:
-        return None
-    kind, _, n = spec.partition(":")
-    if kind != "stop-before-write" or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"bad MALLEABLE_FAULT {spec!r}: want stop-before-write:N")
-    target = int(n)
-
-    def hook(count: int, folder: str) -> None:
-        if count == target:
-            os.kill(os.getpid(), signal.SIGSTOP)
-    return hook

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Mapping
 
 from malleable_protocol import RunLayout
+from malleable_protocol.errors import FixableError
 
 from malleable_policy.model import Policy, SiteLimits
 
@@ -118,3 +119,25 @@ class AgentConfig:
             if d.get(k) is not None:
                 d[k] = Path(d[k])
         return cls(**d)
+
+
+class AgentConfigError(FixableError):
+    """agent.json cannot be read, or says something wrong: which file, and what."""
+
+
+def load_agent_config(path: str | Path, **overrides: object) -> AgentConfig:
+    """agent.json (``overrides`` win: a command's --node, the node slurmd names in a hook), the
+    one loader for the agent, the hooks and the commands."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise AgentConfigError(
+            f"cannot read the agent's config {path}: {exc.strerror or exc} (render it with "
+            "`malleable install-slurm-hooks DIR`, or give --config)") from None
+    try:
+        return AgentConfig.from_json(text, **overrides)
+    except KeyError as exc:
+        raise AgentConfigError(f"bad agent config {path}: missing setting {exc.args[0]!r}") \
+            from None
+    except (ValueError, TypeError) as exc:   # not JSON, a bad or unknown setting
+        raise AgentConfigError(f"bad agent config {path}: {exc}") from None

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from slurm_plugin.cgroups import SlurmCgroupLayout, discover_layout
 from slurm_plugin.feed.store import FeedStore
-from slurm_plugin.node.cgroup_actuator import CpusetActuator, fault_hook
-from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.node.cgroup_actuator import CpusetActuator, WriteHook
+from slurm_plugin.node.config import AgentConfig, load_agent_config
 from slurm_plugin.node.executor import PlanExecutor
 from slurm_plugin.node.ledger import LedgerFile
 from slurm_plugin.node.observe import NodeObserver
@@ -21,8 +21,7 @@ from slurm_plugin.node.step_gate import StepGate
 def load_config(path: Path) -> AgentConfig:
     """agent.json, for the node slurmd names (SLURMD_NODENAME) when it runs a hook."""
     node = os.environ.get("SLURMD_NODENAME")
-    overrides = {"node": node} if node else {}
-    return AgentConfig.from_json(path.read_text(), **overrides)
+    return load_agent_config(path, **({"node": node} if node else {}))
 
 
 def node_layout(config: AgentConfig) -> SlurmCgroupLayout:
@@ -30,18 +29,20 @@ def node_layout(config: AgentConfig) -> SlurmCgroupLayout:
     return discover_layout(config.node, slurm_conf=config.slurm_conf, mount=config.cgroup_mount)
 
 
-def make_actuator(config: AgentConfig, layout: SlurmCgroupLayout | None = None) -> CpusetActuator:
-    return CpusetActuator(layout or node_layout(config),
-                          before_write=fault_hook(os.environ.get("MALLEABLE_FAULT")))
+def make_actuator(config: AgentConfig, layout: SlurmCgroupLayout | None = None, *,
+                  before_write: WriteHook | None = None) -> CpusetActuator:
+    """``before_write``: a test's hook before each cpuset write (tests/programs); None here."""
+    return CpusetActuator(layout or node_layout(config), before_write=before_write)
 
 
 def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None, *,
-                    feed_refresh_s: float | None = None) -> Reconciler:
+                    feed_refresh_s: float | None = None,
+                    before_write: WriteHook | None = None) -> Reconciler:
     """The node's reconciler; ``layout`` None: discovered from the node. Its observer and
     executor share one budgeted reader of the ranks' records (``RankReader``), renewed by the
     reconciler each cycle. ``feed_refresh_s``: the feed's files are looked at no more often
     (the agent's loop, told of changes otherwise: notify.py); None: at every read."""
-    actuator = make_actuator(config, layout)
+    actuator = make_actuator(config, layout, before_write=before_write)
     store = FeedStore(config.feed_dir, refresh_s=feed_refresh_s)
     reader = RankReader()
     observer = NodeObserver(config.node, config.layout, store, actuator,

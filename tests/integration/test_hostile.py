@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -264,6 +265,14 @@ def test_fake_records_and_stale_pid_files_never_signal_another_users_process(
     settle(c)
 
 
+def agent_stopping_at_write(c, write: int) -> list[str]:
+    """The agent's command with a fault hook: it stops (SIGSTOP) before its ``write``-th cpuset
+    write, the node's lock held (tests/programs/slurm_plugin_agent_stopping_at_write.py)."""
+    return [sys.executable, str(Path(__file__).parent.parent / "programs" /
+                                "slurm_plugin_agent_stopping_at_write.py"), "agent", str(write),
+            *c.agent_args(NODE)]
+
+
 def _stopped(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T")
@@ -283,7 +292,7 @@ def test_kill_9_at_each_cgroup_write_then_a_new_agent_converges(agent_cluster, a
         assert resize_as(c, ALICE, a, start).returncode == 0
         wait_for(lambda: len(cores(c, a, uid)) == (every + 1 - want), timeout=15,
                  what="the starting size")
-        rec = c.restart_agent(NODE, env={"MALLEABLE_FAULT": f"stop-before-write:{k}"})
+        rec = c.restart_agent(NODE, argv=agent_stopping_at_write(c, k))
         time.sleep(1.0)          # its first cycles: nothing to write
         assert resize_as(c, ALICE, a, request).returncode == 0
         try:
@@ -308,7 +317,7 @@ def test_prolog_with_a_hung_agent_holding_the_lock(agent_cluster, alice_job, wor
     c, (a, uid) = agent_cluster, alice_job
     assert resize_as(c, ALICE, a, "max=node").returncode == 0
     wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=15, what="alice grown")
-    rec = c.restart_agent(NODE, env={"MALLEABLE_FAULT": "stop-before-write:1"})
+    rec = c.restart_agent(NODE, argv=agent_stopping_at_write(c, 1))
     time.sleep(1.0)
     assert resize_as(c, ALICE, a, "cpus=1").returncode == 0
     wait_for(lambda: _stopped(rec.pid), timeout=8, what="agent hung inside a cycle")
