@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo
 from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
 from malleable_protocol.errors import FixableError
+from slurm_plugin.settings import root_settings
 
 DEFAULT_MOUNT = Path("/sys/fs/cgroup")
 CPUS_FILE = "cpuset.cpus"
@@ -393,7 +394,7 @@ def cgroup_conf_of(slurm_conf: Path | str | None) -> Path | None:
 
 def _node_evidence(node: str, slurm_conf: Path | str | None, mount: Path | None) -> LayoutEvidence:
     conf = cgroup_conf_of(slurm_conf if slurm_conf is not None
-                          else os.environ.get("SLURM_CONF"))
+                          else root_settings().slurm_conf)
     return gather_evidence(node, cgroup_conf=conf, mount=mount)
 
 

@@ -27,8 +27,9 @@ from slurm_plugin.slurm import CliSlurmClient, Job, Node
 from slurm_plugin.cluster import daemons
 from slurm_plugin.cluster.spec import (DB_NAME, DB_USER, ClusterSpec, HostTopology, parse_slurmd_c,
                    render_cgroup_conf, render_slurm_conf, render_slurmdbd_conf)
+from slurm_plugin.settings import cluster_dir
 
-DEFAULT_ROOT = Path(os.environ.get("MALLEABLE_CLUSTER_DIR", "/tmp/malleable-cluster"))
+DEFAULT_ROOT = cluster_dir(os.environ)
 
 # The commands the cluster needs, and the Debian package that ships each.
 REQUIRED_BINARIES = {

@@ -19,6 +19,7 @@ from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
 from slurm_plugin.slurm.parsers import parse_config_value, parse_config_values
 from slurm_plugin.node.config import AgentConfig
+from slurm_plugin.settings import root_settings
 
 SPANK_SO = "malleable_spank.so"
 
@@ -181,7 +182,7 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
         f.hooks[key] = _hook_runs_ours(parse_config_values(f.slurm_config or "", key))
     try:
         plugstack = plugstack_path(f.slurm_config or "", config.slurm_conf
-                                   or Path(os.environ.get("SLURM_CONF", DEFAULT_SLURM_CONF)))
+                                   or root_settings().slurm_conf or Path(DEFAULT_SLURM_CONF))
         f.plugstack_lines = _plugstack_lines(plugstack)
         so = next((line.split()[1] for line in f.plugstack_lines
                    if SPANK_SO in line and len(line.split()) > 1), None)

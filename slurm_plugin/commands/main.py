@@ -21,6 +21,7 @@ from slurm_plugin.spank import SpankBuildError
 from malleable_protocol.runner import CommandError
 from slurm_plugin.slurm import UnknownJob
 from malleable_protocol.errors import FixableError
+from slurm_plugin.settings import root_settings
 
 
 POLICIES = [p.value for p in Policy]
@@ -148,7 +149,7 @@ def _watcher_cmd(args: argparse.Namespace) -> int:
         feed_dir = feed_dir or agent.feed_dir
         slurm_conf = slurm_conf or agent.slurm_conf
     config = WatcherConfig(
-        feed_dir=Path(feed_dir or os.environ.get("MALLEABLE_FEED_DIR", "/run/malleable/feed")),
+        feed_dir=Path(feed_dir) if feed_dir else root_settings().feed_dir,
         slurm_conf=Path(slurm_conf) if slurm_conf else None, resync_s=args.resync)
     if config.slurm_conf is not None and not config.slurm_conf.is_file():
         raise CliError(f"no slurm.conf at {config.slurm_conf} (--slurm-conf)")
@@ -269,7 +270,7 @@ def _cgroups_cmd(args: argparse.Namespace) -> int:
     from slurm_plugin.cgroups import discover_layout
     from slurm_plugin.node.cgroup_actuator import read_cpus
     from malleable_protocol import format_cpu_list
-    node = args.node or os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME")
+    node = args.node or root_settings().node
     if not node:
         raise CliError("which node? --node NAME (or run it inside a job)")
     layout = discover_layout(node, slurm_conf=args.slurm_conf)
@@ -437,6 +438,7 @@ def _job_id(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    env = root_settings()     # the defaults some options take from the environment
     parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -545,9 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "every user's; the feed is root's, like PrivateData=jobs)")
     st.add_argument("job_id", nargs="?", type=_job_id,
                     help="only this job (rigid or malleable); exit 1 if it is not in the feed")
-    st.add_argument("--feed-dir", default=os.environ.get("MALLEABLE_FEED_DIR",
-                                                         "/run/malleable/feed"))
-    st.add_argument("--state-dir", default=os.environ.get("MALLEABLE_STATE_DIR"),
+    st.add_argument("--feed-dir", default=str(env.feed_dir))
+    st.add_argument("--state-dir", default=env.state_dir and str(env.state_dir),
                     help="the node agents' state folder, for the core-seconds each job borrowed "
                     "and lent (default: the feed folder's sibling 'agent'; only this node's "
                     "ledger is there on a real cluster)")
@@ -580,7 +581,11 @@ def error_text(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """0 done, 1 could not be done (one line on stderr: ``malleable <command>: ...``), 2 a usage
     error (argparse's own exit)."""
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except FixableError as exc:     # a bad variable of the environment
+        print(f"malleable: {exc}", file=sys.stderr, flush=True)
+        return 1
     args = parser.parse_args(argv)
     try:
         try:

@@ -3,7 +3,6 @@ cgroup layout, its cpuset actuator and its reconciler are made, for the agent (`
 and the hooks alike (``hooks.py``, ``safety.py``)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from slurm_plugin.cgroups import SlurmCgroupLayout, discover_layout
@@ -16,11 +15,12 @@ from slurm_plugin.node.observe import NodeObserver
 from slurm_plugin.node.ranks import RankReader
 from slurm_plugin.node.reconciler import Reconciler
 from slurm_plugin.node.step_gate import StepGate
+from slurm_plugin.settings import root_settings
 
 
 def load_config(path: Path) -> AgentConfig:
     """agent.json, for the node slurmd names (SLURMD_NODENAME) when it runs a hook."""
-    node = os.environ.get("SLURMD_NODENAME")
+    node = root_settings().slurmd_node
     return load_agent_config(path, **({"node": node} if node else {}))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from malleable_protocol.runner import CommandError, run_command
 from malleable_protocol.errors import FixableError
+from slurm_plugin.settings import root_settings
 
 SOURCE = "malleable_spank.c"
 LIBRARY = "malleable_spank.so"
@@ -26,7 +27,7 @@ def build(dest: Path, *, compiler: str | None = None, include: Path = HEADER.par
           ) -> Path:
     """Compile the plugin into ``dest`` (replaced atomically; world-readable: srun, sbatch and
     salloc load plugstack.conf's plugins too)."""
-    cc = compiler or os.environ.get("CC") or "gcc"
+    cc = compiler or root_settings().cc
     if shutil.which(cc) is None:
         raise SpankBuildError(f"building the SPANK plugin needs a C compiler, and '{cc}' is not "
                               "on PATH (apt-get install gcc)")

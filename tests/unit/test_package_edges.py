@@ -56,6 +56,7 @@ PACKAGES = tuple(p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").
 # cluster < the operator's command.
 LAYERS = {
     "malleable_protocol": 0,
+    "slurm_plugin.settings": 0.5,    # the root side's environment, below every adapter reading it
     "malleable_policy": 1,
     # adapters to the outside the feed and the node share: Slurm's commands, the cgroup tree,
     # the SPANK plugin's build, logging, the batch templates
