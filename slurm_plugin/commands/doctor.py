@@ -7,6 +7,7 @@ what is missing and what to do. Exit 1 when any check fails.
 """
 from __future__ import annotations
 
+import argparse
 import enum
 import glob
 import json
@@ -18,8 +19,9 @@ from pathlib import Path
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
 from slurm_plugin.slurm.parsers import parse_config_value, parse_config_values
-from slurm_plugin.node.config import AgentConfig
-from slurm_plugin.settings import root_settings
+from slurm_plugin.commands.common import CliError
+from slurm_plugin.node.config import AgentConfig, load_agent_config
+from slurm_plugin.settings import RootSettings, root_settings
 
 SPANK_SO = "malleable_spank.so"
 
@@ -215,3 +217,22 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
 def render(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
     return "\n".join(f"{c.status.value:4}  {c.name:{width}}  {c.detail}" for c in checks)
+
+
+def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
+    dr = sub.add_parser("doctor", help="check this node's co-scheduler install (root): Slurm's "
+                        "hooks, the SPANK plugin, the cgroup layout, the agent, the feed")
+    dr.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
+    dr.add_argument("--node", help="the node (default: agent.json's, or SLURMD_NODENAME)")
+    dr.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {"node": args.node} if args.node else {}
+    config = load_agent_config(args.config, **overrides)
+    checks = diagnose(gather(config))
+    print(render(checks))
+    failed = [c.name for c in checks if c.status is Status.FAIL]
+    if failed:
+        raise CliError(f"node {config.node}: {len(failed)} check(s) failed: {', '.join(failed)}")
+    return 0

@@ -15,16 +15,22 @@ feed folder's sibling ``agent``: /run/malleable/agent). Where that folder is not
 (``-``, null in ``--json``)."""
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from malleable_protocol import format_cpu_list
 
+from slurm_plugin.commands.common import CliError, job_id_arg
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.node.accounting import so_far
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.ledger import LedgerFile
+from slurm_plugin.settings import RootSettings
 
 
 @dataclass
@@ -146,3 +152,51 @@ def format_table(rows: list[StatusRow]) -> str:
                      f"{','.join(map(str, r.threads)) or '-':<12}  "
                      f"{','.join(map(str, r.steps_per_s)) or '-'}")
     return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
+    st = sub.add_parser("status", help="malleable jobs: cores and threads per node (root: "
+                        "every user's; the feed is root's, like PrivateData=jobs)")
+    st.add_argument("job_id", nargs="?", type=job_id_arg,
+                    help="only this job (rigid or malleable); exit 1 if it is not in the feed")
+    st.add_argument("--feed-dir", default=str(env.feed_dir))
+    st.add_argument("--state-dir", default=env.state_dir and str(env.state_dir),
+                    help="the node agents' state folder, for the core-seconds each job borrowed "
+                    "and lent (default: the feed folder's sibling 'agent'; only this node's "
+                    "ledger is there on a real cluster)")
+    st.add_argument("--all", action="store_true", help="rigid jobs too")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, *, uid: int | None = None) -> int:
+    """Root sees every job and each node's problems; anyone else (PrivateData=jobs) only his
+    own jobs, and only where the feed is readable to him. Exit 1 with what to do when there is
+    no status to show: no feed folder, a feed no node was published into yet, a feed this user
+    may not read, a job (``job_id``) not in it; also when a node reports a problem."""
+    uid = os.geteuid() if uid is None else uid
+    store = FeedStore(Path(args.feed_dir))
+    try:
+        check_feed(store)
+    except FeedUnreadable as exc:
+        raise CliError(str(exc)) from None
+    job_id = getattr(args, "job_id", None)
+    state_dir = Path(getattr(args, "state_dir", None) or Path(args.feed_dir).parent / "agent")
+    rows = collect_status(store, only_malleable=not args.all and job_id is None,
+                          uid=None if uid == 0 else uid, state_dir=state_dir)
+    problems = collect_problems(store) if uid == 0 else []
+    if job_id is not None:
+        rows = [r for r in rows if r.job_id == job_id]
+        if not rows:
+            raise CliError(f"no job {job_id} in the feed at {store.feed_dir}: not running (or "
+                           "not started yet), not seen by the watcher yet"
+                           + ("" if uid == 0 else ", or not yours") + "; squeue shows the jobs")
+        nodes = {r.node for r in rows}
+        problems = [p for p in problems if p.split(":", 1)[0][len("node "):] in nodes]
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        print(format_table(rows))
+    for line in problems:     # also with --json: on stderr, and the exit code says so
+        print(f"PROBLEM {line}", file=sys.stderr if args.json else sys.stdout)
+    return 1 if problems else 0

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_plugin.cluster import LocalCluster
+from slurm_plugin.commands import common
 from slurm_plugin.commands import main as cli
 from slurm_plugin.commands.main import build_parser, main
 from slurm_plugin.cluster import ClusterError
@@ -147,7 +149,7 @@ def test_cluster_status_of_a_stopped_cluster(tmp_path, capsys, monkeypatch):
                                  controller_up=True)
 
     for fake, part in ((Stopped, "no cluster running in"), (HalfUp, "daemon(s) down in")):
-        monkeypatch.setattr(cli.LocalCluster, "load", classmethod(lambda cls, root: fake()))
+        monkeypatch.setattr(LocalCluster, "load", classmethod(lambda cls, root: fake()))
         assert main(["cluster", "status", "--dir", str(tmp_path)]) == 1
         out = capsys.readouterr()
         assert out.err.startswith(f"malleable cluster: {part}"), out.err
@@ -158,7 +160,7 @@ def test_a_multi_line_error_is_one_line_then_its_detail(tmp_path, capsys, monkey
     def load(cls, root):
         raise ClusterError("timed out after 90s waiting for slurmd\nslurmd.log:\n  fatal: x")
 
-    monkeypatch.setattr(cli.LocalCluster, "load", classmethod(load))
+    monkeypatch.setattr(LocalCluster, "load", classmethod(load))
     err = _fails(capsys, ["cluster", "env", "--dir", str(tmp_path)], "cluster",
                  "timed out after 90s")
     assert err.splitlines()[1:] == ["  slurmd.log:", "    fatal: x"]
@@ -176,10 +178,10 @@ class _Slurm:
 
 
 def test_resize_of_an_unknown_job_and_a_failing_slurm(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(UnknownJob(7)))
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(UnknownJob(7)))
     _fails(capsys, ["resize", "7", "2"], "resize", "no job 7 in Slurm")
     failed = CommandError(["scontrol", "update"], 1, "slurm_update error: Access denied\n")
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(failed))
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(failed))
     _fails(capsys, ["resize", "7", "2"], "resize", "'scontrol update' failed", "Access denied")
     _fails(capsys, ["resize", "7", "0"], "resize")           # refused before Slurm is asked
     _usage(capsys, ["resize", "seven", "2"], "not a Slurm job id")
@@ -187,7 +189,7 @@ def test_resize_of_an_unknown_job_and_a_failing_slurm(capsys, monkeypatch):
 
 def test_sbatch_errors(capsys, monkeypatch, tmp_path):
     _fails(capsys, ["sbatch", "no-such-template", "--dry-run"], "sbatch", "no template")
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(
         CommandError(["sbatch", "--parsable"], 1, "sbatch: error: invalid partition\n")))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # where the script is written
     _fails(capsys, ["sbatch", "single-node", "--set", "program=x.py"], "sbatch",
@@ -225,20 +227,20 @@ def test_watcher_without_slurm_conf(tmp_path, capsys):
 
 
 def test_a_bug_is_not_hidden_as_a_runtime_error(monkeypatch):
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(ZeroDivisionError("bug")))
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(ZeroDivisionError("bug")))
     with pytest.raises(ZeroDivisionError):
         main(["resize", "7", "2"])
     # A ValueError, or an OSError that names no path, is a bug too (they were one-line errors).
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(ValueError("bug")))
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(ValueError("bug")))
     with pytest.raises(ValueError):
         main(["resize", "7", "2"])
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(OSError(5, "EIO")))
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(OSError(5, "EIO")))
     with pytest.raises(OSError):
         main(["resize", "7", "2"])
 
 
 def test_a_path_the_world_refused_is_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_client", lambda args: _Slurm(
+    monkeypatch.setattr(common, "client", lambda args: _Slurm(
         PermissionError(13, "Permission denied", "/etc/slurm/slurm.conf")))
     _fails(capsys, ["resize", "7", "2"], "resize", "/etc/slurm/slurm.conf: Permission denied")
 

@@ -291,7 +291,7 @@ def test_status_shows_a_user_only_his_own_jobs_and_root_all(tmp_path, capsys):
     import argparse
     import json
 
-    from slurm_plugin.commands.main import _status_cmd
+    from slurm_plugin.commands.status import run as _status_cmd
     from slurm_plugin.commands.status import collect_status
     from slurm_plugin.feed import FeedStore, NodeReport
     store = FeedStore(tmp_path)

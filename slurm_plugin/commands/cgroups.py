@@ -1,0 +1,44 @@
+"""``malleable cgroups``: this node's Slurm cgroup layout (discovered), or a job's CPUs."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from slurm_plugin.settings import RootSettings, root_settings
+from slurm_plugin.commands.common import (CliError)
+
+
+def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
+    cg = sub.add_parser("cgroups", help="this node's Slurm cgroup layout (discovered), or a "
+                        "job's CPUs")
+    cg.add_argument("--node", help="the Slurm node name (default: $SLURMD_NODENAME or "
+                    "$SLURM_NODENAME)")
+    cg.add_argument("--slurm-conf", help="slurm.conf (cgroup.conf beside it); default "
+                    "$SLURM_CONF")
+    cg.add_argument("--job", type=int, help="print this job's CPUs on the node")
+    cg.add_argument("--uid", type=int, default=os.getuid(), help="the job's owner (v1 paths)")
+    cg.add_argument("--step", help="a step folder (step_0, step_batch) instead of the job's")
+    cg.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The node's Slurm cgroup layout as discovered; with --job, that job's CPUs."""
+    from slurm_plugin.cgroups import discover_layout
+    from slurm_plugin.node.cgroup_actuator import read_cpus
+    from malleable_protocol import format_cpu_list
+    node = args.node or root_settings().node
+    if not node:
+        raise CliError("which node? --node NAME (or run it inside a job)")
+    layout = discover_layout(node, slurm_conf=args.slurm_conf)
+    if args.job is None:
+        print(layout.describe())
+        return 0
+    folder = layout.job_dir(args.uid, args.job)
+    if args.step:
+        folder = layout.step_dir(args.uid, args.job, args.step)
+    cpus = read_cpus(folder)
+    if cpus is None:
+        raise CliError(f"no cgroup folder {folder}: job {args.job} is not running on {node}"
+                       + (f" (or has no step {args.step})" if args.step else ""))
+    print(format_cpu_list(cpus))
+    return 0

@@ -1,0 +1,86 @@
+"""What the ``malleable`` commands share: the error a command raises when it cannot do what it
+was asked, the types of their arguments, the Slurm client they ask, and their log line."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from malleable_policy.model import Policy
+from malleable_protocol.errors import FixableError
+from slurm_plugin.slurm import CliSlurmClient
+
+POLICIES = [p.value for p in Policy]
+
+
+class CliError(FixableError):
+    """A command cannot do what it was asked; the message says what was wrong and what to do
+    (exit 1)."""
+
+
+def say(msg: str) -> None:
+    print(f"[malleable] {msg}", file=sys.stderr, flush=True)
+
+
+def client(args: argparse.Namespace) -> CliSlurmClient:
+    """A local cluster's client (its whole environment reaches the jobs), or Slurm's own."""
+    if getattr(args, "dir", None):
+        return development_cluster().LocalCluster.load(Path(args.dir)).client()
+    return CliSlurmClient()
+
+
+def development_cluster() -> ModuleType:
+    """``slurm_plugin.cluster``, the local development cluster: a checkout's, not in the node
+    package (a command that needs it says so)."""
+    try:
+        return importlib.import_module("slurm_plugin.cluster")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("slurm_plugin.cluster", "psutil"):
+            raise
+        raise CliError("the local development cluster is not installed here (it ships with a "
+                       "checkout of the project, with its 'cluster' extra; the node package "
+                       "leaves it out)") from None
+
+
+def port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return port
+
+
+def ip_address(text: str) -> str:
+    """An address to bind (IPv4 or IPv6, no host name: what is served where is not left to a
+    resolver)."""
+    import ipaddress
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an IP address: {text!r} (127.0.0.1 this node only, 0.0.0.0 every interface, "
+            "or one of the node's own addresses; no host names)") from None
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
+def job_id_arg(text: str) -> int:
+    try:
+        job_id = int(text)
+    except ValueError:
+        job_id = 0
+    if job_id <= 0:
+        raise argparse.ArgumentTypeError(f"not a Slurm job id: {text!r}")
+    return job_id

@@ -1,0 +1,97 @@
+"""``malleable watcher``: the cluster's one reader of slurmctld, in the foreground."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from malleable_protocol.runner import CommandError
+from slurm_plugin.logs import add_log_level_option, setup_logging
+from slurm_plugin.node.config import load_agent_config
+from slurm_plugin.settings import RootSettings, root_settings
+from slurm_plugin.commands.common import (CliError, ip_address, port,
+                                          positive_seconds)
+
+
+def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
+    wa = sub.add_parser("watcher", help="the cluster's one reader of slurmctld (foreground)")
+    wa.add_argument("--config", help="agent.json: the feed folder and slurm.conf from it")
+    wa.add_argument("--feed-dir", help="the feed folder (default: --config's, else "
+                                       "$MALLEABLE_FEED_DIR, else /run/malleable/feed)")
+    wa.add_argument("--slurm-conf", help="Slurm's configuration (default: Slurm's own)")
+    wa.add_argument("--resync", type=positive_seconds, default=10.0,
+                    help="seconds between polls when no event came (default %(default)s)")
+    wa.add_argument("--once", action="store_true", help="one poll, then exit")
+    wa.add_argument("--metrics-port", type=port,
+                    help="serve the watcher's Prometheus metrics on this port")
+    wa.add_argument("--metrics-address", type=ip_address, default="127.0.0.1",
+                    help="address of the metrics port (default %(default)s)")
+    add_log_level_option(wa)
+    wa.set_defaults(func=run)
+
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+    from slurm_plugin.slurm import CliSlurmClient
+    setup_logging("watcher", args.log_level)
+    feed_dir, slurm_conf = args.feed_dir, args.slurm_conf
+    if args.config:   # the nodes' agent.json says where the feed is (the systemd unit's way)
+        agent = load_agent_config(args.config)
+        feed_dir = feed_dir or agent.feed_dir
+        slurm_conf = slurm_conf or agent.slurm_conf
+    config = WatcherConfig(
+        feed_dir=Path(feed_dir) if feed_dir else root_settings().feed_dir,
+        slurm_conf=Path(slurm_conf) if slurm_conf else None, resync_s=args.resync)
+    if config.slurm_conf is not None and not config.slurm_conf.is_file():
+        raise CliError(f"no slurm.conf at {config.slurm_conf} (--slurm-conf)")
+    client = CliSlurmClient(slurm_conf=config.slurm_conf)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Jobs' borrowed cores go into Slurm's accounting where there is a database. The watcher
+    # may start before slurmctld (a service started beside it, docker-slurm's controller): it
+    # waits for it, saying so, except for --once.
+    wait_s = 1.0
+    while True:
+        try:
+            storage = client.accounting_storage()
+            break
+        except CommandError as exc:
+            if args.once:
+                raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
+                               "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
+            logging.getLogger(__name__).warning(
+                "slurmctld does not answer yet (%s): trying again in %g s", exc, wait_s)
+            if stop.wait(wait_s):
+                return 0
+            wait_s = min(wait_s * 2, 30.0)
+    accounting = client if storage == "accounting_storage/slurmdbd" else None
+    logging.getLogger(__name__).info(
+        "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
+        else f"usage.jsonl only (AccountingStorageType={storage})")
+    watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting)
+    if args.once:
+        watcher.store.prepare()
+        result = watcher.poll()
+        print(f"{result.jobs} jobs, published {len(result.nodes_written)} node(s)")
+        if result.error:
+            raise CliError(f"the poll failed: {result.error}")
+        return 0
+    server = None
+    if args.metrics_port is not None:
+        from slurm_plugin.daemon.metrics import MetricsServer
+        from slurm_plugin.feed.metrics import WatcherMetrics
+        metrics = WatcherMetrics()
+        server = MetricsServer(metrics, args.metrics_port, args.metrics_address)
+        server.start()
+        watcher.on_poll = metrics.observe
+    try:
+        watcher.run(stop.is_set)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
