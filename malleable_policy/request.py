@@ -1,6 +1,6 @@
 """The malleability request grammar, its one source: job_submit.lua's constants are rendered
 from ``GRAMMAR`` at install (``lua_grammar_source``); only its logic is Lua, and
-tests/unit/test_request_corpus.py runs both parsers on one corpus.
+tests/unit/policy/test_request_corpus.py runs both parsers on one corpus.
 
 How a job asks (sbatch, salloc, srun; the SPANK plugin's option):
     --malleable=MIN[:MAX[:WEIGHT]]     MAX a number or "node" (omitted: node); WEIGHT omitted: 1

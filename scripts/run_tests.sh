@@ -13,10 +13,10 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 # shellcheck source=lib/tf-matrix.sh
 source scripts/lib/tf-matrix.sh   # TF_MATRIX_VERSIONS
-KERAS3_TESTS=(tests/integration/test_malleable_tf.py tests/unit/test_allowance.py
-              tests/unit/test_runtime_logic.py tests/unit/test_run.py
-              tests/unit/test_package_edges.py tests/unit/test_step_windows.py
-              tests/unit/test_horovod_guard.py)
+KERAS3_TESTS=(tests/integration/test_malleable_tf.py tests/unit/runtime/test_allowance.py
+              tests/unit/runtime/test_runtime_logic.py tests/unit/tf/test_run.py
+              tests/unit/test_package_edges.py tests/unit/runtime/test_step_windows.py
+              tests/unit/tf/test_horovod_guard.py)
 # On each version between: the native library built against that TensorFlow's headers (the full
 # variant: the split width reads a private member) and loaded, its parked threads at exit;
 # resizes (API, signals, 1,000 during training: same losses); following taskset and a cpuset

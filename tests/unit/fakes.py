@@ -2,6 +2,7 @@
 (the runtime's), a node's feed of three jobs, and the Lua helper that reads a chunk's locals.
 No test module imports another; they import these."""
 from malleable_policy.request import MalleableSpec
+from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.feed import FeedJob, FeedStore, NodeFeed
 
 
@@ -107,3 +108,29 @@ function upvalue(f, name, depth)
    end
 end
 """
+
+
+# --- a node's observer: its feed and its cgroup tree ---------------------------------------
+
+class FakeFeed:
+    def __init__(self, feed=None, offers=None):
+        self.feed, self.offers = feed, offers or {}
+
+    def read_node(self, node):
+        return self.feed
+
+    def read_offers(self, node):
+        return self.offers.get(node)
+
+
+class FakeCgroups:
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True)
+
+    def __init__(self, jobs):
+        self.jobs = jobs
+
+    def scan(self):
+        return dict(self.jobs)
+
+    def node_cpus(self):
+        return frozenset()

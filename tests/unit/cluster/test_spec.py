@@ -1,0 +1,117 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.cluster.spec import (ClusterSpec, HostTopology, SpecError, parse_slurmd_c,
+                                       render_cgroup_conf, render_slurm_conf,
+                                       render_slurmdbd_conf)
+
+GOLDEN = Path(__file__).parents[2] / "golden"
+FIX = Path(__file__).parents[2] / "fixtures" / "slurm-22.05"
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs; UPDATE_GOLDEN=1 rewrites it after review"
+
+
+def spec(**kw) -> ClusterSpec:
+    return ClusterSpec(root=Path("/srv/mc"), hostname="vm",
+                       topology=HostTopology(cpus=2, cores_per_socket=2), **kw)
+
+
+def test_slurm_conf_golden():
+    golden("slurm.conf", render_slurm_conf(spec()))
+    golden("cgroup.conf", render_cgroup_conf(spec()))
+
+
+def test_slurm_conf_with_hooks_and_override_golden():
+    s = spec(nodes=2, cpus_per_node=8).with_hooks(
+        prolog=Path("/srv/hooks/prolog.sh"), epilog=Path("/srv/hooks/epilog.sh"),
+        job_submit_lua=Path("/srv/hooks/job_submit.lua"))
+    golden("slurm_hooks.conf", render_slurm_conf(s))
+
+
+def test_a_cluster_with_accounting_golden():
+    """slurm.conf points at slurmdbd (and the cluster's munged for it); slurmdbd.conf at the
+    cluster's MariaDB on loopback; their two ports are the cluster's too."""
+    s = spec(nodes=2, port_base=20000, accounting=True)
+    golden("slurm_accounting.conf", render_slurm_conf(s))
+    golden("slurmdbd.conf", render_slurmdbd_conf(s, "pw"))
+    assert s.ports["slurmdbd"] == 20098 and s.ports["mariadb"] == 20097
+    assert len(set(s.ports.values())) == len(s.ports)
+    assert "slurmdbd" not in spec().ports
+
+
+def test_ports_and_names():
+    s = spec(nodes=3, port_base=20000, node_prefix="c")
+    assert s.node_names == ["c1", "c2", "c3"]
+    assert s.ports == {"slurmctld": 20000, "slurmd c1": 20001, "slurmd c2": 20002,
+                       "slurmd c3": 20003, "agent metrics c1": 20100,
+                       "agent metrics c2": 20101, "agent metrics c3": 20102,
+                       "watcher metrics": 20099}
+
+
+def test_json_roundtrip():
+    s = spec().with_hooks(prolog=Path("/p"), epilog=None, job_submit_lua=None)
+    assert ClusterSpec.from_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize("kw", [
+    {"name": "bad name"}, {"name": "x;rm"}, {"nodes": 0}, {"nodes": 65}, {"port_base": 80},
+    {"node_prefix": "../x"}, {"cpus_per_node": 0},
+])
+def test_bad_spec_refused(kw):
+    with pytest.raises(SpecError):
+        spec(**kw)
+
+
+def test_relative_root_refused():
+    with pytest.raises(SpecError):
+        ClusterSpec(root=Path("relative"))
+
+
+def test_parse_slurmd_c_real_output():
+    topo = parse_slurmd_c((FIX / "slurmd_C.txt").read_text())
+    assert topo == HostTopology(cpus=2, boards=1, sockets_per_board=1, cores_per_socket=2,
+                                threads_per_core=1)
+    with pytest.raises(SpecError):
+        parse_slurmd_c("garbage")
+
+
+def test_docker_cluster_slurm_conf_and_compose_golden():
+    """docker-slurm: one host per node, each container's own munged, the controller first."""
+    from slurm_plugin.cluster.docker import DockerCluster, render_compose
+    dc = DockerCluster(project="malleable-bookworm", image="malleable-slurm:bookworm",
+                       host_dir=Path("/var/tmp/docker-slurm/cluster-bookworm"), nodes=2,
+                       node_prefix="bw")
+    s = dc.spec(HostTopology(cpus=2, cores_per_socket=2))
+    conf = render_slurm_conf(s)
+    assert "NodeName=bw1 NodeHostname=bw1 NodeAddr=bw1 " in conf
+    assert "SlurmctldHost=bwctl(bwctl)" in conf
+    assert "AuthInfo=socket=/run/munge/munge.socket.2" in conf
+    golden("docker-compose.json", render_compose(dc, s.node_names))
+
+
+def test_docker_cluster_refuses_bad_names():
+    from slurm_plugin.cluster.docker import DockerCluster
+    with pytest.raises(SpecError):
+        DockerCluster(project="x;rm -rf", image="i", host_dir=Path("/d"))
+    with pytest.raises(SpecError):
+        DockerCluster(project="ok", image="i", host_dir=Path("relative"))
+
+
+def test_scheduler_parameters_rendered_and_checked():
+    """SchedulerParameters is written as given (none by default: Slurm's defaults), survives
+    cluster.json, and refuses what would add another line or setting to slurm.conf."""
+    assert "SchedulerParameters" not in render_slurm_conf(spec())
+    s = spec(scheduler_parameters="bf_interval=1,bf_resolution=1,bf_continue")
+    lines = render_slurm_conf(s).splitlines()
+    assert "SchedulerParameters=bf_interval=1,bf_resolution=1,bf_continue" in lines
+    assert ClusterSpec.from_json(s.to_json()) == s
+    for bad in ("", "bf_interval=1\nNodeName=x", "bf_interval=1 PriorityType=x", "a,,b", "=1"):
+        with pytest.raises(SpecError):
+            spec(scheduler_parameters=bad)

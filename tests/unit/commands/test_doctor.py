@@ -1,0 +1,110 @@
+"""``malleable doctor``'s verdicts from what a node has (diagnose is pure); the real node is
+checked in tests/integration/test_feed_modes.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_plugin.commands.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
+                                             _plugstack_lines, diagnose, plugstack_path, render,
+                                             runs_ours)
+from slurm_plugin.hooks.install import render_hook
+from slurm_plugin.slurm.parsers import parse_config_values
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def healthy() -> Facts:
+    config = (FIX / "slurm-22.05" / "scontrol_show_config_slurmdbd.txt").read_text()
+    config = config.replace("JobSubmitPlugins        = (null)", "JobSubmitPlugins        = lua")
+    return Facts(node="n1", slurm_config=config,
+                 hooks={k: (f"/etc/slurm/{k}.sh", True) for k in HOOK_KEYS},
+                 layout="cgroup v1, /sys/fs/cgroup/cpuset/slurm/uid_<U>/job_<J>",
+                 plugstack_lines=["required /usr/lib/malleable/malleable_spank.so python=x"],
+                 spank_so_exists=True, agent_pid=42, step_socket=True,
+                 feed_mode="local (ext4)", feed_file={"jobs": [{}, {}]}, feed_age_s=3.0)
+
+
+def statuses(f: Facts) -> dict[str, Status]:
+    return {c.name: c.status for c in diagnose(f)}
+
+
+def test_a_healthy_node_passes_every_check():
+    checks = diagnose(healthy())
+    assert all(c.status is Status.OK for c in checks), render(checks)
+    assert {c.name for c in checks} >= {"slurmctld", "Prolog", "Epilog", "SPANK plugin",
+                                        "cgroup layout", "agent", "feed", "feed mode"}
+
+
+def test_each_missing_part_fails_its_own_check_only():
+    cases = {
+        "agent": dict(agent_pid=None),
+        "Prolog": dict(hooks={**healthy().hooks, "Prolog": ("/etc/slurm/site.sh", False)}),
+        "SPANK plugin": dict(spank_so_exists=False),
+        "cgroup layout": dict(layout=None),
+        "feed": dict(feed_file=None),
+        "feed mode": dict(feed_mode="shared (nfs4)", wake_port=None),
+        "JobSubmitPlugins": dict(slurm_config=healthy().slurm_config.replace(
+            "JobSubmitPlugins        = lua", "JobSubmitPlugins        = (null)")),
+    }
+    for name, change in cases.items():
+        f = healthy()
+        for k, v in change.items():
+            setattr(f, k, v)
+        failed = {n for n, s in statuses(f).items() if s is Status.FAIL}
+        assert failed == {name}, (name, failed)
+
+
+def test_no_slurmctld_fails_and_a_commented_plugin_line_does_not_count():
+    f = healthy()
+    f.slurm_config, f.errors = None, {"slurm": "scontrol: Unable to contact slurm controller"}
+    assert statuses(f)["slurmctld"] is Status.FAIL
+    f = healthy()
+    f.plugstack_lines = ["# required /usr/lib/malleable/malleable_spank.so"]
+    assert statuses(f)["SPANK plugin"] is Status.FAIL
+
+
+def test_a_chained_site_hook_counts_and_includes_are_followed(tmp_path):
+    assert runs_ours("#!/bin/sh\n/etc/slurm/site-prolog\nexec /usr/lib/malleable/prolog.sh\n")
+    assert not runs_ours("#!/bin/sh\n/etc/slurm/site-prolog\n")
+    (tmp_path / "plugstack.conf.d").mkdir()
+    (tmp_path / "plugstack.conf.d" / "malleable.conf").write_text(
+        "required /opt/m/malleable_spank.so\n")
+    (tmp_path / "plugstack.conf").write_text(
+        f"optional /usr/lib/pyxis.so\ninclude {tmp_path}/plugstack.conf.d/*.conf\n")
+    assert _plugstack_lines(tmp_path / "plugstack.conf") == [
+        "optional /usr/lib/pyxis.so", "required /opt/m/malleable_spank.so"]
+
+
+def test_hook_programs_of_both_slurm_versions_and_none():
+    v22 = "Prolog                  = /etc/slurm/prolog.d/*\nPrologFlags             = (null)\n"
+    v24 = ("Prolog[0]               = /etc/slurm/site-prolog\n"
+           "Prolog[1]               = /etc/slurm/prolog.d/*\nPrologEpilogTimeout = 65534\n"
+           "Epilog                  = (null)\n")
+    assert parse_config_values(v22, "Prolog") == ["/etc/slurm/prolog.d/*"]
+    assert parse_config_values(v24, "Prolog") == ["/etc/slurm/site-prolog", "/etc/slurm/prolog.d/*"]
+    assert parse_config_values(v24, "Epilog") == []
+    assert parse_config_values(v24, "PrologSlurmctld") == []
+
+
+def test_a_prolog_glob_counts_when_one_of_its_programs_runs_ours(tmp_path):
+    folder = tmp_path / "prolog.d"
+    folder.mkdir()
+    (folder / "10-site").write_text("#!/bin/sh\ntrue\n")
+    ours = tmp_path / "malleable-prolog.sh"
+    ours.write_text(render_hook("prolog.sh", python="/usr/bin/python3",
+                                config=Path("/etc/malleable/agent.json")))
+    assert _hook_runs_ours([f"{folder}/*"]) == (f"{folder}/*", False)
+    (folder / "50-malleable").symlink_to(ours)
+    shown, found = _hook_runs_ours([str(tmp_path / "missing"), f"{folder}/*"])
+    assert found and shown.endswith(f"({folder}/50-malleable)"), shown
+    assert _hook_runs_ours([]) == ("(null)", False)
+
+
+def test_plugstack_path_is_slurms_default_where_unset():
+    conf = Path("/etc/slurm/slurm.conf")
+    assert plugstack_path("PlugStackConfig         = /x/plugstack.conf\n", conf) == \
+        Path("/x/plugstack.conf")
+    assert plugstack_path("PlugStackConfig         = (null)\n", conf) == \
+        Path("/etc/slurm/plugstack.conf")
+    assert plugstack_path("ClusterName = c\n", Path("/c/etc/slurm.conf")) == \
+        Path("/c/etc/plugstack.conf")

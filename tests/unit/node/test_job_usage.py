@@ -1,0 +1,280 @@
+"""A job's borrowed and lent cores from its nodes' Epilogs to Slurm's accounting: the pure
+parts (usage.py), the feed's usage files, and the watcher closing them with a settable fake
+database (the real one, slurmdbd on MariaDB, is in tests/integration/test_step_growth.py)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+from slurm_plugin.feed.usage import (JobUsage, NodeUsage, UsageError, jobs_to_close,
+                                     parse_usage_file_name, system_comment, usage_file_name)
+from slurm_plugin.slurm import Job, JobState, SlurmClientError
+from slurm_plugin.slurm.parsers import parse_config_value, parse_sacct_field
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def line(job=7, node="n1", borrowed=4.1, lent=0.0, allocation=1, end=110.0) -> dict:
+    """What the Epilog writes (slurm_plugin.node.accounting.usage_line)."""
+    return {"time": end, "event": "job-usage", "job": job, "node": node,
+            "allocation": allocation, "borrowed_core_s": borrowed, "lent_core_s": lent,
+            "start": 100.0, "end": end, "closed_by": "epilog"}
+
+
+def raw(**kw) -> bytes:
+    return json.dumps(line(**kw)).encode()
+
+
+def test_a_node_usage_is_read_from_the_epilogs_line():
+    u = NodeUsage.decode(raw(borrowed=4.1, lent=0.5))
+    assert (u.job_id, u.node, u.allocation, u.borrowed_core_s, u.lent_core_s, u.end) == \
+        (7, "n1", 1, 4.1, 0.5, 110.0)
+
+
+@pytest.mark.parametrize("change", [
+    {"event": "job-start"}, {"job": 0}, {"job": -3}, {"job": True}, {"job": 2**32},
+    {"node": "../x"}, {"node": ""}, {"borrowed_core_s": -1.0}, {"borrowed_core_s": "1"},
+    {"lent_core_s": float("nan")}, {"end": 1e300}, {"allocation": 1 << 20},
+])
+def test_a_bad_usage_line_is_refused(change):
+    d = {**line(), **change}
+    with pytest.raises(UsageError):
+        NodeUsage.decode(json.dumps(d).encode())
+
+
+def test_a_huge_or_deep_usage_file_is_refused_before_parsing():
+    with pytest.raises(UsageError, match="bytes"):
+        NodeUsage.decode(b" " * 5000)
+    with pytest.raises(UsageError):
+        NodeUsage.decode(b"[" * 3000 + b"]" * 3000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600) | st.text(max_size=300).map(str.encode))
+def test_usage_decode_refuses_with_a_usage_error_only(data):
+    try:
+        NodeUsage.decode(data)
+    except UsageError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(line())),
+                       st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                       max_size=12))
+def test_usage_decode_of_any_map_refuses_with_a_usage_error_only(d):
+    try:
+        u = NodeUsage.decode(json.dumps({**line(), **d}).encode())
+    except UsageError:
+        return
+    assert u.borrowed_core_s >= 0 and u.lent_core_s >= 0 and u.job_id >= 1
+
+
+def test_a_jobs_usage_is_the_sum_over_its_nodes():
+    u = JobUsage.of(7, [NodeUsage.decode(raw(node="n2", borrowed=1.25, lent=0.5, end=120.0)),
+                        NodeUsage.decode(raw(node="n1", borrowed=4.1))])
+    assert u.borrowed_core_s == pytest.approx(5.35) and u.lent_core_s == 0.5
+    d = u.to_json(sacct=True)
+    assert d["nodes"]["n1"]["borrowed_core_s"] == 4.1 and d["end"] == 120.0 and d["sacct"]
+    assert u.sacct_text() == "malleable:borrowed_core_s=5.350,lent_core_s=0.500,nodes=2"
+
+
+@pytest.mark.parametrize("nodes", [[], [line(job=8)], [line(), line()]])
+def test_a_jobs_usage_refuses_no_node_another_job_or_a_node_twice(nodes):
+    with pytest.raises(UsageError):
+        JobUsage.of(7, [NodeUsage.decode(json.dumps(n).encode()) for n in nodes])
+
+
+def usage(borrowed=1.0):
+    return JobUsage.of(7, [NodeUsage.decode(raw(borrowed=borrowed))])
+
+
+@pytest.mark.parametrize("old, new", [
+    (None, "malleable:borrowed_core_s=1.000,lent_core_s=0.000,nodes=1"),
+    ("", "malleable:borrowed_core_s=1.000,lent_core_s=0.000,nodes=1"),
+    # an earlier write of ours is replaced, slurmctld's own words kept
+    ("launch failed requeued held malleable:borrowed_core_s=9.000,lent_core_s=0.000,nodes=1",
+     "launch failed requeued held malleable:borrowed_core_s=1.000,lent_core_s=0.000,nodes=1"),
+])
+def test_the_system_comment_keeps_what_was_there_and_replaces_ours(old, new):
+    assert system_comment(old, usage()) == new
+
+
+@pytest.mark.parametrize("old", ["it's", 'a "b"', "back\\slash", "Upper", "tab\there",
+                                 "x" * 1000])
+def test_a_system_comment_sacctmgr_cannot_keep_is_left_alone(old):
+    with pytest.raises(UsageError):
+        system_comment(old, usage())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_a_system_comment_written_is_always_safe_for_sacctmgr(old):
+    try:
+        text = system_comment(old, usage())
+    except UsageError:
+        return
+    assert text == text.lower() and not set(text) & set("'\"\\`") and text.isprintable()
+    assert text.endswith(usage().sacct_text()) and text.count("malleable:") == 1
+
+
+@pytest.mark.parametrize("name, parsed", [
+    ("7.n1.json", (7, "n1")), ("12.node-3.rack.json", (12, "node-3.rack")),
+    (".7.n1.json.tmp", None), ("7.n1.json.tmp", None), ("x.n1.json", None), ("0.n1.json", None),
+    ("7..json", None), ("7.n1", None), ("²7.n1.json", None), ("99999999999.n1.json", None),
+    ("7.a/b.json", None), ("7.....json", None),
+])
+def test_usage_file_names(name, parsed):
+    assert parse_usage_file_name(name) == parsed
+
+
+@given(st.text(max_size=40))
+def test_usage_file_names_never_raise(name):
+    parsed = parse_usage_file_name(name)
+    if parsed is not None:
+        assert usage_file_name(*parsed) == name
+
+
+def job(job_id, state):
+    return Job(job_id=job_id, name="j", user="u", uid=1000, state=JobState(state),
+               partition="debug", nodes=("n1",), num_cpus=1)
+
+
+def test_a_jobs_usage_is_closed_once_slurm_holds_its_cores_nowhere():
+    jobs = [job(1, "RUNNING"), job(2, "COMPLETING"), job(3, "COMPLETED"), job(4, "FAILED")]
+    # 5: gone from slurmctld's list (ended before MinJobAge)
+    assert jobs_to_close([1, 2, 3, 4, 5], jobs) == [3, 4, 5]
+
+
+# --- real command output -----------------------------------------------------------------
+
+def test_accounting_storage_is_read_from_scontrol_show_config():
+    text = (FIX / "slurm-22.05" / "scontrol_show_config_slurmdbd.txt").read_text()
+    assert parse_config_value(text, "AccountingStorageType") == "accounting_storage/slurmdbd"
+    assert parse_config_value(text, "AccountingStoragePort") == "36915"
+    assert parse_config_value(text, "NoSuchKey") is None
+
+
+def test_sacct_field_of_a_job_with_none_one_or_two_records():
+    # As sacct -X -n -P -o SystemComment printed them (22.05): no record, an empty comment,
+    # a comment; a requeued job has a record per run.
+    assert parse_sacct_field("") is None
+    assert parse_sacct_field("\n") == ""
+    assert parse_sacct_field("malleable:x\n") == "malleable:x"
+    assert parse_sacct_field("first\nsecond\n") == "second"
+
+
+# --- the feed's files and the watcher ----------------------------------------------------
+
+class FakeAccounting:
+    """Slurm's database: a SystemComment per job id it knows."""
+
+    def __init__(self, known=(), fail=False):
+        self.comments = {j: "" for j in known}
+        self.fail = fail
+
+    def system_comment(self, job_id):
+        if self.fail:
+            raise SlurmClientError("slurmdbd down")
+        return self.comments.get(job_id)
+
+    def set_system_comment(self, job_id, text):
+        self.comments[job_id] = text
+
+
+class Jobs:
+    def __init__(self, jobs):
+        self.jobs_ = jobs
+
+    def nodes(self):
+        return []
+
+    def jobs(self, layout=None, **kw):
+        return self.jobs_
+
+
+def watcher(tmp_path, jobs, accounting, wall=1000.0, **config):
+    store = FeedStore(tmp_path)
+    store.prepare()
+    return store, ClusterWatcher(WatcherConfig(feed_dir=tmp_path, **config), Jobs(jobs), store,
+                                 accounting=accounting, wall=lambda: wall)
+
+
+def test_the_watcher_writes_an_ended_jobs_usage_into_the_database_once(tmp_path):
+    db = FakeAccounting(known=[7, 8])
+    store, w = watcher(tmp_path, [job(7, "COMPLETED"), job(8, "COMPLETING")], db)
+    store.write_usage(7, "n1", raw(node="n1", borrowed=1.5))
+    store.write_usage(7, "n2", raw(node="n2", borrowed=0.0, lent=2.0))
+    store.write_usage(8, "n1", raw(job=8))
+    result = w.poll()
+    assert result.error is None and result.usage_closed == [7]
+    assert db.comments == {7: "malleable:borrowed_core_s=1.500,lent_core_s=2.000,nodes=2",
+                           8: ""}
+    (logged,) = [json.loads(s) for s in store.usage_log.read_text().splitlines()]
+    assert logged["job"] == 7 and logged["sacct"] is True and set(logged["nodes"]) == {"n1", "n2"}
+    assert list(store.usage_files()) == [8]             # 8 still COMPLETING: its files wait
+    assert w.poll().usage_closed == []
+
+
+def test_without_a_database_the_usage_goes_to_the_log_only(tmp_path):
+    store, w = watcher(tmp_path, [], None)
+    store.write_usage(7, "n1", raw())
+    assert w.poll().usage_closed == [7]
+    assert json.loads(store.usage_log.read_text())["sacct"] is False
+    assert store.usage_files() == {}
+
+
+def test_a_job_the_database_does_not_know_yet_waits_then_is_logged_without_it(tmp_path):
+    db = FakeAccounting(known=[])
+    store, w = watcher(tmp_path, [], db, wall=200.0, usage_retry_s=3600.0)
+    store.write_usage(7, "n1", raw(end=110.0))
+    assert w.poll().usage_closed == [] and list(store.usage_files()) == [7]
+    db.fail = True
+    assert w.poll().usage_closed == [] and list(store.usage_files()) == [7]
+    w._wall = lambda: 110.0 + 3600.0
+    assert w.poll().usage_closed == [7]
+    assert json.loads(store.usage_log.read_text())["sacct"] is False and db.comments == {}
+
+
+def test_a_bad_or_swapped_usage_file_is_dropped_and_nothing_else_changes(tmp_path):
+    db = FakeAccounting(known=[7, 9])
+    store, w = watcher(tmp_path, [], db)
+    store.write_usage(7, "n1", raw())
+    store.write_usage(7, "n2", b"{not json")
+    target = tmp_path / "secret"
+    target.write_text(json.dumps(line(job=9)))
+    os.symlink(target, store.usage_dir / "9.n1.json")       # a link: never followed
+    assert w.poll().usage_closed == [7, 9]
+    assert db.comments[7] == "malleable:borrowed_core_s=4.100,lent_core_s=0.000,nodes=1"
+    assert db.comments[9] == "" and target.exists()
+    assert store.usage_files() == {}
+    os.symlink(target, store.usage_dir / "10.n1.json")
+    with pytest.raises(OSError):                             # ELOOP: O_NOFOLLOW
+        store.read_usage("10.n1.json")
+
+
+def test_a_poll_closes_a_bounded_number_of_jobs(tmp_path):
+    db = FakeAccounting(known=range(1, 41))
+    store, w = watcher(tmp_path, [], db, usage_jobs_per_poll=16)
+    for j in range(1, 41):
+        store.write_usage(j, "n1", raw(job=j))
+    assert len(w.poll().usage_closed) == 16
+    assert len(w.poll().usage_closed) == 16
+    assert len(w.poll().usage_closed) == 8 and store.usage_files() == {}
+
+
+def test_usage_file_names_from_the_store_are_checked(tmp_path):
+    store = FeedStore(tmp_path)
+    store.prepare()
+    for bad in ("../x.json", "7.n1.json.tmp", "x"):
+        with pytest.raises(ValueError):
+            store.read_usage(bad)
+        with pytest.raises(ValueError):
+            store.remove_usage(bad)
+    with pytest.raises(ValueError):
+        store.write_usage(7, "../n1", raw())

@@ -1,0 +1,174 @@
+"""Parsers on output captured from Slurm 22.05.8 on this kind of machine and from Slurm 24.11.5
+in a docker-slurm trixie container (tests/fixtures)."""
+import re
+from pathlib import Path
+
+import pytest
+
+from malleable_protocol.cpulist import parse_cpu_list
+from malleable_protocol.hostlist import expand_hostlist
+from slurm_plugin.slurm.model import JobState, Node
+from slurm_plugin.slurm.parsers import (SlurmParseError, cpu_ids_of, parse_sbatch_parsable,
+                                        parse_scontrol_ping, parse_nodes_json, parse_squeue_json)
+
+FIX = Path(__file__).parents[2] / "fixtures" / "slurm-22.05"
+
+
+def read(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def test_squeue_json_fields():
+    jobs = {j.job_id: j for j in parse_squeue_json(read("squeue.json"))}
+    assert sorted(jobs) == [1, 2, 3, 4]
+    j1 = jobs[1]
+    assert j1.state is JobState.RUNNING
+    assert j1.nodes == ("n1", "n2", "n3")
+    assert (j1.user, j1.uid, j1.partition, j1.num_cpus) == ("root", 0, "debug", 3)
+    assert j1.comment == "malleable:min=1,max=8"
+    assert j1.admin_comment == "malleable:min=1,max=8"
+    # A comment with spaces and '=' survives intact (the reason comments come from JSON).
+    assert jobs[2].comment == "a comment with spaces Key=Value"
+    assert jobs[3].state is JobState.PENDING and jobs[3].nodes == ()
+
+
+def _scontrol_cpu_ids(text: str) -> dict[int, dict[str, frozenset[int]]]:
+    """Test-only reading of the trusted fixture's CPU_IDs, to cross-check the JSON."""
+    out = {}
+    for line in text.splitlines():
+        job_id = int(re.match(r"JobId=(\d+)", line)[1])
+        out[job_id] = {node: parse_cpu_list(ids)
+                       for expr, ids in re.findall(r"\sNodes=(\S+) CPU_IDs=(\S+)", line)
+                       for node in expand_hostlist(expr)}
+    return out
+
+
+def test_cpu_ids_from_json_match_scontrol_captured_at_the_same_moment():
+    nodes = {n.name: n for n in parse_nodes_json(read("sinfo_allocated.json"))}
+    jobs = parse_squeue_json(read("squeue_mixed.json"))
+    expected = _scontrol_cpu_ids(read("scontrol_show_job_d_o_mixed.txt"))
+    for job in jobs:
+        got = {name: cpu_ids_of(c, nodes[name]) for name, c in job.cores.items()}
+        assert got == expected[job.job_id], job.job_id
+    by_id = {j.job_id: j for j in jobs}
+    assert by_id[3].cores == {"n2": {(0, 0), (0, 1)}, "n3": {(0, 0)}}
+    assert by_id[5].cores == {}  # pending
+
+
+def test_forged_cpu_ids_in_name_and_comment_are_ignored():
+    # Job 4 was submitted with -J "Nodes=n2 CPU_IDs=0-1" and a comment holding a newline and a
+    # line that imitates scontrol's detail line "Nodes=n3 CPU_IDs=0-1" (see the .txt fixture).
+    jobs = {j.job_id: j for j in parse_squeue_json(read("squeue_hostile.json"))}
+    assert "Nodes=n3 CPU_IDs=0-1" in (FIX / "scontrol_show_job_d_hostile.txt").read_text()
+    assert jobs[4].nodes == ("n1",)
+    assert jobs[4].cores == {"n1": {(0, 0)}}
+
+
+def test_cpu_ids_with_sockets_and_threads():
+    node = Node(name="x", state="idle", state_flags=(), cpus=8, alloc_cpus=0, partitions=(),
+                sockets=2, cores_per_socket=2, threads_per_core=2)
+    assert cpu_ids_of(frozenset({(0, 0)}), node) == {0, 1}
+    assert cpu_ids_of(frozenset({(1, 1)}), node) == {6, 7}
+    with pytest.raises(SlurmParseError):
+        cpu_ids_of(frozenset({(2, 0)}), node)
+
+
+def test_sinfo_json_nodes():
+    nodes = {n.name: n for n in parse_nodes_json(read("sinfo_allocated.json"))}
+    assert sorted(nodes) == ["n1", "n2", "n3"]
+    assert nodes["n1"].cpus == 2 and nodes["n1"].alloc_cpus == 2
+    assert nodes["n1"].state == "allocated" and not nodes["n1"].is_idle
+    idle = parse_nodes_json(read("sinfo.json"))
+    assert all(n.cpus == 2 for n in idle)
+
+
+def test_ping():
+    assert parse_scontrol_ping(read("scontrol_ping.txt")) is True
+    assert parse_scontrol_ping("Slurmctld(primary) at vm is DOWN\n") is False
+    assert parse_scontrol_ping("") is False
+
+
+def test_bad_json_is_a_typed_error():
+    with pytest.raises(SlurmParseError):
+        parse_squeue_json("not json")
+    with pytest.raises(SlurmParseError, match="errors"):
+        parse_squeue_json('{"errors": [{"error": "boom"}], "jobs": []}')
+    with pytest.raises(SlurmParseError):
+        parse_nodes_json('{"nodes": [{"cpus": 2}]}')  # no name
+
+
+def test_sbatch_parsable():
+    assert parse_sbatch_parsable("42\n") == 42
+    assert parse_sbatch_parsable("42;cluster\n") == 42
+    with pytest.raises(SlurmParseError):
+        parse_sbatch_parsable("sbatch: error: Batch job submission failed")
+
+
+# --- Slurm 24.11 (captured in docker-slurm's trixie cluster: job 1 one core of tx1, malleable;
+# job 2 both cores of tx2, named 'evil"name'; job 3 pending) ---------------------------------
+FIX_24 = Path(__file__).parents[2] / "fixtures" / "slurm-24.11"
+
+
+def test_squeue_json_of_24_11():
+    jobs = {j.job_id: j for j in parse_squeue_json((FIX_24 / "squeue.json").read_text())}
+    assert sorted(jobs) == [1, 2, 3]
+    j1 = jobs[1]
+    assert (j1.state, j1.nodes, j1.num_cpus) == (JobState.RUNNING, ("tx1",), 1)
+    assert j1.comment == "malleable:min=1,max=node"
+    assert j1.admin_comment == "malleable:min=1,max=node,weight=1"
+    assert j1.cores == {"tx1": {(0, 0)}}
+    assert jobs[2].name == 'evil"name' and jobs[2].cores == {"tx2": {(0, 0), (0, 1)}}
+    assert jobs[3].state is JobState.PENDING and jobs[3].nodes == () and jobs[3].cores == {}
+    one = parse_squeue_json((FIX_24 / "squeue_one.json").read_text())
+    assert [j.job_id for j in one] == [1]
+
+
+def test_nodes_of_24_11_from_scontrol_and_cpu_ids():
+    nodes = {n.name: n for n in parse_nodes_json(
+        (FIX_24 / "scontrol_show_nodes.json").read_text(), "scontrol show nodes --json")}
+    assert sorted(nodes) == ["tx1", "tx2"]
+    assert (nodes["tx1"].state, nodes["tx1"].alloc_cpus, nodes["tx1"].hostname) == ("mixed", 1, "tx1")
+    assert (nodes["tx2"].state, nodes["tx2"].cpus, nodes["tx2"].cores_per_socket) == ("allocated", 2, 2)
+    jobs = {j.job_id: j for j in parse_squeue_json((FIX_24 / "squeue.json").read_text())}
+    assert cpu_ids_of(jobs[2].cores["tx2"], nodes["tx2"]) == {0, 1}
+
+
+def test_24_11_state_flags_and_unset_numbers():
+    node = parse_nodes_json('{"nodes": [{"name": "a", "state": ["IDLE", "DRAIN"], '
+                            '"cpus": 4, "port": {"set": false, "infinite": false, "number": 7}}]}')
+    assert (node[0].state, node[0].state_flags, node[0].port) == ("idle", ("DRAIN",), 0)
+    assert not node[0].is_idle
+
+
+def test_grouped_sinfo_json_of_24_11_is_refused_not_read_as_no_nodes():
+    with pytest.raises(SlurmParseError, match="no 'nodes' list"):
+        parse_nodes_json((FIX_24 / "sinfo.json").read_text())
+    with pytest.raises(SlurmParseError, match="no 'jobs' list"):
+        parse_squeue_json('{"errors": [], "meta": {}}')
+
+
+def test_client_reads_nodes_with_the_command_of_its_slurm_version():
+    from malleable_protocol.runner import CommandResult
+    from slurm_plugin.slurm.client import CliSlurmClient
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        if argv == ["sinfo", "--version"]:
+            return CommandResult(argv, 0, "slurm 24.11.5\n", "")
+        return CommandResult(argv, 0, (FIX_24 / "scontrol_show_nodes.json").read_text(), "")
+
+    assert [n.name for n in CliSlurmClient(runner).nodes()] == ["tx1", "tx2"]
+    assert calls == [["sinfo", "--version"], ["scontrol", "show", "nodes", "--json"]]
+    calls.clear()
+    old = CliSlurmClient(lambda argv, **kw: (calls.append(argv), CommandResult(
+        argv, 0, read("sinfo.json"), ""))[1], slurm_version=(22, 5))
+    assert len(old.nodes()) == 3 and calls == [["sinfo", "--json"]]
+
+
+def test_slurm_version():
+    from slurm_plugin.slurm.parsers import parse_slurm_version
+    assert parse_slurm_version("slurm-wlm 22.05.8\n") == (22, 5)
+    assert parse_slurm_version("slurm 24.11.5\n") == (24, 11)
+    with pytest.raises(SlurmParseError):
+        parse_slurm_version("sinfo: fatal: Could not establish a configuration source")
