@@ -46,11 +46,11 @@ mkdir -p "$info"
 printf 'Metadata-Version: 2.1\nName: malleable-slurm\nVersion: %s\n' "$project+slurm$release" \
   > "$info/METADATA"
 echo "dpkg" > "$info/INSTALLER"
-# The plugin, by the same build the install command runs (slurm_plugin.spank.build).
+# The plugin, by the same build the install command runs (slurm_plugin.hooks.spank.build).
 python3 -I -B -c '
 import sys; from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from slurm_plugin import spank
+from slurm_plugin.hooks import spank
 print("[build-deb] built", spank.build(Path(sys.argv[2])))' "$site" "$root/usr/lib/malleable"
 chmod 0644 "$root/usr/lib/malleable/malleable_spank.so"
 cat > "$root/usr/bin/malleable" <<'PY'
@@ -63,8 +63,8 @@ from slurm_plugin.commands.main import main
 sys.exit(main())
 PY
 chmod 0755 "$root/usr/bin/malleable"
-install -m 0644 "$REPO/slurm_plugin/templates/malleable-agent@.service" \
-                "$REPO/slurm_plugin/templates/malleable-watcher.service" "$root/lib/systemd/system/"
+install -m 0644 "$REPO/slurm_plugin/hooks/templates/malleable-agent@.service" \
+                "$REPO/slurm_plugin/hooks/templates/malleable-watcher.service" "$root/lib/systemd/system/"
 install -m 0644 "$REPO/docs/install.md" "$root/usr/share/doc/malleable-slurm/install.md"
 cat > "$root/usr/share/doc/malleable-slurm/copyright" <<'TXT'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/

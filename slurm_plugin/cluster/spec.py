@@ -224,7 +224,7 @@ class ClusterSpec:
 
 
 def _template(name: str) -> string.Template:
-    text = resources.files("slurm_plugin").joinpath("templates", name).read_text()
+    text = resources.files("slurm_plugin.hooks").joinpath("templates", name).read_text()
     return string.Template(text)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from malleable_policy.model import Policy
 from slurm_plugin.settings import RootSettings
-from slurm_plugin.spank import SpankBuildError
+from slurm_plugin.hooks.spank import SpankBuildError
 from slurm_plugin.commands.common import (POLICIES, CliError)
 
 

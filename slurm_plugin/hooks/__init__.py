@@ -2,4 +2,5 @@
 start: ``python -m slurm_plugin.hooks prolog|epilog|step-start``), ``job_folder`` (the job's
 status folder, made for its user and removed within a budget), ``jobfs`` (the run folder's own
 tmpfs), ``install`` (``malleable install-slurm-hooks``: agent.json, the hooks, job_submit.lua and
-the SPANK plugin's line, rendered from ``slurm_plugin/templates``)."""
+the SPANK plugin's line, rendered from ``templates/``), ``spank/`` (the SPANK plugin in C, and
+its build)."""

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from malleable_protocol.safe_io import ensure_private_dir
 
-from slurm_plugin import spank
+from slurm_plugin.hooks import spank
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.node.config import AgentConfig
 from malleable_policy.request import GRAMMAR, lua_grammar_source, lua_literal
 
 
 def _template(name: str) -> string.Template:
-    return string.Template(resources.files("slurm_plugin").joinpath("templates", name).read_text())
+    return string.Template(resources.files("slurm_plugin.hooks").joinpath("templates", name).read_text())
 
 
 # How each form of the job_submit template ends: a whole script defines Slurm's two entry points;

@@ -73,7 +73,7 @@ def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tm
                  "/lib/systemd/system/malleable-watcher.service",
                  "/usr/share/doc/malleable-slurm/install.md",
                  "/usr/lib/python3/dist-packages/slurm_plugin/commands/main.py",
-                 "/usr/lib/python3/dist-packages/slurm_plugin/templates/job_submit.lua.tmpl",
+                 "/usr/lib/python3/dist-packages/slurm_plugin/hooks/templates/job_submit.lua.tmpl",
                  "/usr/lib/python3/dist-packages/malleable_protocol/__init__.py",
                  "/usr/lib/python3/dist-packages/malleable_policy/decide.py"):
         assert path in files, path

@@ -60,7 +60,7 @@ LAYERS = {
     "malleable_policy": 1,
     # adapters to the outside the feed and the node share: Slurm's commands, the cgroup tree,
     # the SPANK plugin's build, logging, the batch templates
-    "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1, "slurm_plugin.spank": 1,
+    "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1,
     "slurm_plugin.logs": 1, "sbatch_templates": 1,
     "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_runtime": 2,
     "slurm_plugin.node": 3, "malleable_tf": 3,      # TensorFlow's adapter to malleable_runtime

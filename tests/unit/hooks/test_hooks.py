@@ -156,7 +156,7 @@ def test_the_prolog_and_epilog_run_python_isolated(tmp_path):
         assert f"exec /opt/venv/bin/python -I -m slurm_plugin.hooks " \
                f"{hook[:-3]} --config {tmp_path / 'agent.json'}" in text
     assert '"-I", "-m", "slurm_plugin.hooks"' in \
-        (REPO / "slurm_plugin" / "spank" / "malleable_spank.c").read_text()
+        (REPO / "slurm_plugin" / "hooks" / "spank" / "malleable_spank.c").read_text()
     # Installed in this Python (not found from the cwd or PYTHONPATH): -I still finds it.
     # The path an earlier version rendered into Prologs runs the same hooks (until the site's
     # `install-slurm-hooks` renders them again).

@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from slurm_plugin import spank
+from slurm_plugin.hooks import spank
 
 
 def test_the_plugin_builds_and_exports_what_slurmstepd_looks_up(tmp_path):

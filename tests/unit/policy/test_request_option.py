@@ -15,7 +15,7 @@ from malleable_policy.request import (GRAMMAR, MAX_VALUE, Grammar, MalleableSpec
                                               option_value, parse_option, submit_request,
                                               update_request)
 
-TEMPLATE = Path(__file__).resolve().parents[3] / "slurm_plugin" / "templates" / \
+TEMPLATE = Path(__file__).resolve().parents[3] / "slurm_plugin" / "hooks" / "templates" / \
     "job_submit.lua.tmpl"
 LUA = next((p for p in map(shutil.which, ("lua5.1", "lua", "luajit")) if p), None)
 
