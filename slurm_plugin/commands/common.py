@@ -32,16 +32,16 @@ def client(args: argparse.Namespace) -> CliSlurmClient:
 
 
 def development_cluster() -> ModuleType:
-    """``slurm_plugin.cluster``, the local development cluster: a checkout's, not in the node
-    package (a command that needs it says so)."""
+    """``slurm_plugin.cluster``, the local development cluster, imported only by the commands that
+    use it; where it cannot be (without psutil, its 'cluster' extra), they say so."""
     try:
         return importlib.import_module("slurm_plugin.cluster")
     except ModuleNotFoundError as exc:
         if exc.name not in ("slurm_plugin.cluster", "psutil"):
             raise
-        raise CliError("the local development cluster is not installed here (it ships with a "
-                       "checkout of the project, with its 'cluster' extra; the node package "
-                       "leaves it out)") from None
+        raise CliError(f"the local development cluster cannot be loaded here ({exc}): it needs "
+                       "the project's 'cluster' extra (pip install 'malleable-hpc[cluster]')"
+                       ) from None
 
 
 def port(text: str) -> int:

@@ -35,7 +35,7 @@ PACKAGES = ("malleable_protocol", "malleable_policy", "malleable_runtime", "mall
             "slurm_plugin", "sbatch_templates", "examples", "tests/programs", "packaging", "docs/install.md", "pyproject.toml")
 SRC = "/opt/malleable/src"
 HOOKS = "/etc/malleable"            # the guide's MALLEABLE_ETC
-USER_SIDE = "/opt/malleable/user"     # malleable_tf for the jobs (a site's user environment)
+USER_SIDE = "/opt/malleable/user"     # the user runtime for the jobs (a site's user environment)
 DIST = "/shared/dist"                 # the package, built on vm1, for every VM
 GUIDE = f"python3 {SRC}/packaging/guide.py"
 RUN_DIR = "/run/malleable"
@@ -179,7 +179,8 @@ def cosched(vms: VMs) -> VMs:
         data = project_tar()
         for node in vms.nodes:
             vms.run(node, f"rm -rf {SRC} {USER_SIDE} && mkdir -p {SRC} {USER_SIDE} && "
-                          f"tar -xz -C {SRC} && cp -r {SRC}/malleable_tf {USER_SIDE}/ && "
+                          f"tar -xz -C {SRC} && "
+                          f"cp -r {SRC}/malleable_runtime {SRC}/malleable_tf {USER_SIDE}/ && "
                           f"chmod -R a+rX /opt/malleable && "
                           f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
                           f" && mkdir -p $d && echo {USER_SIDE} > $d/malleable-user.pth", data=data)
