@@ -39,8 +39,8 @@ class MalleableError(RuntimeError):
 
 
 class NotInitialized(MalleableError):
-    def __init__(self, package: str = "malleable_tf") -> None:
-        super().__init__(f"{package}.init() has not run (or shutdown() has)")
+    def __init__(self) -> None:
+        super().__init__("malleable_tf.init() has not run (or shutdown() has)")
 
 
 def thread_ids(pid: int | str = "self") -> list[int]:

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from malleable_protocol.errors import error_text
+
 NEEDS_NUMPY = ("the simulator needs numpy, which is not installed here "
                "(pip install 'malleable-hpc[sim]')")
 
@@ -201,13 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-def error_text(exc: BaseException) -> str:
-    """An error's message for a person: an OS error as "path: reason"."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}" if exc.filename is not None else exc.strerror
-    return str(exc).strip() or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from malleable_protocol.errors import FixableError
+from malleable_protocol.errors import FixableError, error_text, is_fixable
 from slurm_plugin.commands import (agent, cgroups, cluster, containers, doctor,
                                    install_hooks, resize, sbatch, status, watcher)
-from slurm_plugin.commands.common import CliError
 from slurm_plugin.settings import root_settings
 
 # One module per command, its parser beside its handler (``add_parser``, ``run``), in the order
@@ -22,11 +21,6 @@ from slurm_plugin.settings import root_settings
 COMMANDS = (cluster, agent, containers, doctor, watcher, install_hooks, resize, sbatch, status,
             cgroups)
 
-# What a command fails with when the world is not as asked (files, Slurm, the cluster, the
-# node, a request): one line on stderr and exit 1. Anything else is a bug and keeps its
-# traceback (ValueError and OSError included: where one is the user's to fix, the code that
-# knows says so with a FixableError).
-RUNTIME_ERRORS = (FixableError,)
 
 DISTRIBUTION = "malleable-hpc"     # the checkout's (pyproject.toml)
 # Where it may be installed from: pip (the whole project), the Debian package (node side).
@@ -75,14 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def error_text(exc: BaseException) -> str:
-    """An error's message for a person: an OS error as "path: reason"."""
-    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, CliError):
-        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
-        return f"{where}: {exc.strerror}" if where else exc.strerror
-    return str(exc).strip() or type(exc).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     """0 done, 1 could not be done (one line on stderr: ``malleable <command>: ...``), 2 a usage
     error (argparse's own exit)."""
@@ -93,15 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args = parser.parse_args(argv)
     try:
-        try:
-            return args.func(args)
-        except OSError as exc:
-            # A path the world refused (missing, no permission, full disk) is the user's or
-            # admin's to fix; an OSError without one is a bug like any other.
-            if exc.filename is None:
-                raise
-            raise CliError(f"{exc.filename}: {exc.strerror or exc}") from exc
-    except RUNTIME_ERRORS as exc:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if not is_fixable(exc):
+            raise
         # One line says what was wrong; what an error carries beyond it (daemons' log tails)
         # follows, indented.
         first, *rest = error_text(exc).splitlines() or [type(exc).__name__]
@@ -109,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in rest:
             print(f"  {line}", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":
