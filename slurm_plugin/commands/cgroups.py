@@ -5,7 +5,7 @@ import argparse
 import os
 
 from slurm_plugin.settings import RootSettings, root_settings
-from slurm_plugin.commands.common import (CliError)
+from slurm_plugin.commands.common import CliError
 
 
 def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:

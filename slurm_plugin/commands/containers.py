@@ -8,7 +8,7 @@ from pathlib import Path
 from malleable_policy.model import Policy
 from slurm_plugin.logs import add_log_level_option, setup_logging
 from slurm_plugin.settings import RootSettings
-from slurm_plugin.commands.common import (POLICIES, CliError, positive_seconds)
+from slurm_plugin.commands.common import POLICIES, CliError, positive_seconds
 
 
 def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:

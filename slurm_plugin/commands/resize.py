@@ -6,7 +6,7 @@ import argparse
 from slurm_plugin.settings import RootSettings
 from slurm_plugin.slurm import UnknownJob
 from slurm_plugin.commands import common
-from slurm_plugin.commands.common import (CliError, job_id_arg)
+from slurm_plugin.commands.common import CliError, job_id_arg
 
 
 def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
