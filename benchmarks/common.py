@@ -18,12 +18,13 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 REPO = HERE.parent
+TF_WORKER = "benchmarks.framework.tf_worker"    # the measuring process BurstWorker runs
 PWA = REPO / "tests" / "fixtures" / "swf" / "pwa"      # Parallel Workloads Archive logs
 # Each trace on a cluster of its machine's processors: (file, nodes, cores per node). NASA's
 # iPSC/860 had 128 single-processor nodes and KTH's SP2 100; grouped into multi-core nodes here
 # so that the agents have cores to lend and node counts can move. Thunder is 1,002 nodes of 4.
 # Thunder's 1,002 nodes make conservative backfill's search of every node's future slow here
-# (over 3 minutes for its first 3,000 jobs under static alone): simulate_goals.py runs its first
+# (over 3 minutes for its first 3,000 jobs under static alone): simulator/goals.py runs its first
 # --thunder-jobs.
 TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.gz", 10, 10),
           ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
@@ -39,14 +40,24 @@ def trace_workload(name: str, *, first: int, malleable_fraction: float):
                         malleable_fraction=malleable_fraction, seed=1, first=first), nodes, cores
 
 
-def run_worker(args: list[str], *, timeout: float = 600, env: dict | None = None) -> dict:
-    """Run ``python args...`` in benchmarks/ and return the JSON after its "RESULT " line."""
-    proc = subprocess.run([sys.executable, *args], cwd=HERE, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+def run_worker(module: str, args: list[str], *, code_root: Path = REPO, timeout: float = 600,
+               env: dict | None = None) -> dict:
+    """Run ``python -m module args...`` and return the JSON after its "RESULT " line.
+
+    The worker imports the project's packages from ``code_root`` (another commit's checkout, to
+    measure its code beside this one's) and the benchmarks from this checkout: ``-P`` keeps the
+    working folder off sys.path, and PYTHONPATH names a folder holding only a link to this
+    checkout's benchmarks/, then the code root."""
+    with tempfile.TemporaryDirectory(prefix="bench-path-") as links:
+        (Path(links) / "benchmarks").symlink_to(HERE, target_is_directory=True)
+        path = os.pathsep.join([links, str(code_root)])
+        proc = subprocess.run([sys.executable, "-P", "-m", module, *args], cwd=links,
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {}), "PYTHONPATH": path})
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"worker {args} printed no result (exit {proc.returncode}):\n"
+    raise RuntimeError(f"worker {module} {args} printed no result (exit {proc.returncode}):\n"
                        f"{proc.stderr[-3000:]}")
 
 
@@ -68,7 +79,8 @@ class BurstWorker:
     one measures. Two configurations can then alternate every second in one run: slow drifts
     of a shared machine's load hit both alike, and an idle worker's threads disturb nothing.
 
-    The worker prints "READY" once set up, then answers each stdin line "<workload> <seconds>"
+    ``args`` are a module of this checkout (``benchmarks.framework.tf_worker``) and its
+    arguments. The worker prints "READY" once set up, then answers each stdin line "<workload> <seconds>"
     with one "RESULT {json}" line.
     """
 
@@ -83,7 +95,7 @@ class BurstWorker:
         """Start the worker and wait until it is READY; then stop it. A worker that prints
         "STARTED" first (tf_worker.py) is resized by ``resize(self)`` and told "GO". Returns the
         JSON the READY line carries ({} if none)."""
-        self.proc = subprocess.Popen([sys.executable, *self.args], cwd=HERE, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", *self.args], cwd=REPO, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=self.env)
         if resize is not None:

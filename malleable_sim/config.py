@@ -132,7 +132,7 @@ class Placement(enum.Enum):
                   node if one holds it (best fit), else its tasks spread over several nodes as
                   a job wider than a node is (``select_nodes``: the node with the most free
                   cores first, each giving all it has); it then runs as a multi-node job (a
-                  rank per core). Replayed on real Slurm (benchmarks/slurm_replay.py) its start
+                  rank per core). Replayed on real Slurm (benchmarks/cluster/slurm_replay.py) its start
                   times are nearer Slurm's than one-node's (median error 0.17 vs 0.45).
     Jobs wider than a node are placed alike under both.
     """

@@ -1,4 +1,4 @@
-"""The pure half of the replay of a trace on real Slurm (``benchmarks/slurm_replay.py`` runs
+"""The pure half of the replay of a trace on real Slurm (``benchmarks/cluster/slurm_replay.py`` runs
 the cluster): the slice of a log and its compression in time (limits rounded up to Slurm's whole
 minutes), the simulator's run of the same jobs, the per-job start-time error, and reading what
 slurmctld wrote (its log, its job-completion log, the backfill cadence)."""

@@ -51,7 +51,7 @@ class SimResult:
 
     @property
     def mean_completion_s(self) -> float:
-        """The earlier name of ``mean_response_s`` (benchmarks/coscheduling/validate.py)."""
+        """The earlier name of ``mean_response_s`` (benchmarks/cluster/coscheduling/validate.py)."""
         return self.mean_response_s
 
     def summary(self) -> dict:

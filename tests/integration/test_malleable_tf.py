@@ -110,7 +110,7 @@ print("RESULT " + __import__("json").dumps(errors))
 @pytest.mark.parametrize("onednn", ["inline", "off"])
 def test_onednn_inline_gives_the_same_results_at_every_width(onednn):
     """MALLEABLE_TF_ONEDNN=inline (the default): at one active intra-op thread oneDNN's work
-    runs in the calling thread (its speed: benchmarks/fidelity.py, onednn_parked_thread.py);
+    runs in the calling thread (its speed: benchmarks/framework/fidelity.py, onednn_parked_thread.py);
     the results of a convolution's forward and backward pass are the same at 2 threads, 1 and 2
     again, with it and without it, and a bad value is refused before TensorFlow starts."""
     code = r"""

@@ -363,3 +363,44 @@ def test_the_front_door_check_can_fail(tmp_path):
         f"{code}: from malleable_runtime.runtime import ['Action', 'MalleableError']",
         f"{code}: from malleable_tf.keras import ['MalleableError']",
         f"{doc}: from malleable_runtime.state import ['ThreadState']"]
+
+
+BENCHMARK_GROUPS = ("node", "framework", "simulator", "cluster")
+
+
+def benchmark_problems(folder: Path) -> list[str]:
+    """Benchmarks are modules of the ``benchmarks`` package, grouped by what they measure: none
+    edits sys.path or imports a sibling by its bare name (both only work from one folder)."""
+    problems = []
+    siblings = {p.stem for p in folder.rglob("*.py")}
+    for path in sorted(folder.rglob("*.py")):
+        rel = path.relative_to(folder)
+        if len(rel.parts) > 1 and rel.parts[0] not in BENCHMARK_GROUPS:
+            problems.append(f"{rel}: not in a group {BENCHMARK_GROUPS}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr == "path"
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+                problems.append(f"{rel}:{node.lineno}: uses sys.path")
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [])
+            problems += [f"{rel}:{node.lineno}: imports {n} by its bare name"
+                         for n in names if n.split(".")[0] in siblings]
+    return sorted(problems)
+
+
+def test_benchmarks_are_grouped_modules_without_path_edits():
+    assert (ROOT / "benchmarks" / "__init__.py").exists()
+    assert benchmark_problems(ROOT / "benchmarks") == []
+
+
+def test_the_benchmark_check_can_fail(tmp_path):
+    (tmp_path / "node").mkdir()
+    (tmp_path / "misc").mkdir()
+    (tmp_path / "common.py").write_text("")
+    (tmp_path / "node" / "a.py").write_text("import sys\nsys.path.insert(0, '..')\n"
+                                            "from common import x\n")
+    (tmp_path / "misc" / "b.py").write_text("")
+    assert benchmark_problems(tmp_path) == [
+        "misc/b.py: not in a group ('node', 'framework', 'simulator', 'cluster')",
+        "node/a.py:2: uses sys.path", "node/a.py:3: imports common by its bare name"]

@@ -149,7 +149,7 @@ def test_the_next_backfill_pass_is_always_after_now():
     """At a pass's own time (computed as the cadence computes it) the next pass is the one
     after, whatever the float rounding of (now - phase) / interval: a pass at now would be
     queued again and again at the same instant. The cadence fitted from the replay's log
-    (benchmarks/slurm_replay.py) hung the simulation so; from its pass 1,031 on, the rounding
+    (benchmarks/cluster/slurm_replay.py) hung the simulation so; from its pass 1,031 on, the rounding
     puts (now - phase) / interval just under the pass's number."""
     sim = Simulation([SimJob(1, 0.0, 1, 1.0, LINEAR)], nodes=1, cores=4,
                      policy=SimPolicy.STATIC, backfill_interval_s=1.0017917482641847,

@@ -1,4 +1,4 @@
-"""The replay's pure half (malleable_sim/replay.py; benchmarks/slurm_replay.py runs the
+"""The replay's pure half (malleable_sim/replay.py; benchmarks/cluster/slurm_replay.py runs the
 cluster): the slice, its compression (limits rounded up to Slurm's whole minutes), the
 start-time error, and reading slurmctld's log."""
 from __future__ import annotations

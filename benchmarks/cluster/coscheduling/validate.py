@@ -13,7 +13,7 @@ regime on one node of 2 cores; the error per metric is simulated / real - 1. ``-
 gives the earlier model for comparison: the malleable curve scaled so that 1 thread runs as
 fast as the plain job.
 
-    python benchmarks/coscheduling/validate.py [--real NAME,NAME,...] [--relative]
+    python -m benchmarks.cluster.coscheduling.validate [--real NAME,NAME,...] [--relative]
 
 Reads benchmarks/results/NAME.json for each repetition of run.py (default: coscheduling.json and
 every coscheduling_repN.json), compares each with the simulator, and pools them: the mean real
@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
-from common import RESULTS, save  # noqa: E402
+from benchmarks.common import RESULTS, save
 
-from malleable_policy.request import MalleableSpec  # noqa: E402
-from malleable_sim import Amdahl, Measured, SimJob, SimPolicy, simulate  # noqa: E402
+from malleable_policy.request import MalleableSpec
+from malleable_sim import Amdahl, Measured, SimJob, SimPolicy, simulate
 
 
 METRICS = ("makespan_s", "mean_completion_s")

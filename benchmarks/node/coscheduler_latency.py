@@ -8,7 +8,7 @@
   slurmd runs it, for a job id slurmctld never made, while A holds lent cores; its wall time,
   and A's cores right after it.
 
-    python benchmarks/coscheduler_latency.py [--resizes 30] [--starts 15]
+    python -m benchmarks.node.coscheduler_latency [--resizes 30] [--starts 15]
 """
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, median, percentile, save
+from benchmarks.common import REPO, RESULTS, machine, median, percentile, save
 
 from malleable_protocol import parse_cpu_list
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy
 
-PROGRAM = Path(__file__).resolve().parent.parent / "tests" / "programs" / "hvd_train.py"
+PROGRAM = REPO / "tests" / "programs" / "hvd_train.py"
 
 
 def wait(pred, timeout, what):

@@ -20,7 +20,7 @@ All processes of a set stay alive and take turns, idle ones stopped (SIGSTOP), s
 shared machine hit all alike; each set is started afresh ``--pairs`` times. Ratios are per round,
 with a bootstrap 95% CI resampling sets.
 
-    python benchmarks/benefit.py [--pairs 3] [--rounds 3] [--seconds 1.5]
+    python -m benchmarks.framework.benefit [--pairs 3] [--rounds 3] [--seconds 1.5]
 
 Writes benchmarks/results/benefit.json and benefit.png.
 """
@@ -30,7 +30,7 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from common import (BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
+from benchmarks.common import (RESULTS, TF_WORKER, BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
                     take_turns)
 
 WORKLOADS = ("keras_cnn", "mobilenet_v2", "tf_data")
@@ -58,7 +58,7 @@ class Regime:
             mode = ["plain", "--threads", str(self.plain_threads)]
         else:
             mode = ["malleable", "--pool", str(self.pool), "--expect", str(self.expect)]
-        return ["tf_worker.py", *mode, "--cgroup", str(folder.path),
+        return [TF_WORKER, *mode, "--cgroup", str(folder.path),
                 "--workloads", ",".join(WORKLOADS)]
 
 
@@ -132,7 +132,6 @@ def main() -> None:
 
 
 def plot(data: dict) -> None:
-    import os
 
     import matplotlib
     matplotlib.use("Agg")
@@ -157,7 +156,7 @@ def plot(data: dict) -> None:
     fig.suptitle("Cores drop from M threads' worth to 1 (shrink) or grow 1 -> 2: "
                  "cgroup-only vs malleable_tf vs TF started for the cores it has", fontsize=10)
     fig.tight_layout()
-    out = os.path.join(os.path.dirname(__file__), "results", "benefit.png")
+    out = str(RESULTS / "benefit.png")
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
 

@@ -1,9 +1,9 @@
-"""How much a trace's results depend on Slurm's bf_window: every regime of simulate_goals.py on
+"""How much a trace's results depend on Slurm's bf_window: every regime of simulator/goals.py on
 one trace at offered load 0.85, with backfill planning a day ahead (Slurm's default), two days,
 the trace's longest time limit (what Slurm's documentation asks a site to set at least) and
 without a horizon (the stand-in before bf_window was modelled).
 
-    python benchmarks/simulate_bf_window.py [--trace KTH-SP2-1996-2.1-cln.swf.gz] [--jobs 3000]
+    python -m benchmarks.simulator.bf_window [--trace KTH-SP2-1996-2.1-cln.swf.gz] [--jobs 3000]
         [--windows 1440,2880,longest,none] [--name simulate_bf_window]
 
 Writes benchmarks/results/NAME.json: per window, simulate_goals.run_all's rows (each regime's
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from common import machine, save, trace_workload
-from simulate_goals import run_all
+from benchmarks.common import machine, save, trace_workload
+from benchmarks.simulator.goals import run_all
 
 from malleable_sim.lublin import scale_to_load
 

@@ -9,9 +9,9 @@ size, over the cluster's cores x (last submit - first submit). A trace or a gene
 is brought to a load by multiplying every inter-arrival time by its own offered load / the
 target (``scale_to_load``); sizes and runtimes are kept.
 
-    python benchmarks/simulate_goals.py [--trace-jobs 3000] [--jobs 1500] [--seeds 1,2,3]
+    python -m benchmarks.simulator.goals [--trace-jobs 3000] [--jobs 1500] [--seeds 1,2,3]
         [--nodes 64 --cores 16] [--name simulate_goals]
-    python benchmarks/simulate_goals.py --speed [--speed-jobs 50000] [--speed-models project,lublin]
+    python -m benchmarks.simulator.goals --speed [--speed-jobs 50000] [--speed-models project,lublin]
         [--speed-policies static,throughput] [--name simulate_speed]
 
 Writes benchmarks/results/NAME.json (and NAME.png: each regime's mean bounded slowdown and mean
@@ -21,20 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
-from common import RESULTS, TRACES, machine, save, trace_workload  # noqa: E402
+from benchmarks.common import RESULTS, TRACES, machine, save, trace_workload
 
-from malleable_sim import (BF_WINDOW_S, Placement, SimPolicy, Simulation,  # noqa: E402
+from malleable_sim import (BF_WINDOW_S, Placement, SimPolicy, Simulation,
                            WorkloadModel, closed_batch, generate)
-from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load  # noqa: E402
-from malleable_sim.metrics import ratios  # noqa: E402
+from malleable_sim.lublin import generate_lublin, offered_load, scale_to_load
+from malleable_sim.metrics import ratios
 
 KEPT = ("jobs", "makespan_s", "lower_bound_makespan_s", "mean_response_s", "p95_response_s",
         "mean_wait_s", "p95_wait_s", "mean_bounded_slowdown", "utilisation", "resizes",

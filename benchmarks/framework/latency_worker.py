@@ -17,7 +17,7 @@ os.environ.setdefault("MALLEABLE_TF_SIGNALS", "USR1=reload,USR2=intra-down,URG=i
 import malleable_tf  # noqa: E402
 
 malleable_tf.init(max_threads=len(os.sched_getaffinity(0)))
-from workloads import keras_cnn_step  # noqa: E402
+from benchmarks.framework.workloads import keras_cnn_step  # noqa: E402
 
 step = keras_cnn_step()
 step_times = []

@@ -17,7 +17,7 @@ on 256 rows a step), one after the other in the same run, and plain TensorFlow b
   mlp_plain.py) started on 1 core and on 2 (taskset), alternating, between the two jobs: what
   this machine gives a second core at that moment, the ratio the workers' are compared with.
 
-    python benchmarks/multiworker.py [--rounds 5] [--phase 8]
+    python -m benchmarks.framework.multiworker [--rounds 5] [--phase 8]
 """
 from __future__ import annotations
 
@@ -31,14 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, save
+from benchmarks.common import REPO, RESULTS, machine, save
 
 from malleable_protocol.cpulist import parse_cpu_list
 from sbatch_templates import render
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy
 
-REPO = Path(__file__).resolve().parents[1]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
 TRAIN = REPO / "examples" / "train_multiworker.py"
 WIDTH, BATCH = 1024, 256          # per worker: a 2 x 1024-wide MLP on 256 rows a step
@@ -50,7 +49,7 @@ def plain_tf(rounds: int, seconds: float) -> dict:
     for _ in range(rounds):
         for cpus in (1, 2):
             out = subprocess.run(["taskset", "-c", "0" if cpus == 1 else "0-1", str(KERAS3_PY),
-                                  str(Path(__file__).with_name("mlp_plain.py")),
+                                  "-m", "benchmarks.framework.mlp_plain",
                                   "--width", str(WIDTH), "--batch-size", str(BATCH),
                                   "--seconds", str(seconds)], capture_output=True, text=True,
                                  timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})

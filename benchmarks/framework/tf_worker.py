@@ -58,7 +58,7 @@ else:
     import malleable_tf.data
     data_map = malleable_tf.data.map
 
-from workloads import WORKLOADS, steps_per_second  # noqa: E402
+from benchmarks.framework.workloads import WORKLOADS, steps_per_second  # noqa: E402
 
 steps = {name: WORKLOADS[name](data_map) for name in args.workloads.split(",")}
 print(f"STARTED {os.getpid()}", flush=True)

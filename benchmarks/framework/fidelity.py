@@ -18,7 +18,7 @@ or unlucky for its whole life here (an A/A run gave per-pair medians from 0.84 t
 group is started afresh ``--pairs`` times; the result is the median of all ratios with a
 bootstrap 95% confidence interval that resamples whole pairs.
 
-    python benchmarks/fidelity.py [--pairs 5] [--rounds 3] [--seconds 1]
+    python -m benchmarks.framework.fidelity [--pairs 5] [--rounds 3] [--seconds 1]
                                   [--groups floating,pinned,overhead] [--env K=V] [--name NAME]
 
 Writes benchmarks/results/NAME.json and NAME.png (NAME: fidelity). --env sets a variable in every
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from common import (BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
+from benchmarks.common import (RESULTS, TF_WORKER, BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
                     take_turns)
 
 from malleable_protocol import Target, format_cpu_list
@@ -147,13 +147,13 @@ def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
                       "--data-pool", str(m if overhead else n)]
         if pinned:
             plain_args += ["--cpus", cpu_list(n)]
-        workers = {"plain": BurstWorker(["tf_worker.py", *plain_args], env=env)}
+        workers = {"plain": BurstWorker([TF_WORKER, *plain_args], env=env)}
         for k in names:
             extra, extra_env = [], {}
             if k != "none":
                 extra = PATHS[k].args(ctx, resources[k])
                 extra_env = PATHS[k].env(ctx)
-            workers[k] = BurstWorker(["tf_worker.py", "malleable", "--pool", str(m), "--expect",
+            workers[k] = BurstWorker([TF_WORKER, "malleable", "--pool", str(m), "--expect",
                                       str(m if overhead else n), *extra],
                                      env={**env, **extra_env})
         try:
@@ -268,7 +268,7 @@ def plot(data: dict, name: str) -> None:
     ax.set_ylim(0.5, max(1.3, top) + 0.15)
     ax.legend(fontsize=7, loc="upper center", ncol=5)
     fig.tight_layout()
-    out = os.path.join(os.path.dirname(__file__), "results", f"{name}.png")
+    out = str(RESULTS / f"{name}.png")
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
 

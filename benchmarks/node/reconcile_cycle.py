@@ -7,7 +7,7 @@ the policy, the plan and its execution, the offers and the report. Two cases: th
 unchanged since the last cycle (the steady state: only a stat), and the feed rewritten before
 every cycle (each cycle parses it).
 
-    python benchmarks/reconcile_cycle.py [--jobs 64] [--cycles 200]
+    python -m benchmarks.node.reconcile_cycle [--jobs 64] [--cycles 200]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, median, percentile, save
+from benchmarks.common import REPO, machine, median, percentile, save
 
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.node.config import AgentConfig
@@ -29,7 +29,7 @@ from slurm_plugin.feed.watcher import build_feeds
 from slurm_plugin.slurm.client import CliSlurmClient
 from slurm_plugin.slurm.parsers import parse_nodes_json, parse_squeue_json
 
-FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "slurm-22.05"
+FIX = REPO / "tests" / "fixtures" / "slurm-22.05"
 
 
 def synthetic_outputs(n_jobs: int, cores: int) -> tuple[str, str]:

@@ -11,7 +11,7 @@ created in order, so its rank among the intra pool's OS thread ids; the intra po
 told apart from the inter pool's by parking each pool alone first). Plain TensorFlow started
 with 1 thread is measured in the same run, alternating.
 
-    python benchmarks/onednn_parked_thread.py [--trials 12] [--json out.json]
+    python -m benchmarks.framework.onednn_parked_thread [--trials 12] [--json out.json]
 """
 from __future__ import annotations
 
@@ -23,22 +23,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common import REPO, RESULTS
+
 WORKER = r"""
 import ctypes, json, os, sys, time
 mode = sys.argv[1]
-sys.path.insert(0, os.getcwd())
 if mode == "plain":
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from benchmarks.workloads import keras_cnn_step, steps_per_second
+    from benchmarks.framework.workloads import keras_cnn_step, steps_per_second
     step = keras_cnn_step()
     print(json.dumps({"mode": mode, "rate": steps_per_second(step, seconds=4.0)}))
     sys.exit(0)
 import malleable_tf
 malleable_tf.init(max_threads=2, follow=False)
 import tensorflow as tf
-from benchmarks.workloads import keras_cnn_step, steps_per_second
+from benchmarks.framework.workloads import keras_cnn_step, steps_per_second
 step = keras_cnn_step()
 steps_per_second(step, seconds=1.0)
 lib = malleable_tf.runtime().pools.lib
@@ -77,7 +78,7 @@ print(json.dumps({"mode": mode, "rate": rate, "intra_parked": intra_parked,
 
 def run(mode: str) -> dict:
     out = subprocess.run([sys.executable, "-c", WORKER, mode], capture_output=True, text=True,
-                         timeout=300, cwd=Path(__file__).resolve().parent.parent,
+                         timeout=300, cwd=REPO,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -87,7 +88,7 @@ def run(mode: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=12)
-    ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "onednn_parked_thread.json"))
+    ap.add_argument("--json", default=str(RESULTS / "onednn_parked_thread.json"))
     args = ap.parse_args()
     trials = []
     for trial in range(args.trials):

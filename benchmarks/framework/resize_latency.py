@@ -1,7 +1,7 @@
 """Resize latency during training, by API and by signal, and follow latency after a cpuset or
 affinity change from outside. A Keras CNN trains continuously on every measure.
 
-    python benchmarks/resize_latency.py [--resizes 200] [--follows 40]
+    python -m benchmarks.framework.resize_latency [--resizes 200] [--follows 40]
 
 Writes benchmarks/results/resize_latency.json and resize_latency.png.
 """
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import HERE, RESULTS, machine, median, percentile, run_worker, save
+from benchmarks.common import REPO, RESULTS, machine, median, percentile, run_worker, save
 from malleable_runtime.runtime import pin_all_threads
 from malleable_protocol.cpulist import parse_cpu_list
 
@@ -34,7 +34,8 @@ def follow_latencies(count: int, how: str) -> list[float]:
         (cg / "cpuset.mems").write_text((CPUSET / "cpuset.mems").read_text())
         full = (CPUSET / "cpuset.cpus").read_text().strip()
         (cg / "cpuset.cpus").write_text(full)
-        proc = subprocess.Popen([sys.executable, "latency_worker.py", "follow"], cwd=HERE,
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.framework.latency_worker", "follow"],
+                                cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 env={**os.environ, "MALLEABLE_TF_STATUS": str(status),
                                      "MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--resizes", type=int, default=200)
     ap.add_argument("--follows", type=int, default=40)
     args = ap.parse_args()
-    inproc = run_worker(["latency_worker.py", "inproc", str(args.resizes)],
+    inproc = run_worker("benchmarks.framework.latency_worker", ["inproc", str(args.resizes)],
                         env={"MALLEABLE_TF_LOG": "0", "TF_CPP_MIN_LOG_LEVEL": "2"})
     follows = follow_latencies(args.follows, "cpuset")
     follows_affinity = follow_latencies(args.follows, "affinity")

@@ -11,12 +11,12 @@ over time on the real local cluster, run once per regime:
 
 One node with this machine's 2 cores (the local cluster's node is the host; no other node shares
 them). Every job asks Slurm for 1 core; malleable jobs say min=1,max=2. Each job runs a fixed
-number of steps (benchmarks/workloads.py: the Keras CNN, compute-bound, or the tf.data pipeline,
+number of steps (benchmarks/framework/workloads.py: the Keras CNN, compute-bound, or the tf.data pipeline,
 input-bound) and reports its start, end and CPU seconds. Measured per regime: makespan, mean
 completion (submit to end), core utilisation (the jobs' CPU seconds / (2 cores x makespan)),
 resizes and their latency (the agent's event log); every 0.5 s each job's cpuset and threads.
 
-    python benchmarks/coscheduling/run.py [--regimes static,cgroup-only,lend-idle,throughput] [--name NAME]
+    python -m benchmarks.cluster.coscheduling.run [--regimes static,cgroup-only,lend-idle,throughput] [--name NAME]
 
 Writes benchmarks/results/coscheduling.json and coscheduling.png (``--name`` for a repetition).
 """
@@ -33,16 +33,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
-from common import RESULTS, machine, median, percentile, save  # noqa: E402
+from benchmarks.common import REPO, RESULTS, machine, median, percentile, save
 
-from slurm_plugin.cluster import LocalCluster, default_spec  # noqa: E402
-from slurm_plugin.node.cgroup_actuator import read_cpus  # noqa: E402
-from malleable_policy.model import Policy  # noqa: E402
-from slurm_plugin.node.ranks import read_job_statuses  # noqa: E402
-from slurm_plugin.slurm import JobState  # noqa: E402
+from slurm_plugin.cluster import LocalCluster, default_spec
+from slurm_plugin.node.cgroup_actuator import read_cpus
+from malleable_policy.model import Policy
+from slurm_plugin.node.ranks import read_job_statuses
+from slurm_plugin.slurm import JobState
+
 
 NODE = "cs1"
 
@@ -82,7 +81,8 @@ def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:
             f"-o{root}/{job.name}.out"]
     if job.malleable:
         args.append("--comment=malleable:min=1,max=2")
-    cmd = f"exec {sys.executable} {HERE / 'job.py'} {job.workload} {job.steps} {mode}"
+    cmd = (f"cd {REPO} && exec {sys.executable} -m benchmarks.cluster.coscheduling.job "
+           f"{job.workload} {job.steps} {mode}")
     t = time.time()
     out = subprocess.run([*args, "--wrap", cmd], env=env, check=True, capture_output=True,
                          text=True)

@@ -33,10 +33,10 @@ absolute error are reported beside it. A second simulation, fed each job's measu
 and measured run time (sleep plus Slurm's launch and end overhead), separates the stand-in's
 scheduling decisions from what its inputs leave out.
 
-    python benchmarks/slurm_replay.py [--trace KTH-SP2-1996-2.1-cln] [--start 19400]
+    python -m benchmarks.cluster.slurm_replay [--trace KTH-SP2-1996-2.1-cln] [--start 19400]
         [--jobs 200] [--factor auto|F] [--target-s 600] [--nodes 4] [--cores 25]
         [--bf-interval 1] [--placement slurm-tasks|one-node] [--name slurm_replay]
-    python benchmarks/slurm_replay.py --plan-only     # the slice and its compression, no Slurm
+    python -m benchmarks.cluster.slurm_replay --plan-only     # the slice and its compression, no Slurm
 
 Writes benchmarks/results/NAME.json and NAME.png, and NAME_raw.json: what Slurm wrote (its
 log, the job ids), which ``--from-raw`` analyses again without a replay. The cluster (ports 46817.., nodes rp1..,
@@ -57,16 +57,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
-from common import PWA, RESULTS, machine, save  # noqa: E402
+from benchmarks.common import PWA, RESULTS, machine, save
 
-from malleable_sim import Placement  # noqa: E402
-from malleable_sim.metrics import percentile  # noqa: E402
-from malleable_sim.swf import read_swf  # noqa: E402
-from malleable_sim.replay import (BATCH_SCHED_DELAY_S, BF_MAX_JOB_TEST,  # noqa: E402
+from malleable_sim import Placement
+from malleable_sim.metrics import percentile
+from malleable_sim.swf import read_swf
+from malleable_sim.replay import (BATCH_SCHED_DELAY_S, BF_MAX_JOB_TEST,
                                   LAUNCH_MARGIN_S, ReplayJob, auto_factor, compress,
                                   fit_cadence, real_times, rounding_report, run_sim,
                                   schedule_metrics, scheduler_parameters, sim_jobs, sim_times,

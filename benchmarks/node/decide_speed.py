@@ -5,19 +5,18 @@ code of another commit, in turns, with the plans compared one by one.
 The snapshots are recorded from simulator runs (cgroup-only, lend-idle and throughput; the
 project's workload on 200 x 64 cores and Lublin-Feitelson's on 64 x 16), the same every time.
 
-    python benchmarks/decide_speed.py [--against aff8419] [--rounds 3] [--name decide_speed]
+    python -m benchmarks.node.decide_speed [--against aff8419] [--rounds 3] [--name decide_speed]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import pickle
 import tempfile
 import time
 from pathlib import Path
 
-from common import HERE, REPO, checkout_of, machine, median, run_worker, save
+from benchmarks.common import REPO, checkout_of, machine, median, run_worker, save
 
 
 def record(path: Path) -> int:
@@ -62,9 +61,8 @@ def time_decides(corpus_path: Path, plans_path: Path, repeats: int) -> dict:
 
 
 def worker(code_root: Path, corpus: Path, plans: Path, repeats: int) -> dict:
-    env = {"PYTHONPATH": f"{code_root}{os.pathsep}{HERE}"}
-    return run_worker([str(Path(__file__).name), "--worker", str(corpus), str(plans),
-                       str(repeats)], env=env, timeout=1800)
+    return run_worker(__spec__.name, ["--worker", str(corpus), str(plans), str(repeats)],
+                      code_root=code_root, timeout=1800)
 
 
 def main() -> None:

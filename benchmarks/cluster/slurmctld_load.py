@@ -12,7 +12,7 @@ a cluster of that size, and the watcher publishes a feed for each of its nodes.
 Run it with PYTHONPATH pointing at another checkout to count that code's components the same
 way (the agents of commit 273e7b9 polled squeue and sinfo themselves).
 
-    python benchmarks/slurmctld_load.py [--nodes 3 12] [--seconds 20] [--storm 100]
+    python -m benchmarks.cluster.slurmctld_load [--nodes 3 12] [--seconds 20] [--storm 100]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, save
+from benchmarks.common import RESULTS, machine, save
 
 import slurm_plugin
 from slurm_plugin.cluster import LocalCluster, default_spec

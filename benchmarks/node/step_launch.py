@@ -15,7 +15,7 @@ load drifts hit every row alike. The plugin decides in C: rigid and ungrown jobs
 steps with no process started (a gate file and a fence under the node's lock); a grown job's
 step asks the running agent on its socket.
 
-    python benchmarks/step_launch.py [--steps 20]
+    python -m benchmarks.node.step_launch [--steps 20]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, median, percentile, save
+from benchmarks.common import RESULTS, machine, median, percentile, save
 
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy

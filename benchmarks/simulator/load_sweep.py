@@ -10,7 +10,7 @@ a malleable job asks Slurm for (``--asks``; static jobs ask for their size, as p
 users do), and reports static's makespan, the fluid lower bound and each policy's makespan and
 mean response.
 
-    python benchmarks/simulate_load_sweep.py [--nodes 1000 --cores 64 --jobs 50000]
+    python -m benchmarks.simulator.load_sweep [--nodes 1000 --cores 64 --jobs 50000]
         [--loads 1.2,2,3,4] [--seeds 1] [--asks 0.25] [--orders fcfs] [--name NAME]
         [--workload project|lublin]
 
@@ -25,16 +25,12 @@ ask; with several orders, bars per order for each load instead).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
-from common import RESULTS, machine, save  # noqa: E402
+from benchmarks.common import RESULTS, machine, save
 
-from malleable_sim import (QueueOrder, SimPolicy, Simulation, WorkloadModel,  # noqa: E402
+from malleable_sim import (QueueOrder, SimPolicy, Simulation, WorkloadModel,
                                     generate, generate_lublin)
 
 POLICIES = (SimPolicy.STATIC, SimPolicy.LEND_IDLE, SimPolicy.THROUGHPUT, SimPolicy.NODES)

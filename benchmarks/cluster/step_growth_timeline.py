@@ -6,7 +6,7 @@ beside the batch step (each gets one core), the owner asks for 1 core and then 2
 Samples every 0.1 s: the job folder's cpuset, each step folder's, and each rank's active intra-op
 threads (its status record). Writes benchmarks/results/step_growth_timeline.json and .png.
 
-    python benchmarks/step_growth_timeline.py
+    python -m benchmarks.cluster.step_growth_timeline
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import threading
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, save
+from benchmarks.common import REPO, RESULTS, machine, save
 
 from malleable_protocol import parse_cpu_list
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy
 
-TRAIN = Path(__file__).resolve().parent.parent / "tests" / "programs" / "train_until.py"
+TRAIN = REPO / "tests" / "programs" / "train_until.py"
 NODE = "tl1"
 
 

@@ -7,7 +7,7 @@ CPU clock: the scan of the job's cgroup folders (``CpusetActuator.scan``), then 
 through the budgeted reader (``RankReader``), as the observer does; a clean job of one rank
 measured in the same run is the reference.
 
-    python benchmarks/hostile_input_cost.py [--repeat 5]
+    python -m benchmarks.node.hostile_input_cost [--repeat 5]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, save
+from benchmarks.common import machine, save
 
 from malleable_protocol import RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout

@@ -9,7 +9,7 @@ Every syscall naming a path under the feed folder counts (stat, open, read of it
 each stat or open is at least one request to the file server. The 1,000-node figure is the
 per-node rate times 1,000.
 
-    python benchmarks/feed_metadata_ops.py [--seconds 30]      (needs strace)
+    python -m benchmarks.node.feed_metadata_ops [--seconds 30]      (needs strace)
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import machine, save
+from benchmarks.common import machine, save
 
 from slurm_plugin.cluster import LocalCluster, default_spec
 from malleable_policy.model import Policy

@@ -6,10 +6,10 @@ Each run is a process of its own, its code on PYTHONPATH; it prints its wall tim
 and a hash of every job's (id, submit, start, end) with the run's resizes and decide calls.
 The workload: the project's generated one on 1,000 x 64 cores (the issue's scale), or with
 ``--trace`` the first ``--jobs`` job lines of a Parallel Workloads Archive log in
-tests/fixtures/swf/pwa on the nodes simulate_goals.py gives it (LLNL Thunder: its own 1,002
+tests/fixtures/swf/pwa on the nodes simulator/goals.py gives it (LLNL Thunder: its own 1,002
 nodes of 4 cores), brought to ``--load`` as there.
 
-    python benchmarks/simulate_speed_against.py --against d377dba [--jobs 50000] [--load 1.2]
+    python -m benchmarks.simulator.speed_against --against d377dba [--jobs 50000] [--load 1.2]
         [--trace LLNL-Thunder-2007-1.1-cln.swf.gz] [--policies static,cgroup-only] [--rounds 2]
         [--name simulate_speed_against]
 """
@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import os
 import tempfile
 import time
 from pathlib import Path
 
-from common import HERE, REPO, checkout_of, machine, median, run_worker, save, trace_workload
+from benchmarks.common import REPO, checkout_of, machine, median, run_worker, save, trace_workload
 
 NODES, CORES = 1000, 64     # the issue's scale
 
@@ -87,11 +86,9 @@ def main() -> None:
             runs[policy] = {name: [] for name in roots}
             for _ in range(args.rounds):
                 for name, root in roots.items():
-                    got = run_worker([Path(__file__).name, "--worker", str(args.jobs),
-                                      str(args.load), args.trace or "", policy,
-                                      args.placement],
-                                     env={"PYTHONPATH": f"{root}{os.pathsep}{HERE}"},
-                                     timeout=3600)
+                    got = run_worker(__spec__.name, ["--worker", str(args.jobs), str(args.load),
+                                                      args.trace or "", policy, args.placement],
+                                     code_root=root, timeout=3600)
                     runs[policy][name].append(got)
                     print(policy, name, f"{got['wall_s']:.1f} s", got["jobs_hash"], flush=True)
     rows = []

@@ -12,7 +12,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 workload, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 start = time.time()
 data_map = None
@@ -29,7 +28,7 @@ else:
     tf.config.threading.set_intra_op_parallelism_threads(n)
     tf.config.threading.set_inter_op_parallelism_threads(n)
 
-from workloads import WORKLOADS  # noqa: E402
+from benchmarks.framework.workloads import WORKLOADS  # noqa: E402
 
 step = WORKLOADS[workload](data_map)
 ready = time.time()

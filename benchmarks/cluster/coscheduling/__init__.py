@@ -1,0 +1,1 @@
+"""A reference workload of TensorFlow jobs per regime on the local cluster."""

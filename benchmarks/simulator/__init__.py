@@ -1,0 +1,1 @@
+"""The simulator (malleable_sim): regimes on traces, loads, windows, its own speed."""
