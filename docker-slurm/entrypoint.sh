@@ -8,8 +8,11 @@ HOOKS=$ROOT/hooks
 
 if [ "${1:-}" = prepare ]; then
   shift
-  # The node side is the Debian package's, under Debian's python3 (docs/install.md).
-  exec /usr/bin/python3 -I -m slurm_plugin.cluster.docker prepare "$@"
+  # The development cluster is not in the node package: the image carries it (and the code it
+  # renders the hooks with, the package's own source) in /opt/malleable/devcluster. The hooks it
+  # writes run the Debian package's node side, under Debian's python3 -I (docs/install.md).
+  exec env PYTHONPATH=/opt/malleable/devcluster /usr/bin/python3 -P -s \
+    -m slurm_plugin.cluster.docker prepare "$@"
 fi
 
 install -d -m 0755 /run/munge

@@ -34,10 +34,9 @@ mkdir -p "$site" "$root/usr/bin" "$root/usr/lib/malleable" "$root/lib/systemd/sy
 # The node side's packages: the co-scheduler, its pure policy, the protocol it shares with jobs,
 # the templates.
 # Not the simulator (malleable_sim, `malleable-sim`): a research tool, not root's on every node.
-# slurm_plugin/cluster (the development cluster) is still in: docker-slurm's images run its
-# docker.py from the package they install.
+# Nor the development cluster (slurm_plugin/cluster): docker-slurm's images carry it apart.
 for pkg in slurm_plugin malleable_policy malleable_protocol sbatch_templates; do
-  (cd "$REPO" && find "$pkg" -name __pycache__ -prune -o -type f \
+  (cd "$REPO" && find "$pkg" \( -name __pycache__ -o -path slurm_plugin/cluster \) -prune -o -type f \
      \( -name '*.py' -o -name '*.tmpl' -o -name '*.c' -o -name '*.service' \) -print) \
     | while read -r f; do install -D -m 0644 "$REPO/$f" "$site/$f"; done
 done
