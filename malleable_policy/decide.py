@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from typing import Callable, Mapping
 
 from .model import (Action, ActionKind, JobView, NodeSnapshot, Plan, PlanInvariantError, Policy,
                     Reason, check_plan)
@@ -284,8 +285,12 @@ def _kind(before: frozenset[int], after: frozenset[int]) -> ActionKind | None:
     return ActionKind.MOVE
 
 
-def plan_actions(snapshot: NodeSnapshot, targets: dict[int, frozenset[int]],
-                 reasons: dict[int, Reason]) -> tuple[Action, ...]:
+def plan_actions(snapshot: NodeSnapshot, targets: Mapping[int, frozenset[int]],
+                 reasons: Mapping[int, Reason],
+                 split: Callable[[JobView, frozenset[int]], dict[str, frozenset[int]]]
+                 = JobView.step_cpus) -> tuple[Action, ...]:
+    """The actions that bring each job's folder to its target; ``split`` gives each step's
+    block of a job's cores (whole cores: ``whole_cores``)."""
     actions = []
     for j in snapshot.jobs:
         if not j.has_folder:
@@ -297,10 +302,11 @@ def plan_actions(snapshot: NodeSnapshot, targets: dict[int, frozenset[int]],
             if j.folders_in_line:
                 continue
             kind, reason = ActionKind.REALIGN, Reason.REALIGN
+        steps = split(j, after)
         actions.append(Action(kind=kind, job_id=j.job_id, uid=j.uid, allocation=j.allocation,
                               before=j.current, after=after,
-                              threads_per_rank=j.threads_per_rank(after),
-                              reason=reason, step_cpus=j.step_cpus(after)))
+                              threads_per_rank=j.threads_per_rank(after, steps),
+                              reason=reason, step_cpus=steps))
     return tuple(actions)
 
 

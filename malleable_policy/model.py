@@ -120,8 +120,11 @@ class JobView:
         """See ``split_among_steps``."""
         return split_among_steps(cpus, self.units_per_step)
 
-    def threads_per_rank(self, cpus: frozenset[int]) -> tuple[int, ...]:
-        split = self.step_cpus(cpus)
+    def threads_per_rank(self, cpus: frozenset[int],
+                         split: Mapping[str, frozenset[int]] | None = None) -> tuple[int, ...]:
+        """Each rank's threads on ``cpus``; ``split``: the steps' blocks of them if not
+        ``step_cpus``'s (whole cores: ``whole_cores``)."""
+        split = self.step_cpus(cpus) if split is None else split
         if not split:
             return threads_per_rank(cpus, self.local_size)
         sizes = self.ranks_per_step

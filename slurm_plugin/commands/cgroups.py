@@ -1,4 +1,5 @@
-"""``malleable cgroups``: this node's Slurm cgroup layout (discovered), or a job's CPUs."""
+"""``malleable cgroups``: this node's Slurm cgroup layout and CPU numbering (discovered), or a
+job's CPUs."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,8 @@ from slurm_plugin.commands.common import CliError
 
 
 def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
-    cg = sub.add_parser("cgroups", help="this node's Slurm cgroup layout (discovered), or a "
-                        "job's CPUs")
+    cg = sub.add_parser("cgroups", help="this node's Slurm cgroup layout and CPU numbering "
+                        "(discovered), or a job's CPUs")
     cg.add_argument("--node", help="the Slurm node name (default: $SLURMD_NODENAME or "
                     "$SLURM_NODENAME)")
     cg.add_argument("--slurm-conf", help="slurm.conf (cgroup.conf beside it); default "
@@ -22,9 +23,11 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The node's Slurm cgroup layout as discovered; with --job, that job's CPUs."""
+    """The node's Slurm cgroup layout and CPU numbering as discovered; with --job, that job's
+    CPUs (Linux's ids, as its cpuset holds them)."""
     from slurm_plugin.cgroups import discover_layout
     from slurm_plugin.node.cgroup_actuator import read_cpus
+    from slurm_plugin.topology import TopologyUnknown, node_numbering
     from malleable_protocol import format_cpu_list
     node = args.node or root_settings().node
     if not node:
@@ -32,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
     layout = discover_layout(node, slurm_conf=args.slurm_conf)
     if args.job is None:
         print(layout.describe())
+        try:
+            print(f"CPU numbering: {node_numbering().describe()}")
+        except TopologyUnknown as exc:
+            print(f"CPU numbering: cannot be established ({exc}); jobs keep Slurm's "
+                  "allocation")
         return 0
     folder = layout.job_dir(args.uid, args.job)
     if args.step:

@@ -49,6 +49,8 @@ class Facts:
     # it names malleable itself, or a site's script that chains ours does)
     hooks: dict[str, tuple[str, bool]] = field(default_factory=dict)
     layout: str | None = None                     # the cgroup layout described
+    numbering: str | None = None                  # the node's CPU numbering described
+    cpu_layout: list[int] | None = None           # its sockets, cores per socket, threads
     plugstack_lines: list[str] | None = None      # PlugStackConfig's lines (files included)
     spank_so_exists: bool = False
     agent_pid: int | None = None
@@ -105,6 +107,7 @@ def diagnose(f: Facts) -> list[Check]:
             out.append(Check("SPANK plugin", Status.OK, ours[0].split()[1]))
     out.append(Check("cgroup layout", Status.OK if f.layout else Status.FAIL,
                      f.layout or f"not found: {f.errors.get('layout', '?')}"))
+    out.append(_numbering_check(f))
     out.append(Check("agent", Status.OK if f.agent_pid else Status.FAIL,
                      f"pid {f.agent_pid}" if f.agent_pid else "not running (no live agent in "
                      "its pid file): start malleable-agent@<node>"))
@@ -127,6 +130,23 @@ def diagnose(f: Facts) -> list[Check]:
         out.append(Check("feed mode", Status.OK if f.feed_mode else Status.WARN,
                          mode + (f", wakes on UDP port {f.wake_port}" if f.wake_port else "")))
     return out
+
+
+def _numbering_check(f: Facts) -> Check:
+    """Whether Slurm's CPU ids can be turned into this node's (slurm_plugin/topology.py)."""
+    if f.numbering is None:
+        return Check("CPU numbering", Status.FAIL, f"cannot be established: "
+                     f"{f.errors.get('numbering', '?')}; jobs keep Slurm's allocation")
+    slurm = (f.feed_file or {}).get("layout")
+    if slurm is not None and slurm != f.cpu_layout:
+        return Check("CPU numbering", Status.FAIL,
+                     f"Slurm describes the node as {slurm} (sockets, cores, threads), its CPUs "
+                     f"are {f.cpu_layout}: make slurm.conf what `slurmd -C` prints; jobs keep "
+                     "Slurm's allocation")
+    if f.cpu_layout is not None and f.cpu_layout[2] > 1:
+        return Check("CPU numbering", Status.WARN, f"{f.numbering}; lends nothing: whole-core "
+                     "lending on hyperthreaded nodes is not built yet")
+    return Check("CPU numbering", Status.OK, f.numbering)
 
 
 def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:
@@ -174,6 +194,7 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     from slurm_plugin.feed.store import FeedStore
     from slurm_plugin.node.wiring import node_layout
     from slurm_plugin.node.procs import agent_pid
+    from slurm_plugin.topology import TopologyUnknown, node_numbering
     f = Facts(node=config.node)
     env = {"SLURM_CONF": str(config.slurm_conf)} if config.slurm_conf else None
     try:
@@ -195,6 +216,13 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
         f.layout = node_layout(config).describe()
     except Exception as exc:  # noqa: BLE001 - LayoutUnknown and what discovery may raise
         f.errors["layout"] = str(exc)
+    try:
+        numbering = node_numbering()
+        f.numbering = numbering.describe()
+        f.cpu_layout = [numbering.layout.sockets, numbering.layout.cores_per_socket,
+                        numbering.layout.threads_per_core]
+    except TopologyUnknown as exc:
+        f.errors["numbering"] = str(exc)
     f.agent_pid = agent_pid(config.pid_file)
     f.step_socket = config.step_socket.is_socket()
     store = FeedStore(config.feed_dir)

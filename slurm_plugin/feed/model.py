@@ -11,6 +11,7 @@ from malleable_protocol import ProtocolError, check_job_id, check_node_name, for
 from malleable_protocol.records import decode_json_bounded
 
 from malleable_policy.request import MalleableSpec, RequestError, parse_submit
+from slurm_plugin.topology import SlurmLayout
 
 MAX_FEED_BYTES = 1 << 20
 MAX_JOBS_PER_NODE = 4096
@@ -81,18 +82,24 @@ class NodeFeed:
     cpus: int                             # cores Slurm may hand out on the node
     jobs: tuple[FeedJob, ...]
     updated: float = 0.0                  # wall time of the poll it came from
+    # Slurm's description of the node, which its abstract CPU ids (the jobs' allocations) are
+    # counted in; None from a watcher older than it.
+    layout: SlurmLayout | None = None
 
     def job(self, job_id: int) -> FeedJob | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
 
     def encode(self) -> bytes:
-        return json.dumps({"node": self.node, "cpus": self.cpus, "updated": self.updated,
-                           "jobs": [j.to_dict() for j in self.jobs]},
-                          sort_keys=True, separators=(",", ":")).encode()
+        d = {"node": self.node, "cpus": self.cpus, "updated": self.updated,
+             "jobs": [j.to_dict() for j in self.jobs]}
+        if self.layout is not None:
+            d["layout"] = [self.layout.sockets, self.layout.cores_per_socket,
+                           self.layout.threads_per_core]
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     def same_content(self, other: "NodeFeed | None") -> bool:
-        return other is not None and (self.node, self.cpus, self.jobs) == \
-            (other.node, other.cpus, other.jobs)
+        return other is not None and (self.node, self.cpus, self.jobs, self.layout) == \
+            (other.node, other.cpus, other.jobs, other.layout)
 
     @classmethod
     def decode(cls, raw: bytes) -> "NodeFeed":
@@ -106,9 +113,16 @@ class NodeFeed:
         if isinstance(updated, bool) or not isinstance(updated, (int, float)) or \
                 not 0 <= updated <= 1e12:       # float() of a 400-digit int overflows
             raise ProtocolError("bad node feed time")
+        layout = d.get("layout")
+        if layout is not None and not (
+                isinstance(layout, list) and len(layout) == 3 and
+                all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 65536
+                    for n in layout)):
+            raise ProtocolError("bad node feed layout")
         return cls(node=_node(d), cpus=cpus,
                    jobs=tuple(FeedJob.from_dict(j) for j in jobs if isinstance(j, dict)),
-                   updated=float(updated))
+                   updated=float(updated),
+                   layout=SlurmLayout(*layout) if layout is not None else None)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from slurm_plugin.slurm import JobAccounting, Node, SlurmClient, SlurmClientErro
 from slurm_plugin.slurm.parsers import SlurmParseError
 from malleable_policy.request import spec_and_request
 from slurm_plugin.feed.model import FeedJob, NodeFeed, partition_name
+from slurm_plugin.topology import SlurmLayout
 from slurm_plugin.feed.notify import send_wake
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
@@ -71,7 +72,9 @@ def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeF
                                               partition=partition_name(job.partition)))
     return {n.name: NodeFeed(node=n.name, cpus=n.cpus,
                              jobs=tuple(sorted(per_node[n.name], key=lambda j: j.job_id)),
-                             updated=updated)
+                             updated=updated,
+                             layout=SlurmLayout(n.sockets, n.cores_per_socket,
+                                                n.threads_per_core))
             for n in layout}
 
 

@@ -4,11 +4,12 @@ node's ledger (allocations first seen, jobs starting, steps starting) and the ra
 records."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from typing import Callable, Protocol
 
-from malleable_protocol import RunLayout
+from malleable_protocol import RunLayout, format_cpu_list
 
 from slurm_plugin.feed.model import NodeFeed, Offers
 from slurm_plugin.node.cgroup_actuator import CgroupJob, CpusetActuator
@@ -16,6 +17,9 @@ from slurm_plugin.node.ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocati
 from malleable_policy.model import JobView, NodeSnapshot, RankView, SiteLimits
 from slurm_plugin.cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
 from slurm_plugin.node.ranks import read_job_ranks
+from slurm_plugin.topology import CpuNumbering, TopologyUnknown, check_against_slurm
+
+log = logging.getLogger(__name__)
 
 
 class FeedSource(Protocol):
@@ -32,7 +36,12 @@ class NodeObserver:
                  wall: Callable[[], float] = time.time,
                  cpuset_of: Callable[[int], str | None] = process_cpuset,
                  stepds: Callable[[], list[StepdProcess]] = slurmstepd_processes,
-                 placement_check_s: float = 5.0):
+                 placement_check_s: float = 5.0,
+                 numbering: CpuNumbering | None = None, refusal: str | None = None):
+        """``numbering``: how Slurm's abstract CPU ids (the feed's) name this node's CPUs; None
+        takes them as Linux's (tests, and nodes built that way). ``refusal``: why the node's
+        numbering could not be established (``TopologyUnknown``): then the feed's CPU ids are
+        never used, and the reconciler holds every job to its allocation."""
         self.node = node
         self.max_cpus = max_cpus
         self.limits = limits          # the site's bounds on what jobs ask and claim
@@ -45,10 +54,33 @@ class NodeObserver:
         self._stepds = stepds
         self.placement_check_s = placement_check_s
         self._placement: tuple[float, tuple[int, ...], tuple[str, ...]] | None = None
+        self.numbering = numbering
+        self._base_refusal = refusal
+        self.refusal: str | None = refusal     # this cycle's: the base one or the feed's
+
+    def _refusal(self, feed: NodeFeed | None) -> str | None:
+        """Why Slurm's CPU ids cannot be turned into this node's now, or None."""
+        if self._base_refusal is not None or self.numbering is None:
+            return self._base_refusal
+        if feed is not None and feed.layout is not None:
+            try:
+                check_against_slurm(self.numbering, feed.layout)
+            except TopologyUnknown as exc:
+                return f"node {self.node}: {exc}"
+        size = len(self.numbering.linux_of)
+        top = max((max(j.allocation) for j in feed.jobs if j.allocation), default=-1) \
+            if feed is not None else -1
+        if feed is not None and (feed.cpus > size or top >= size):
+            return (f"Slurm's feed names CPUs up to {max(feed.cpus - 1, top)} on node "
+                    f"{self.node}, which has {size}")
+        return None
+
+    def _linux(self, abstract: frozenset[int]) -> frozenset[int]:
+        return self.numbering.to_linux(abstract) if self.numbering is not None else abstract
 
     def node_cpus(self, feed: NodeFeed | None) -> frozenset[int]:
-        if feed is not None:
-            return frozenset(range(feed.cpus))
+        if feed is not None and self.refusal is None:
+            return self._linux(frozenset(range(feed.cpus)))
         # No feed yet: the CPUs slurmd's own cgroup folder may hand out.
         return self.actuator.node_cpus()
 
@@ -78,20 +110,27 @@ class NodeObserver:
     def observe(self, ledger: Ledger) -> NodeSnapshot:
         """The node now. Updates ``ledger`` (first-seen allocations, start markers resolved)."""
         feed = self.feed.read_node(self.node)
+        self.refusal = self._refusal(feed)
+        # Refused: the feed's CPU ids may name other CPUs here; only the cgroups' count.
+        ids_feed = feed if self.refusal is None else None
         # A folder of a job whose Epilog ran is no job (a user's cpusets kept Slurm from
         # removing it): its cores are free.
         scanned = self.actuator.scan()
         found = {j: cg for j, cg in scanned.items() if j not in ledger.ended}
         fenced = self._resolve_fences(ledger, found)
         views: list[JobView] = []
+        fault_of: dict[int, str] = {}
         for job_id, cg in sorted(found.items()):
             fj = feed.job(job_id) if feed is not None else None
             known = ledger.allocations.get(job_id)
             # The owner: v1 names it in the path; v2's folders are root's, Slurm's feed says.
             uid = cg.uid if cg.uid is not None else fj.uid if fj is not None else \
                 known.uid if known is not None else 0
-            if fj is not None:
-                alloc = fj.allocation
+            if fj is not None and ids_feed is not None:
+                alloc = self._linux(fj.allocation)
+                if known is None and not alloc <= cg.cpus:
+                    fault_of[job_id] = self._disagreement(job_id, fj.allocation, alloc, cg)
+                    alloc = cg.cpus     # slurmstepd's cpuset is the allocation in Linux ids
             elif known is not None and known.uid == uid:
                 alloc = known.cpus
             else:
@@ -101,6 +140,7 @@ class NodeObserver:
             ledger.starting.pop(job_id, None)
             spec = fj.spec if fj is not None else None
             fault, ranks = self._job_input(job_id, uid, cg) if spec else (None, ())
+            fault = fault_of.get(job_id, fault)
             nodes = fj.nodes if fj is not None else (self.node,)
             view = JobView(
                 job_id=job_id, uid=uid, user=fj.user if fj else str(uid),
@@ -117,13 +157,14 @@ class NodeObserver:
         # feed entry whose cores a running job's folder already holds is an ended job.
         held = frozenset().union(*(v.allocation | v.current for v in views))
         listed = {fj.job_id for fj in feed.jobs} if feed is not None else set()
-        for fj in (feed.jobs if feed is not None else ()):
-            if fj.job_id in found or fj.job_id in ledger.ended or fj.allocation & held:
+        for fj in (ids_feed.jobs if ids_feed is not None else ()):
+            if fj.job_id in found or fj.job_id in ledger.ended or self._linux(fj.allocation) & held:
                 continue
+            alloc = self._linux(fj.allocation)
             views.append(JobView(job_id=fj.job_id, uid=fj.uid, user=fj.user,
-                                 allocation=fj.allocation, current=fj.allocation,
+                                 allocation=alloc, current=alloc,
                                  has_folder=False, nodes=len(fj.nodes)))
-            held |= fj.allocation
+            held |= alloc
             ledger.starting.pop(fj.job_id, None)
         for job_id in [j for j in ledger.allocations if j not in found]:
             del ledger.allocations[job_id]          # ended
@@ -139,6 +180,19 @@ class NodeObserver:
                             max_cpus=self.max_cpus, limits=self.limits,
                             problems=self._misplaced([v.job_id for v in views
                                                       if not v.has_folder]))
+
+    def _disagreement(self, job_id: int, abstract: frozenset[int], linux: frozenset[int],
+                      cg: CgroupJob) -> str:
+        """A job whose folder, first seen, does not hold what Slurm's ids map to: the node's
+        numbering is not what this agent computed, or the folder was changed. Logged as the
+        job's fault (held where slurmstepd put it): a folder its user may write is evidence
+        against that job only."""
+        log.error("job %s: Slurm's CPUs %s are %s here, but its cgroup holds %s: is this "
+                  "node's CPU numbering (%s) what slurmd uses?", job_id,
+                  format_cpu_list(abstract), format_cpu_list(linux), format_cpu_list(cg.cpus),
+                  self.numbering.describe() if self.numbering else "Linux's")
+        return (f"its cgroup holds {format_cpu_list(cg.cpus)}, not Slurm's "
+                f"{format_cpu_list(linux)} (abstract {format_cpu_list(abstract)})")
 
     def _job_input(self, job_id: int, uid: int, cg: CgroupJob
                    ) -> tuple[str | None, tuple[RankView, ...]]:

@@ -27,13 +27,14 @@ from slurm_plugin.node.accounting import record_cycle
 from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.events import append_event
-from malleable_policy.model import Outcome, OutcomeStatus
+from malleable_policy.model import Outcome, OutcomeStatus, Policy
 
 from slurm_plugin.node.executor import PlanExecutor
 from slurm_plugin.node.ledger import Fence, LedgerFile
 from malleable_policy.model import NodeSnapshot, Plan, PlanInvariantError
 from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.decide import decide
+from malleable_policy.whole_cores import SplitCores, decide_whole_cores
 from slurm_plugin.node.ranks import RankReader
 from slurm_plugin.node.step_gate import StepGate, gated_jobs
 
@@ -49,6 +50,7 @@ class CycleResult:
     lock_busy: bool = False                               # the node's lock was not had in time
     seconds: float = 0.0
     usage: dict[int, CoreUsage] | None = None    # running jobs' (accounting); None: not run
+    refusal: str | None = None    # why jobs keep Slurm's allocation here (CPU numbering)
 
     @property
     def applied(self) -> list[Outcome]:
@@ -113,6 +115,7 @@ class Reconciler:
         self.on_cycle: Callable[[CycleResult], None] | None = None   # metrics, if any
         self._problems: tuple[str, ...] = ()     # the last logged, so each is logged once
         self._faults: tuple[str, ...] = ()
+        self._refusal: str | None = None
 
     def cycle(self, *, lock_timeout_s: float | None = None,
               starting_job: int | None = None,
@@ -154,7 +157,7 @@ class Reconciler:
         self.ledger.save(ledger)
         if self.gate is not None:
             self.gate.remove_fences(fence_files)
-        result.plan = decide(result.snapshot, self.config.policy)
+        result.refusal, result.plan = self._decide(result.snapshot)
         if self.gate is not None:
             self.gate.close(a.job_id for a in result.plan.actions)
         result.outcomes = self.executor.execute(result.plan, result.snapshot)
@@ -163,6 +166,22 @@ class Reconciler:
         result.usage = record_cycle(self.ledger, ledger, result, self._wall(), self._log_event)
         self._publish_offers(result.plan)
         self._publish_report(result)
+
+    def _decide(self, snapshot: NodeSnapshot) -> tuple[str | None, Plan]:
+        """The plan, and why jobs keep Slurm's allocation if they must: where Slurm's CPU ids
+        cannot be turned into this node's, nothing is lent (every job is held to what its
+        cgroup shows); where cores have several threads, whole cores are lent, or none if Slurm
+        gave a job part of one."""
+        refusal, numbering = self.observer.refusal, self.observer.numbering
+        if refusal is not None:
+            return refusal, decide(snapshot, Policy.STATIC)
+        if numbering is not None and numbering.layout.threads_per_core > 1:
+            try:
+                return None, decide_whole_cores(snapshot, self.config.policy, numbering.cores)
+            except SplitCores as exc:
+                return (f"{exc}: malleable jobs need whole-core allocation (CR_Core or "
+                        "CR_Core_Memory)"), decide(snapshot, Policy.STATIC)
+        return None, decide(snapshot, self.config.policy)
 
     def _publish_report(self, result: CycleResult) -> None:
         held = {o.action.job_id: o.action.after for o in result.applied}
@@ -189,6 +208,13 @@ class Reconciler:
             self._problems = result.snapshot.problems
             lines += [{"time": now, "node": self.config.node, "event": "unverified-job",
                        "error": p} for p in self._problems]
+        if result.snapshot is not None and result.refusal != self._refusal:
+            self._refusal = result.refusal
+            if result.refusal is not None:
+                log.error("node %s: jobs keep Slurm's allocation: %s", self.config.node,
+                          result.refusal)
+                lines.append({"time": now, "node": self.config.node, "event": "cpu-numbering",
+                              "error": result.refusal})
         if result.snapshot is not None and result.snapshot.faults != self._faults:
             self._faults = result.snapshot.faults
             lines += [{"time": now, "node": self.config.node, "event": "job-fault",

@@ -16,9 +16,9 @@ from typing import Iterable, Protocol, Sequence
 from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from slurm_plugin.slurm.model import Job, JobState, Node
-from slurm_plugin.slurm.parsers import (cpu_ids_of, parse_config_value, parse_nodes_json, parse_sacct_field,
+from slurm_plugin.slurm.parsers import (parse_config_value, parse_nodes_json, parse_sacct_field,
                       parse_sbatch_parsable, parse_scontrol_ping, parse_slurm_version,
-                      parse_squeue_json)
+                      parse_squeue_json, SlurmParseError)
 
 # Printable, single-line; Slurm stores comments as plain strings.
 _COMMENT_RE = re.compile(r"^[\x20-\x7e]{0,1024}$")
@@ -80,6 +80,13 @@ class JobAccounting(Protocol):
     def set_system_comment(self, job_id: int, text: str) -> None: ...
 
 
+def _abstract_ids(cores: frozenset[tuple[int, int]], node: Node) -> frozenset[int]:
+    try:
+        return node.layout.abstract_ids(cores)
+    except ValueError as exc:
+        raise SlurmParseError(f"node {node.name}: {exc}") from None
+
+
 class CliSlurmClient:
     """``SlurmClient`` over squeue, sinfo, scontrol, scancel and sbatch."""
 
@@ -139,7 +146,7 @@ class CliSlurmClient:
         layout = {n.name: n for n in (self.nodes() if nodes is None else nodes)}
         out = []
         for j in jobs:
-            ids = {name: cpu_ids_of(cores, layout[name])
+            ids = {name: _abstract_ids(cores, layout[name])
                    for name, cores in j.cores.items() if name in layout}
             out.append(replace(j, cpu_ids=ids))
         return out

@@ -5,6 +5,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from slurm_plugin.topology import SlurmLayout
+
 
 class JobState(enum.Enum):
     PENDING = "PENDING"
@@ -72,6 +74,11 @@ class Node:
     hostname: str = ""
     port: int = 0
     address: str = ""          # NodeAddr: where the node's daemons are reached
+
+    @property
+    def layout(self) -> SlurmLayout:
+        """How Slurm counts the node's CPUs (its abstract ids)."""
+        return SlurmLayout(self.sockets, self.cores_per_socket, self.threads_per_core)
 
     @property
     def is_idle(self) -> bool:

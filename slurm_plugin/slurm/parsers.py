@@ -87,7 +87,7 @@ def _allocated_cores(job: dict) -> dict[str, frozenset[tuple[int, int]]]:
 
 def parse_squeue_json(text: str) -> list[Job]:
     """Jobs from ``squeue --json`` (22.05 or 24.11), with each node's allocated cores as
-    (socket, core) pairs; ``cpu_ids_of`` turns them into CPU ids."""
+    (socket, core) pairs; ``Node.layout.abstract_ids`` turns them into Slurm's CPU ids."""
     data = _load_json(text, "squeue --json", "jobs")
     jobs = []
     for j in data.get("jobs", []):
@@ -138,19 +138,6 @@ def parse_nodes_json(text: str, what: str = "sinfo --json") -> list[Node]:
         except _RECORD_ERRORS as exc:
             raise SlurmParseError(f"unexpected node record in {what}: {_brief(exc)}") from None
     return nodes
-
-
-def cpu_ids_of(cores: frozenset[tuple[int, int]], node: Node) -> frozenset[int]:
-    """CPU ids of (socket, core) pairs on ``node``, in Slurm's numbering: core index
-    socket*cores_per_socket+core, its hyperthreads next to each other. On the machines seen here
-    (one socket, one thread per core) this equals the ``CPU_IDs`` of ``scontrol show job -d``."""
-    ids = set()
-    for sock, core in cores:
-        if not (0 <= sock < node.sockets and 0 <= core < node.cores_per_socket):
-            raise SlurmParseError(f"core ({sock},{core}) outside node {node.name}'s layout")
-        base = (sock * node.cores_per_socket + core) * node.threads_per_core
-        ids.update(range(base, base + node.threads_per_core))
-    return frozenset(ids)
 
 
 def parse_scontrol_ping(text: str) -> bool:

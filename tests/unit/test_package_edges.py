@@ -60,6 +60,7 @@ LAYERS = {
     "malleable_policy": 1,
     # adapters to the outside the feed and the node share: Slurm's commands, the cgroup tree,
     # the SPANK plugin's build, logging, the batch templates
+    "slurm_plugin.topology": 0.75,   # the node's CPU numbering and Slurm's (pure but for sysfs)
     "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1,
     "slurm_plugin.logs": 1, "sbatch_templates": 1,
     "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_runtime": 2,

@@ -19,9 +19,12 @@ def healthy() -> Facts:
     return Facts(node="n1", slurm_config=config,
                  hooks={k: (f"/etc/slurm/{k}.sh", True) for k in HOOK_KEYS},
                  layout="cgroup v1, /sys/fs/cgroup/cpuset/slurm/uid_<U>/job_<J>",
+                 numbering="2 sockets x 8 cores x 1 threads; Slurm's CPU ids abstract->Linux "
+                           "0->0, 1->2, ...", cpu_layout=[2, 8, 1],
                  plugstack_lines=["required /usr/lib/malleable/malleable_spank.so python=x"],
                  spank_so_exists=True, agent_pid=42, step_socket=True,
-                 feed_mode="local (ext4)", feed_file={"jobs": [{}, {}]}, feed_age_s=3.0)
+                 feed_mode="local (ext4)", feed_file={"jobs": [{}, {}], "layout": [2, 8, 1]},
+                 feed_age_s=3.0)
 
 
 def statuses(f: Facts) -> dict[str, Status]:
@@ -32,7 +35,8 @@ def test_a_healthy_node_passes_every_check():
     checks = diagnose(healthy())
     assert all(c.status is Status.OK for c in checks), render(checks)
     assert {c.name for c in checks} >= {"slurmctld", "Prolog", "Epilog", "SPANK plugin",
-                                        "cgroup layout", "agent", "feed", "feed mode"}
+                                        "cgroup layout", "CPU numbering", "agent", "feed",
+                                        "feed mode"}
 
 
 def test_each_missing_part_fails_its_own_check_only():
@@ -41,6 +45,7 @@ def test_each_missing_part_fails_its_own_check_only():
         "Prolog": dict(hooks={**healthy().hooks, "Prolog": ("/etc/slurm/site.sh", False)}),
         "SPANK plugin": dict(spank_so_exists=False),
         "cgroup layout": dict(layout=None),
+        "CPU numbering": dict(numbering=None, cpu_layout=None),
         "feed": dict(feed_file=None),
         "feed mode": dict(feed_mode="shared (nfs4)", wake_port=None),
         "JobSubmitPlugins": dict(slurm_config=healthy().slurm_config.replace(
@@ -52,6 +57,17 @@ def test_each_missing_part_fails_its_own_check_only():
             setattr(f, k, v)
         failed = {n for n, s in statuses(f).items() if s is Status.FAIL}
         assert failed == {name}, (name, failed)
+
+
+def test_the_cpu_numbering_check_says_what_slurm_and_the_node_disagree_on():
+    f = healthy()
+    f.feed_file = {**f.feed_file, "layout": [1, 32, 1]}      # hyperthreads counted as cores
+    check = next(c for c in diagnose(f) if c.name == "CPU numbering")
+    assert check.status is Status.FAIL and "slurmd -C" in check.detail
+    f = healthy()
+    f.cpu_layout, f.feed_file = [2, 8, 2], {**f.feed_file, "layout": [2, 8, 2]}
+    check = next(c for c in diagnose(f) if c.name == "CPU numbering")
+    assert check.status is Status.WARN and "whole-core" in check.detail
 
 
 def test_no_slurmctld_fails_and_a_commented_plugin_line_does_not_count():

@@ -194,6 +194,8 @@ def test_any_usage_decodes_or_is_refused_with_a_protocol_error(usage):
 class Node:
     """A node's cpusets: the fake observer reads them, the fake executor writes them, and each
     write is kept with its time (the truth the accounting is checked against)."""
+    refusal = None      # the node's CPU numbering is never in question here
+    numbering = None    # Slurm's CPU ids are Linux's
 
     def __init__(self, clock):
         self.clock = clock

@@ -1,7 +1,11 @@
 """Observing a node without slurmctld (feed, cgroups, ledger), and the watcher's feed."""
+import json
 from pathlib import Path
 
-from malleable_protocol import RunLayout
+from malleable_policy.decide import decide
+from malleable_policy.model import Policy
+from malleable_protocol import ProtocolError, RunLayout
+from slurm_plugin.topology import CpuNumbering, SlurmLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 import pytest
 
@@ -305,3 +309,86 @@ def test_on_cgroup_v2_a_fence_holds_until_the_steps_tasks_have_folders():
     assert obs().observe(ledger).job(7).fenced
     cg[7].folders["step_0/user/task_0"] = S({0})
     assert not obs().observe(ledger).job(7).fenced and not ledger.fences
+
+
+# -- Slurm's CPU ids turned into the node's (slurm_plugin/topology.py) -----------------------
+
+# Two sockets of two cores, socket 0 holding Linux CPUs 0 and 2 (firmware that alternates):
+# Slurm's abstract 0, 1, 2, 3 are Linux's 0, 2, 1, 3.
+ALTERNATING = CpuNumbering(linux_of=(0, 2, 1, 3), layout=SlurmLayout(2, 2, 1),
+                           cores=(S({0}), S({2}), S({1}), S({3})))
+
+
+def mapped_observer(feed, jobs, numbering=ALTERNATING, refusal=None):
+    return NodeObserver("n1", RunLayout(Path("/nonexistent")), feed, FakeCgroups(jobs),
+                        read_ranks=lambda *a: (), wall=lambda: 1000.0, numbering=numbering,
+                        refusal=refusal)
+
+
+def test_the_feeds_abstract_ids_become_the_nodes_own():
+    # Slurm gave job 7 its socket 0 (abstract 0-1): Linux 0 and 2, where slurmstepd put it.
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0, 1}), ("n1",), MalleableSpec(1, None)),
+                              FeedJob(9, 1000, "u", S({2}), ("n1",))),
+                    layout=SlurmLayout(2, 2, 1))
+    obs = mapped_observer(FakeFeed(feed), {7: CgroupJob(1000, 7, S({0, 2}), {})})
+    snap = obs.observe(Ledger())
+    assert obs.refusal is None and snap.job(7).fault is None
+    assert snap.job(7).allocation == {0, 2}
+    assert snap.job(9).allocation == {1} and not snap.job(9).has_folder   # reserved, mapped
+    assert snap.cpus == {0, 1, 2, 3}
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert plan.targets[7] == {0, 2, 3}      # the one free core, never job 9's Linux CPU 1
+
+
+def test_a_folder_that_disagrees_with_the_mapped_allocation_holds_that_job_where_it_is():
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0, 1}), ("n1",), MalleableSpec(1, None)),),
+                    layout=SlurmLayout(2, 2, 1))
+    # slurmstepd wrote 0-1 (Slurm's ids read as Linux's: another numbering than computed).
+    snap = mapped_observer(FakeFeed(feed), {7: CgroupJob(1000, 7, S({0, 1}), {})}
+                           ).observe(Ledger())
+    assert snap.job(7).allocation == {0, 1} and "not Slurm's 0,2" in snap.job(7).fault
+    assert decide(snap, Policy.LEND_IDLE).targets.get(7, S({0, 1})) == {0, 1}
+
+
+@pytest.mark.parametrize("layout, refusal, words", [
+    (SlurmLayout(1, 4, 1), None, "slurmd -C"),             # Slurm describes the node otherwise
+    (SlurmLayout(2, 2, 1), "offline CPUs", "offline"),     # the node could not be read
+])
+def test_a_refused_numbering_uses_no_feed_cpu_id_and_the_reconciler_holds_every_job(
+        layout, refusal, words):
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0, 1}), ("n1",), MalleableSpec(1, None)),
+                              FeedJob(9, 1000, "u", S({3}), ("n1",))), layout=layout)
+    obs = mapped_observer(FakeFeed(feed), {7: CgroupJob(1000, 7, S({0, 2}), {})},
+                          refusal=refusal)
+    snap = obs.observe(Ledger())
+    assert words in obs.refusal
+    assert snap.job(7).allocation == {0, 2}          # the folder's, not the feed's
+    assert [j.job_id for j in snap.jobs] == [7]      # no reservation by the feed's ids
+
+
+def test_hyperthreaded_nodes_are_observed_in_linux_ids_core_by_core():
+    # One socket of two cores, threads i and i + 2: Slurm's 0-1 (core 0) is Linux 0 and 2.
+    ht = CpuNumbering(linux_of=(0, 2, 1, 3), layout=SlurmLayout(1, 2, 2),
+                      cores=(S({0, 2}), S({1, 3})))
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0, 1}), ("n1",), MalleableSpec(1, None)),),
+                    layout=SlurmLayout(1, 2, 2))
+    obs = mapped_observer(FakeFeed(feed), {7: CgroupJob(1000, 7, S({0, 2}), {})}, numbering=ht)
+    snap = obs.observe(Ledger())
+    assert obs.refusal is None and snap.job(7).allocation == {0, 2}
+
+
+def test_a_feed_naming_cpus_the_node_lacks_is_refused_not_raised():
+    feed = NodeFeed("n1", 8, (FeedJob(7, 1000, "u", S({6}), ("n1",)),))     # an older watcher
+    obs = mapped_observer(FakeFeed(feed), {})
+    obs.observe(Ledger())
+    assert "which has 4" in obs.refusal
+
+
+def test_the_feed_carries_slurms_layout_of_the_node():
+    feed = NodeFeed("n1", 4, (), layout=SlurmLayout(2, 2, 1))
+    assert NodeFeed.decode(feed.encode()) == feed
+    assert NodeFeed.decode(NodeFeed("n1", 4, ()).encode()).layout is None
+    for bad in ([2, 2], [2, 2, 0], [2, True, 1], "2x2x1"):
+        raw = json.dumps({"node": "n1", "cpus": 4, "jobs": [], "layout": bad}).encode()
+        with pytest.raises(ProtocolError):
+            NodeFeed.decode(raw)

@@ -8,6 +8,8 @@ The ledger, the gate and the feed are the real ones, on tmp_path, each wrapped t
 calls; the observer and the executor are stand-ins that give one malleable job room to grow."""
 from __future__ import annotations
 
+import json
+
 from malleable_policy.model import (JobView, NodeSnapshot, Outcome, OutcomeStatus, Plan,
                                     Policy)
 from malleable_policy.request import MalleableSpec
@@ -78,6 +80,8 @@ class RecordingStore(FeedStore):
 
 class OneGrowingJob:
     """The observer and the executor: job 7 holds core 0 of 4 and may grow to the node."""
+    refusal = None      # the node's CPU numbering is never in question here
+    numbering = None    # Slurm's CPU ids are Linux's
 
     def __init__(self, journal: Journal):
         self.journal = journal
@@ -160,3 +164,16 @@ def test_a_corrupt_ledger_is_kept_aside_and_the_node_changes_nothing_until_remov
     rec.ledger.kept_aside.unlink()     # the admin has looked
     journal.clear()
     assert rec.cycle().errors == [] and "execute" in journal.names()
+
+
+def test_a_node_whose_cpu_numbering_is_refused_holds_every_job_and_says_so_once(tmp_path):
+    journal, gate, rec = make(tmp_path)
+    rec.observer.refusal = "Slurm describes node n1 as 1 sockets x 4 cores x 1 threads, ..."
+    for _ in range(2):
+        result = rec.cycle()
+        assert result.failures == [] and result.plan.actions == ()    # job 7 does not grow
+        assert result.refusal == rec.observer.refusal
+    events = [json.loads(line) for line in rec.config.event_log.read_text().splitlines()]
+    assert [e["event"] for e in events].count("cpu-numbering") == 1
+    rec.observer.refusal = None          # the feed's layout mended: the policy runs again
+    assert [a.job_id for a in rec.cycle().plan.actions] == [7]

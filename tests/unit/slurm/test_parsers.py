@@ -8,7 +8,7 @@ import pytest
 from malleable_protocol.cpulist import parse_cpu_list
 from malleable_protocol.hostlist import expand_hostlist
 from slurm_plugin.slurm.model import JobState, Node
-from slurm_plugin.slurm.parsers import (SlurmParseError, cpu_ids_of, parse_sbatch_parsable,
+from slurm_plugin.slurm.parsers import (SlurmParseError, parse_sbatch_parsable,
                                         parse_scontrol_ping, parse_nodes_json, parse_squeue_json)
 
 FIX = Path(__file__).parents[2] / "fixtures" / "slurm-22.05"
@@ -48,7 +48,7 @@ def test_cpu_ids_from_json_match_scontrol_captured_at_the_same_moment():
     jobs = parse_squeue_json(read("squeue_mixed.json"))
     expected = _scontrol_cpu_ids(read("scontrol_show_job_d_o_mixed.txt"))
     for job in jobs:
-        got = {name: cpu_ids_of(c, nodes[name]) for name, c in job.cores.items()}
+        got = {name: nodes[name].layout.abstract_ids(c) for name, c in job.cores.items()}
         assert got == expected[job.job_id], job.job_id
     by_id = {j.job_id: j for j in jobs}
     assert by_id[3].cores == {"n2": {(0, 0), (0, 1)}, "n3": {(0, 0)}}
@@ -64,13 +64,14 @@ def test_forged_cpu_ids_in_name_and_comment_are_ignored():
     assert jobs[4].cores == {"n1": {(0, 0)}}
 
 
-def test_cpu_ids_with_sockets_and_threads():
+def test_slurms_abstract_cpu_ids_with_sockets_and_threads():
+    """Slurm's abstract ids (not Linux's: slurm_plugin/topology.py maps them on the node)."""
     node = Node(name="x", state="idle", state_flags=(), cpus=8, alloc_cpus=0, partitions=(),
                 sockets=2, cores_per_socket=2, threads_per_core=2)
-    assert cpu_ids_of(frozenset({(0, 0)}), node) == {0, 1}
-    assert cpu_ids_of(frozenset({(1, 1)}), node) == {6, 7}
-    with pytest.raises(SlurmParseError):
-        cpu_ids_of(frozenset({(2, 0)}), node)
+    assert node.layout.abstract_ids(frozenset({(0, 0)})) == {0, 1}
+    assert node.layout.abstract_ids(frozenset({(1, 1)})) == {6, 7}
+    with pytest.raises(ValueError, match="outside 2 sockets"):
+        node.layout.abstract_ids(frozenset({(2, 0)}))
 
 
 def test_sinfo_json_nodes():
@@ -130,7 +131,7 @@ def test_nodes_of_24_11_from_scontrol_and_cpu_ids():
     assert (nodes["tx1"].state, nodes["tx1"].alloc_cpus, nodes["tx1"].hostname) == ("mixed", 1, "tx1")
     assert (nodes["tx2"].state, nodes["tx2"].cpus, nodes["tx2"].cores_per_socket) == ("allocated", 2, 2)
     jobs = {j.job_id: j for j in parse_squeue_json((FIX_24 / "squeue.json").read_text())}
-    assert cpu_ids_of(jobs[2].cores["tx2"], nodes["tx2"]) == {0, 1}
+    assert nodes["tx2"].layout.abstract_ids(jobs[2].cores["tx2"]) == {0, 1}
 
 
 def test_24_11_state_flags_and_unset_numbers():
