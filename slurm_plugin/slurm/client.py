@@ -71,6 +71,11 @@ class SlurmClient(Protocol):
 # From 23.02, sinfo --json groups nodes by state; scontrol (which has --json from then on) still
 # prints one record per node.
 NODES_FROM_SCONTROL = (23, 2)
+# Slurm's JSON changes with each data_parser version; from 24.11 (v0.0.40 to 42) to 26.05 (v0.0.42
+# to 45) every release has v0.0.42, the one this code reads, so it is asked for by name and the
+# answer must name it. Before 24.11 the default is read (22.05's; 23.02 to 24.05 untested).
+DATA_PARSER = "v0.0.42"
+DATA_PARSER_FROM = (24, 11)
 
 
 class JobAccounting(Protocol):
@@ -122,17 +127,25 @@ class CliSlurmClient:
             self._version = parse_slurm_version(self._cmd(["sinfo", "--version"]))
         return self._version
 
+    def _data_parser(self) -> str | None:
+        return DATA_PARSER if self.slurm_version() >= DATA_PARSER_FROM else None
+
+    def _json(self) -> str:
+        """The --json option: with the pinned data_parser where the release has it."""
+        pinned = self._data_parser()
+        return f"--json={pinned}" if pinned else "--json"
+
     def nodes(self) -> list[Node]:
         if self.slurm_version() >= NODES_FROM_SCONTROL:
-            return parse_nodes_json(self._cmd(["scontrol", "show", "nodes", "--json"]),
-                                    "scontrol show nodes --json")
-        return parse_nodes_json(self._cmd(["sinfo", "--json"]))
+            return parse_nodes_json(self._cmd(["scontrol", "show", "nodes", self._json()]),
+                                    "scontrol show nodes --json", self._data_parser())
+        return parse_nodes_json(self._cmd(["sinfo", self._json()]))
 
     def jobs(self, *, node: str | None = None, states: Iterable[JobState] | None = None,
              layout: Sequence[Node] | None = None) -> list[Job]:
         """Every job (one REQUEST_JOB_INFO). The CPU ids of each job's cores need the nodes'
         layout: pass ``layout`` (from an earlier ``nodes()``) to save the sinfo call."""
-        jobs = parse_squeue_json(self._cmd(["squeue", "--json"]))
+        jobs = parse_squeue_json(self._cmd(["squeue", self._json()]), self._data_parser())
         wanted = set(states) if states is not None else None
         if wanted is not None:
             jobs = [j for j in jobs if j.state in wanted]
@@ -154,7 +167,8 @@ class CliSlurmClient:
     def job(self, job_id: int) -> Job:
         job_id = validate_job_id(job_id)
         try:
-            found = parse_squeue_json(self._cmd(["squeue", "--json", "--jobs", str(job_id)]))
+            found = parse_squeue_json(self._cmd(["squeue", self._json(), "--jobs", str(job_id)]),
+                                      self._data_parser())
         except CommandError as exc:
             if "Invalid job id" in exc.stderr:
                 raise UnknownJob(job_id) from exc

@@ -24,7 +24,9 @@ def _brief(value: object) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _load_json(text: str, what: str, key: str) -> dict:
+def _load_json(text: str, what: str, key: str, data_parser: str | None = None) -> dict:
+    """The output's object; ``data_parser``: the version it was asked in, which its
+    ``meta.plugin.data_parser`` must name (another would be read with the wrong fields)."""
     try:
         data = json.loads(text)
     # ValueError: a number of over 4300 digits; RecursionError: nesting deeper than Python's stack.
@@ -35,6 +37,13 @@ def _load_json(text: str, what: str, key: str) -> dict:
     errors = data.get("errors") or []
     if errors:
         raise SlurmParseError(f"{what} reported errors: {_brief(errors)}")
+    if data_parser is not None:
+        meta = data.get("meta")
+        plugin = meta.get("plugin") if isinstance(meta, dict) else None
+        named = plugin.get("data_parser") if isinstance(plugin, dict) else None
+        if not isinstance(named, str) or named.rpartition("/")[2] != data_parser:
+            raise SlurmParseError(f"{what} answered in data_parser {_brief(named)}, not the "
+                                  f"{data_parser} it was asked for")
     if not isinstance(data.get(key), list):
         # An empty list would read as "no jobs" or "no nodes": a format this code does not know
         # must fail loudly instead (Slurm 23.02's sinfo --json groups nodes, for one).
@@ -85,10 +94,10 @@ def _allocated_cores(job: dict) -> dict[str, frozenset[tuple[int, int]]]:
     return out
 
 
-def parse_squeue_json(text: str) -> list[Job]:
+def parse_squeue_json(text: str, data_parser: str | None = None) -> list[Job]:
     """Jobs from ``squeue --json`` (22.05 or 24.11), with each node's allocated cores as
     (socket, core) pairs; ``Node.layout.abstract_ids`` turns them into Slurm's CPU ids."""
-    data = _load_json(text, "squeue --json", "jobs")
+    data = _load_json(text, "squeue --json", "jobs", data_parser)
     jobs = []
     for j in data.get("jobs", []):
         try:
@@ -111,10 +120,11 @@ def parse_squeue_json(text: str) -> list[Job]:
     return jobs
 
 
-def parse_nodes_json(text: str, what: str = "sinfo --json") -> list[Node]:
+def parse_nodes_json(text: str, what: str = "sinfo --json",
+                     data_parser: str | None = None) -> list[Node]:
     """One record per node: 22.05's ``sinfo --json``, or ``scontrol show nodes --json`` where
     sinfo's JSON groups nodes by state (23.02 and later)."""
-    data = _load_json(text, what, "nodes")
+    data = _load_json(text, what, "nodes", data_parser)
     nodes = []
     for n in data.get("nodes", []):
         try:

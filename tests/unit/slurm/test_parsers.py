@@ -160,11 +160,35 @@ def test_client_reads_nodes_with_the_command_of_its_slurm_version():
         return CommandResult(argv, 0, (FIX_24 / "scontrol_show_nodes.json").read_text(), "")
 
     assert [n.name for n in CliSlurmClient(runner).nodes()] == ["tx1", "tx2"]
-    assert calls == [["sinfo", "--version"], ["scontrol", "show", "nodes", "--json"]]
+    assert calls == [["sinfo", "--version"], ["scontrol", "show", "nodes", "--json=v0.0.42"]]
     calls.clear()
     old = CliSlurmClient(lambda argv, **kw: (calls.append(argv), CommandResult(
         argv, 0, read("sinfo.json"), ""))[1], slurm_version=(22, 5))
     assert len(old.nodes()) == 3 and calls == [["sinfo", "--json"]]
+
+
+def test_from_24_11_the_json_is_asked_in_a_pinned_data_parser_and_must_come_in_it():
+    from malleable_protocol.runner import CommandResult
+    from slurm_plugin.slurm.client import CliSlurmClient
+    squeue = (FIX_24 / "squeue.json").read_text()     # captured in v0.0.42, 24.11's default
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        return CommandResult(argv, 0, squeue, "")
+
+    for version in ((24, 11), (26, 5)):
+        calls.clear()
+        jobs = CliSlurmClient(runner, slurm_version=version).jobs(layout=())
+        assert jobs and calls == [["squeue", "--json=v0.0.42"]]
+    other = squeue.replace("data_parser\\/v0.0.42", "data_parser\\/v0.0.43")
+    assert other != squeue
+    with pytest.raises(SlurmParseError, match="v0.0.43, not the v0.0.42"):
+        parse_squeue_json(other, "v0.0.42")
+    calls.clear()
+    old = CliSlurmClient(lambda argv, **kw: (calls.append(argv), CommandResult(
+        argv, 0, read("squeue.json"), ""))[1], slurm_version=(22, 5))
+    assert old.jobs(layout=()) and calls == [["squeue", "--json"]]
 
 
 def test_slurm_version():
