@@ -25,9 +25,13 @@ def check_step_name(name: object) -> str:
 
 def step_folder(step_id: str | None) -> str:
     """The cgroup folder of the step a process runs in, from its SLURM_STEP_ID (absent in a
-    batch script: the batch step)."""
+    batch script before Slurm 26.05: the batch step). 26.05 prints the named steps' ids as
+    signed numbers (the batch step's SLURM_STEP_ID is -5: 0xfffffffb)."""
     if step_id is None or step_id == "":
         return "step_batch"
+    if step_id.startswith("-") and step_id[1:].isascii() and step_id[1:].isdigit() and \
+            len(step_id) <= 3 and (2**32 - int(step_id[1:])) in _NAMED_STEPS:
+        return _NAMED_STEPS[2**32 - int(step_id[1:])]
     if not (step_id.isascii() and step_id.isdigit()) or int(step_id) >= 2**32:
         raise ValueError(f"invalid step id {step_id!r:.32}")
     return _NAMED_STEPS.get(int(step_id), f"step_{int(step_id)}")

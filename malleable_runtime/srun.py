@@ -4,7 +4,9 @@
 
 Inside an allocation (sbatch, salloc) it runs ``srun --mpi=pmix --cpu-bind=none`` (the cgroup,
 which the co-scheduler resizes, stays in charge of CPUs; a launch binding would not widen when
-the cgroup grows) with every other srun option passed through, and sets for each rank:
+the cgroup grows) with every other srun option passed through; ``--mpi`` only where this Slurm
+has the PMIx plugin (``srun --mpi=list``; Debian's 26.05 has none) and the options name no
+``--mpi`` of their own. It sets for each rank:
 
 - MALLEABLE_TF_MAX_THREADS=node: each rank's pool is as large as its node's cores (the agent
   never gives a job more than its max= bound, so the extra threads stay parked);
@@ -39,6 +41,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -158,8 +161,18 @@ class LaunchPlan:
     status_dir: Path | None     # where the rank records go (None: no co-scheduler folder)
 
 
+def has_pmix(srun: str) -> bool:
+    """Whether this Slurm's srun has the PMIx plugin (``srun --mpi=list``: on stdout from 24.11,
+    on stderr before)."""
+    try:
+        done = subprocess.run([srun, "--mpi=list"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(word.strip(":,") == "pmix" for word in (done.stdout + done.stderr).split())
+
+
 def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
-                is_dir=os.path.isdir) -> LaunchPlan:
+                is_dir=os.path.isdir, pmix=has_pmix) -> LaunchPlan:
     layout = RunLayout(Path(environ.get("MALLEABLE_RUN_DIR", str(DEFAULT_RUN_DIR))))
     auto_init, local_ranks = auto_init_wanted(environ), None
     # malleable-srun's own options come first, in any order.
@@ -206,8 +219,9 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
     if not is_dir(status_dir):
         del env["MALLEABLE_TF_STATUS"]
         status_dir = None
-    return LaunchPlan([srun, "--mpi=pmix", "--cpu-bind=none", *options, *command], env,
-                      status_dir)
+    own_mpi = any(a == "--mpi" or a.startswith("--mpi=") for a in options)
+    mpi = [] if own_mpi or not pmix(srun) else ["--mpi=pmix"]
+    return LaunchPlan([srun, *mpi, "--cpu-bind=none", *options, *command], env, status_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

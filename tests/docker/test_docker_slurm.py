@@ -15,7 +15,7 @@ from sbatch_templates import render
 from ..integration.helpers import job_cpus_shell, wait_for
 
 PROGRAM = Path(__file__).parent.parent / "programs" / "train_until.py"
-SLURM_OF_SUITE = {"bookworm": "22.05", "trixie": "24.11"}
+SLURM_OF_SUITE = {"bookworm": "22.05", "trixie": "24.11", "sid": "26.05"}
 VENV = "/opt/malleable/venv/bin"
 # The ranks' records of a job folder, as JSON (CPU lists as sorted ids), read in a node.
 READ_RANKS = """

@@ -135,7 +135,10 @@ def test_the_step_of_a_process_from_slurms_step_id():
     assert step_folder("0") == "step_0" and step_folder("17") == "step_17"
     assert step_folder(str(0xfffffffb)) == "step_batch"
     assert step_folder(str(0xfffffffa)) == "step_interactive"
-    for bad in ("-1", "x", str(2**32)):
+    # Slurm 26.05 prints them signed (seen in its batch step: SLURM_STEP_ID=-5).
+    assert step_folder("-5") == "step_batch" and step_folder("-6") == "step_interactive"
+    assert step_folder("-4") == "step_extern"
+    for bad in ("-1", "-3", "-7", "-0005", "--5", "x", str(2**32)):
         with pytest.raises(ValueError):
             step_folder(bad)
 

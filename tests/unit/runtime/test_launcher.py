@@ -1,6 +1,9 @@
+from pathlib import Path
+
 import pytest
 
-from malleable_runtime.srun import LaunchError, is_python, plan_launch, split_srun_options, with_runner
+from malleable_runtime.srun import (LaunchError, has_pmix, is_python, plan_launch,
+                                    split_srun_options, with_runner)
 
 RUN = ["-m", "malleable_tf.run"]
 
@@ -11,7 +14,7 @@ def which(name):
 
 def test_inside_allocation():
     plan = plan_launch(["-n", "4", "python", "train.py"],
-                       {"SLURM_JOB_ID": "42", "MALLEABLE_RUN_DIR": "/s"}, which=which,
+                       {"SLURM_JOB_ID": "42", "MALLEABLE_RUN_DIR": "/s"}, which=which, pmix=lambda srun: True,
                        is_dir=lambda p: str(p) == "/s/jobs/job_42")
     # An unchanged script runs malleably: python SCRIPT becomes python -m malleable_tf.run SCRIPT.
     assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=none", "-n", "4", "python",
@@ -22,8 +25,33 @@ def test_inside_allocation():
     assert str(plan.status_dir) == "/s/jobs/job_42"
 
 
+def test_pmix_only_where_this_slurm_has_it_and_the_user_named_no_mpi():
+    env = {"SLURM_JOB_ID": "42"}
+    plan = plan_launch(["python", "x.py"], env, which=which, pmix=lambda srun: False)
+    assert plan.argv[:3] == ["/usr/bin/srun", "--cpu-bind=none", "python"]
+    plan = plan_launch(["--mpi=pmi2", "python", "x.py"], env, which=which,
+                       pmix=lambda srun: True)
+    assert plan.argv[:3] == ["/usr/bin/srun", "--cpu-bind=none", "--mpi=pmi2"]
+
+
+def test_the_pmix_plugin_is_read_from_srun_mpi_list(tmp_path):
+    """srun --mpi=list as 26.05 prints it (Debian sid: no pmix; captured) and as 22.05 does
+    (on stderr)."""
+    def srun(stdout, stderr):
+        path = tmp_path / "srun"
+        path.write_text(f"#!/bin/sh\nprintf '{stdout}'\nprintf '{stderr}' >&2\n")
+        path.chmod(0o755)
+        return str(path)
+    sid = (Path(__file__).parents[2] / "fixtures" / "slurm-26.05" / "srun_mpi_list.txt")
+    assert not has_pmix(srun(sid.read_text().replace("\t", "\\t").replace("\n", "\\n"), ""))
+    assert has_pmix(srun("", "srun: MPI types are...\nsrun: none\nsrun: pmix\nsrun: pmi2\n"))
+    assert has_pmix(srun("MPI plugin types are...\n\tnone\n\tpmix\nspecific pmix plugin "
+                         "versions available: pmix_v5\n", ""))
+    assert not has_pmix(str(tmp_path / "no-srun"))
+
+
 def test_without_the_prologs_folder_ranks_write_no_status():
-    plan = plan_launch(["python", "x.py"], {"SLURM_JOB_ID": "42"}, which=which,
+    plan = plan_launch(["python", "x.py"], {"SLURM_JOB_ID": "42"}, which=which, pmix=lambda srun: True,
                        is_dir=lambda p: False)
     assert "MALLEABLE_TF_STATUS" not in plan.env and plan.status_dir is None
     assert plan.env["MALLEABLE_TF_TARGET"] == "/run/malleable/targets/job_42.{node}.json"
@@ -31,29 +59,29 @@ def test_without_the_prologs_folder_ranks_write_no_status():
 
 def test_outside_allocation_says_so():
     with pytest.raises(LaunchError, match="not inside a Slurm allocation"):
-        plan_launch(["python", "x.py"], {}, which=which)
+        plan_launch(["python", "x.py"], {}, which=which, pmix=lambda srun: True)
     with pytest.raises(LaunchError, match="not a job id"):
-        plan_launch(["python", "x.py"], {"SLURM_JOB_ID": "1/../2"}, which=which)
+        plan_launch(["python", "x.py"], {"SLURM_JOB_ID": "1/../2"}, which=which, pmix=lambda srun: True)
 
 
 def test_refuses_a_cpu_binding():
     with pytest.raises(LaunchError, match="cpu-bind"):
-        plan_launch(["--cpu-bind=cores", "x"], {"SLURM_JOB_ID": "1"}, which=which)
+        plan_launch(["--cpu-bind=cores", "x"], {"SLURM_JOB_ID": "1"}, which=which, pmix=lambda srun: True)
 
 
 def test_local_mode():
-    plan = plan_launch(["--local", "2", "python", "x.py"], {}, which=which)
+    plan = plan_launch(["--local", "2", "python", "x.py"], {}, which=which, pmix=lambda srun: True)
     assert plan.argv[:5] == ["/usr/bin/mpirun", "-np", "2", "--bind-to", "none"]
     assert plan.argv[-4:] == ["python", *RUN, "x.py"]
     assert plan.status_dir.is_dir()
     plan.status_dir.rmdir()
     for bad in (["--local"], ["--local", "x", "p"], ["--local", "0", "p"]):
         with pytest.raises(LaunchError):
-            plan_launch(bad, {}, which=which)
+            plan_launch(bad, {}, which=which, pmix=lambda srun: True)
 
 
 def srun_argv(args, environ=None):
-    return plan_launch(args, {"SLURM_JOB_ID": "7", **(environ or {})}, which=which,
+    return plan_launch(args, {"SLURM_JOB_ID": "7", **(environ or {})}, which=which, pmix=lambda srun: True,
                        is_dir=lambda p: False).argv[3:]
 
 
@@ -114,7 +142,7 @@ def test_opting_out_of_the_runner():
     # --no-auto-init is malleable-srun's: it never reaches srun, in either order with --local.
     for args in (["--no-auto-init", "--local", "2", "python", "x.py"],
                  ["--local", "2", "--no-auto-init", "python", "x.py"]):
-        plan = plan_launch(args, {}, which=which)
+        plan = plan_launch(args, {}, which=which, pmix=lambda srun: True)
         plan.status_dir.rmdir()
         assert plan.argv[-2:] == ["python", "x.py"] and "--no-auto-init" not in plan.argv
     # After the program it is the program's own argument.
@@ -128,7 +156,7 @@ def test_multi_prog_and_programs_that_are_not_python_are_left_alone():
 
 def test_a_cpu_binding_only_counts_among_srun_options():
     with pytest.raises(LaunchError, match="cpu-bind"):
-        plan_launch(["-n", "2", "--cpu-bind", "cores", "x"], {"SLURM_JOB_ID": "1"}, which=which)
+        plan_launch(["-n", "2", "--cpu-bind", "cores", "x"], {"SLURM_JOB_ID": "1"}, which=which, pmix=lambda srun: True)
     # The program's own --cpu-bind argument is its business.
     assert srun_argv(["python", "t.py", "--cpu-bind=x"])[-1] == "--cpu-bind=x"
 
@@ -136,6 +164,6 @@ def test_a_cpu_binding_only_counts_among_srun_options():
 def test_no_program_after_the_options():
     for args in (["-n", "4"], ["-n", "4", "--"], ["--ntasks", "4"]):
         with pytest.raises(LaunchError, match="no program"):
-            plan_launch(args, {"SLURM_JOB_ID": "1"}, which=which)
+            plan_launch(args, {"SLURM_JOB_ID": "1"}, which=which, pmix=lambda srun: True)
     with pytest.raises(LaunchError, match="usage"):
-        plan_launch(["--local", "2", "--no-auto-init"], {}, which=which)
+        plan_launch(["--local", "2", "--no-auto-init"], {}, which=which, pmix=lambda srun: True)

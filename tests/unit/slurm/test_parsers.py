@@ -134,6 +134,27 @@ def test_nodes_of_24_11_from_scontrol_and_cpu_ids():
     assert nodes["tx2"].layout.abstract_ids(jobs[2].cores["tx2"]) == {0, 1}
 
 
+FIX_26 = Path(__file__).parents[2] / "fixtures" / "slurm-26.05"
+
+
+def test_squeue_and_nodes_json_of_26_05_in_the_pinned_data_parser():
+    """Captured on Debian sid's Slurm 26.05.5 (docker-slurm; capture.sh there)."""
+    jobs = {j.job_id: j for j in parse_squeue_json((FIX_26 / "squeue.json").read_text(),
+                                                     "v0.0.42")}
+    assert sorted(jobs) == [1, 2, 3]
+    assert (jobs[1].state, jobs[1].nodes, jobs[1].num_cpus) == (JobState.RUNNING, ("sd1",), 1)
+    assert jobs[1].comment == "malleable:min=1,max=node" and jobs[1].cores == {"sd1": {(0, 0)}}
+    assert jobs[2].name == 'evil"name' and jobs[2].cores == {"sd2": {(0, 0), (0, 1)}}
+    assert jobs[3].state is JobState.PENDING and jobs[3].cores == {}
+    assert [j.job_id for j in parse_squeue_json((FIX_26 / "squeue_one.json").read_text(),
+                                                "v0.0.42")] == [1]
+    nodes = {n.name: n for n in parse_nodes_json(
+        (FIX_26 / "scontrol_show_nodes.json").read_text(), "scontrol show nodes --json",
+        "v0.0.42")}
+    assert (nodes["sd1"].state, nodes["sd1"].alloc_cpus) == ("mixed", 1)
+    assert nodes["sd2"].layout.abstract_ids(jobs[2].cores["sd2"]) == {0, 1}
+
+
 def test_24_11_state_flags_and_unset_numbers():
     node = parse_nodes_json('{"nodes": [{"name": "a", "state": ["IDLE", "DRAIN"], '
                             '"cpus": 4, "port": {"set": false, "infinite": false, "number": 7}}]}')
