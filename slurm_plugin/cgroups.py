@@ -226,6 +226,14 @@ class LayoutEvidence:
     v2_controllers: frozenset[str]             # cgroup.controllers of the v2 mount
     existing: frozenset[str]                   # candidate node folders that exist
     stepd_paths: tuple[str, ...] = ()          # cpuset folders of slurmstepd processes
+    # Job folders named by SLUID (Slurm 26.05 on v2 without CgroupJobIdPaths=yes) in the node's
+    # v2 folder or in slurmstepd processes' paths.
+    sluid_folders: tuple[str, ...] = ()
+
+
+# Slurm 26.05's SLUID as cgroup/v2 names a job folder by it (src/common/sluid.c: "s" and 13
+# characters of Crockford's base 32).
+SLUID_RE = re.compile(r"^s[0-9A-HJKMNP-TV-Z]{13}$")
 
 
 def candidates(node: str, version: CgroupVersion, mount: Path) -> list[SlurmCgroupLayout]:
@@ -270,6 +278,11 @@ def decide_layout(ev: LayoutEvidence) -> SlurmCgroupLayout:
     A node-named folder is this node's (multiple-slurmd); else the plain one; before slurmd has
     made either, the folders its slurmstepd processes run in."""
     version = cgroup_version_of(ev)
+    if version is CgroupVersion.V2 and ev.sluid_folders:
+        raise LayoutUnknown(
+            f"job folders named by SLUID ({', '.join(sorted(ev.sluid_folders)[:3])}): Slurm "
+            "26.05's cgroup/v2 does so unless cgroup.conf says CgroupJobIdPaths=yes; set it "
+            "(and restart slurmd) so that a job's folder says which job it is")
     cands = candidates(ev.node, version, ev.mount)
     for layout in cands:
         if str(layout.node_dir()) in ev.existing:
@@ -380,8 +393,15 @@ def gather_evidence(node: str, *, cgroup_conf: Path | None = None,
     stepds: tuple[str, ...] = ()
     if not existing:
         stepds = tuple(p.cgroup for p in slurmstepd_processes() if p.cgroup)
+    sluids = {part for p in stepds for part in p.split("/") if SLUID_RE.match(part)}
+    for folder in existing:
+        try:
+            sluids |= {e.name for e in os.scandir(folder) if SLUID_RE.match(e.name)}
+        except OSError:
+            pass
     return LayoutEvidence(node=node, mount=mount, mounts=mounts, plugin=conf.get("cgroupplugin"),
-                          v2_controllers=controllers, existing=existing, stepd_paths=stepds)
+                          v2_controllers=controllers, existing=existing, stepd_paths=stepds,
+                          sluid_folders=tuple(sorted(sluids)))
 
 
 def cgroup_conf_of(slurm_conf: Path | str | None) -> Path | None:

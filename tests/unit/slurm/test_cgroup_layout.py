@@ -120,6 +120,20 @@ def test_discovery_on_v2_and_from_slurmstepd_processes():
     assert decide_layout(ev) == layout(version=CgroupVersion.V2)
 
 
+def test_slurm_26_05s_sluid_named_job_folders_are_refused_with_the_setting_to_change():
+    """26.05's cgroup/v2 names a job's folder by its SLUID (cgroup_v2.c, print_sluid) unless
+    CgroupJobIdPaths=yes: a folder that does not say its job cannot be told apart."""
+    from slurm_plugin.cgroups import SLUID_RE
+    assert SLUID_RE.match("sEKNKTV3WPV500")                  # cgroup.conf(5)'s example
+    for other in ("job_5", "sEKNKTV3WPV50", "sEKNKTV3WPV5000", "sEKNKTV3WPVU00", "step_0"):
+        assert not SLUID_RE.match(other), other
+    v2 = dict(mounts=V2_MOUNTS, plugin="cgroup/v2", v2_controllers=V2_CONTROLLERS,
+              existing=frozenset({"/sys/fs/cgroup/system.slice/slurmstepd.scope"}))
+    with pytest.raises(LayoutUnknown, match="CgroupJobIdPaths=yes"):
+        decide_layout(evidence(**v2, sluid_folders=("sEKNKTV3WPV500",)))
+    assert decide_layout(evidence(**v2)) == layout(version=CgroupVersion.V2, multiple=False)
+
+
 def test_the_hierarchy_is_known_from_the_mounts_before_any_slurm_folder():
     """What discover_hierarchy judges: the version alone (no folder, no slurmstepd yet), and the
     folder every layout of that version is under."""
