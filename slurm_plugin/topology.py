@@ -166,12 +166,12 @@ def numbering_of(threads: Iterable[HardwareThread]) -> CpuNumbering:
         raise TopologyUnknown(f"CPU groups {format_cpu_list(overlap[0])} and "
                               f"{format_cpu_list(overlap[1])} overlap without nesting: "
                               "hwloc's tree of this node cannot be told")
-    containing: dict[frozenset[int], list[frozenset[int]]] = {}
-    distinct = set(groups)
-    for core in cores:
-        chain = sorted((g for g in distinct if core <= g), key=lambda g: (-len(g), min(g)))
-        containing[core] = chain
-    ordered = sorted(cores, key=lambda c: tuple(min(g) for g in containing[c]))
+    # Each core's chain of groups, outermost first: those of its first thread (the groups nest,
+    # so every thread of the core is in the same ones).
+    first = {t.cpu: t for t in threads}
+    chain = {core: sorted({first[min(core)].package, *first[min(core)].groups, core},
+                          key=lambda g: (-len(g), min(g))) for core in cores}
+    ordered = sorted(cores, key=lambda c: tuple(min(g) for g in chain[c]))
     packages = sorted({t.package for t in threads}, key=min)
     per_package = {len([c for c in cores if c <= p]) for p in packages}
     if len(per_package) != 1:
