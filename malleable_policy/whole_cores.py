@@ -94,9 +94,9 @@ def core_snapshot(snapshot: NodeSnapshot, m: CoreMap) -> NodeSnapshot:
     limits = snapshot.limits
     if limits.max_borrowed_cpus is not None:
         limits = replace(limits, max_borrowed_cpus=limits.max_borrowed_cpus // m.threads)
-    return replace(snapshot, cpus=m.units(snapshot.cpus) if m.whole(snapshot.cpus) else
-                   frozenset(u for u in m.units(snapshot.cpus)
-                             if m.cores[u] <= snapshot.cpus),
+    # A core counts when all its threads are the node's to share.
+    return replace(snapshot, cpus=frozenset(u for u in m.units(snapshot.cpus)
+                                            if m.cores[u] <= snapshot.cpus),
                    jobs=tuple(_job(j, m) for j in snapshot.jobs),
                    max_cpus=None if snapshot.max_cpus is None else m.at_most(snapshot.max_cpus),
                    limits=limits)

@@ -81,22 +81,9 @@ class CpuNumbering:
     cores: tuple[frozenset[int], ...]         # each core's Linux ids, in Slurm's core order
     layout: SlurmLayout
 
-    @classmethod
-    def linear(cls, layout: SlurmLayout) -> "CpuNumbering":
-        """A node whose Linux ids are Slurm's abstract ones (one socket, one thread per core, or
-        numbered so)."""
-        ids = tuple(range(layout.cpus))
-        tpc = layout.threads_per_core
-        return cls(linux_of=ids, layout=layout,
-                   cores=tuple(frozenset(ids[i:i + tpc]) for i in range(0, len(ids), tpc)))
-
     @property
     def identity(self) -> bool:
         return self.linux_of == tuple(range(len(self.linux_of)))
-
-    @property
-    def cpus(self) -> frozenset[int]:
-        return frozenset(self.linux_of)
 
     def to_linux(self, abstract: Iterable[int]) -> frozenset[int]:
         """Linux ids of Slurm's abstract ``abstract``; an id the node does not have refuses."""
@@ -107,17 +94,6 @@ class CpuNumbering:
                                       f"({len(self.linux_of)} CPUs: {self.layout})")
             out.add(self.linux_of[a])
         return frozenset(out)
-
-    def to_abstract(self, linux: Iterable[int]) -> frozenset[int]:
-        index = {c: a for a, c in enumerate(self.linux_of)}
-        missing = sorted(set(linux) - index.keys())
-        if missing:
-            raise TopologyUnknown(f"CPUs {format_cpu_list(missing)} are not this node's")
-        return frozenset(index[c] for c in linux)
-
-    def split_cores(self, cpus: frozenset[int]) -> list[frozenset[int]]:
-        """The cores of which ``cpus`` holds some threads but not all."""
-        return [core for core in self.cores if core & cpus and not core <= cpus]
 
     def describe(self) -> str:
         pairs = ", ".join(f"{a}->{c}" for a, c in enumerate(self.linux_of[:8]))

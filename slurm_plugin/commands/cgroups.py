@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     CPUs (Linux's ids, as its cpuset holds them)."""
     from slurm_plugin.cgroups import discover_layout
     from slurm_plugin.node.cgroup_actuator import read_cpus
-    from slurm_plugin.topology import TopologyUnknown, node_numbering
+    from slurm_plugin.node.wiring import cpu_numbering
     from malleable_protocol import format_cpu_list
     node = args.node or root_settings().node
     if not node:
@@ -35,10 +35,11 @@ def run(args: argparse.Namespace) -> int:
     layout = discover_layout(node, slurm_conf=args.slurm_conf)
     if args.job is None:
         print(layout.describe())
-        try:
-            print(f"CPU numbering: {node_numbering().describe()}")
-        except TopologyUnknown as exc:
-            print(f"CPU numbering: cannot be established ({exc}); jobs keep Slurm's "
+        numbering, refusal = cpu_numbering()
+        if numbering is not None:
+            print(f"CPU numbering: {numbering.describe()}")
+        else:
+            print(f"CPU numbering: cannot be established ({refusal}); jobs keep Slurm's "
                   "allocation")
         return 0
     folder = layout.job_dir(args.uid, args.job)

@@ -192,9 +192,8 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
            wall=time.time) -> Facts:
     from slurm_plugin.feed.notify import FeedMode, discover_feed_mode
     from slurm_plugin.feed.store import FeedStore
-    from slurm_plugin.node.wiring import node_layout
+    from slurm_plugin.node.wiring import cpu_numbering, node_layout
     from slurm_plugin.node.procs import agent_pid
-    from slurm_plugin.topology import TopologyUnknown, node_numbering
     f = Facts(node=config.node)
     env = {"SLURM_CONF": str(config.slurm_conf)} if config.slurm_conf else None
     try:
@@ -216,13 +215,13 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
         f.layout = node_layout(config).describe()
     except Exception as exc:  # noqa: BLE001 - LayoutUnknown and what discovery may raise
         f.errors["layout"] = str(exc)
-    try:
-        numbering = node_numbering()
+    numbering, refusal = cpu_numbering()
+    if numbering is not None:
         f.numbering = numbering.describe()
         f.cpu_layout = [numbering.layout.sockets, numbering.layout.cores_per_socket,
                         numbering.layout.threads_per_core]
-    except TopologyUnknown as exc:
-        f.errors["numbering"] = str(exc)
+    else:
+        f.errors["numbering"] = str(refusal)
     f.agent_pid = agent_pid(config.pid_file)
     f.step_socket = config.step_socket.is_socket()
     store = FeedStore(config.feed_dir)

@@ -158,9 +158,11 @@ class NodeObserver:
         held = frozenset().union(*(v.allocation | v.current for v in views))
         listed = {fj.job_id for fj in feed.jobs} if feed is not None else set()
         for fj in (ids_feed.jobs if ids_feed is not None else ()):
-            if fj.job_id in found or fj.job_id in ledger.ended or self._linux(fj.allocation) & held:
+            if fj.job_id in found or fj.job_id in ledger.ended:
                 continue
             alloc = self._linux(fj.allocation)
+            if alloc & held:
+                continue
             views.append(JobView(job_id=fj.job_id, uid=fj.uid, user=fj.user,
                                  allocation=alloc, current=alloc,
                                  has_folder=False, nodes=len(fj.nodes)))

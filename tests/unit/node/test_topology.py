@@ -62,10 +62,8 @@ def test_intel_hyperthreads_i_and_i_plus_n_become_neighbours_in_slurms_ids(tmp_p
     assert n.layout == SlurmLayout(2, 2, 2)
     assert n.linux_of == (0, 4, 1, 5, 2, 6, 3, 7)
     assert n.to_linux({0, 1}) == {0, 4}          # Slurm's first core: both its threads
-    assert n.to_abstract({2, 6}) == {4, 5}
     assert n.cores == (frozenset({0, 4}), frozenset({1, 5}), frozenset({2, 6}),
                        frozenset({3, 7}))
-    assert n.split_cores(frozenset({0, 4, 1})) == [frozenset({1, 5})]
 
 
 def test_sockets_that_alternate_are_ordered_by_their_first_cpu(tmp_path):
@@ -117,11 +115,6 @@ def test_slurms_description_must_be_the_nodes(tmp_path):
         check_against_slurm(n, SlurmLayout(1, 4, 1))     # hyperthreads configured as cores
     with pytest.raises(TopologyUnknown, match="not on this node"):
         n.to_linux({4})
-
-
-def test_the_linear_numbering_is_slurms_order(tmp_path):
-    assert CpuNumbering.linear(SlurmLayout(1, 2, 2)) == \
-        numbering_of_files(tmp_path, machine_files([[[0, 1], [2, 3]]]))
 
 
 # -- real machines ---------------------------------------------------------------------------
