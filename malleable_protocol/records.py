@@ -25,7 +25,10 @@ class ProtocolError(ValueError):
     pass
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+# A string, or an unterminated one to the end (a lone backslash last included): a match at every
+# quote, so ``sub`` never rescans the rest after a failed match (quadratic on '"' + '\\"' * n).
+# The brackets after an unterminated quote are in json's string: never nested.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 

@@ -49,7 +49,8 @@ def _read_records(layout: RunLayout, job_id: int, owner: int | None,
                   charge: Charge | None = None) -> list[RankStatus]:
     """The decodable records in the job's folder, opened without following links (the folder
     itself included); with ``owner``, only a folder and records of that uid. ``charge(n)`` is
-    told each record's size before it is decoded and may stop the read (InputBudgetExceeded)."""
+    told each record's size before it is decoded, and 0 after, and may stop the read
+    (InputBudgetExceeded)."""
     try:
         jobs_fd = open_dir(layout.jobs_dir)
     except OSError:
@@ -77,6 +78,9 @@ def _read_records(layout: RunLayout, job_id: int, owner: int | None,
                 out.append(RankStatus.decode(raw))
             except ProtocolError:
                 continue
+            finally:
+                if charge is not None:
+                    charge(0)        # after each decode too: its cost is the user's
     finally:
         os.close(dfd)
     return out

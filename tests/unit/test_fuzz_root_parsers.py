@@ -688,6 +688,34 @@ WORST = [
 ]
 
 
+# Shapes that made a regex rescan the rest of the record at each quote (1.0 s of root CPU at
+# 16 KiB before strings were matched to the end): unterminated strings of escaped quotes, lone
+# backslashes, quotes among brackets; each at every size up to the record bound.
+RECORD_SHAPES = {
+    "escaped quotes, unterminated": lambda n: b'"' + b'\\"' * (n // 2 - 1),
+    "escaped quotes, a backslash last": lambda n: b'"' + b'\\"' * (n // 2 - 2) + b"\\",
+    "quote backslash": lambda n: b'"\\' * (n // 2),
+    "backslashes": lambda n: b"\\" * n,
+    "quotes": lambda n: b'"' * n,
+    "bracket quote": lambda n: b'["' * (n // 2),
+    "brace quote": lambda n: b'{"' * (n // 2),
+    "bracket escaped quote": lambda n: b'["\\"' * (n // 4),
+    "object of escaped quotes": lambda n: b'{"a":"' + b'\\"' * (n // 2 - 4),
+}
+RECORD_SIZES = [2 ** k for k in range(6, 15)] + [MAX_RECORD_BYTES]
+
+
+@pytest.mark.parametrize("shape", RECORD_SHAPES)
+@pytest.mark.parametrize("decode", [RankStatus.decode, Target.decode])
+def test_record_shapes_at_every_size_stay_in_their_cpu_bound(decode, shape):
+    yardstick = reference_cpu_s()
+    for size in RECORD_SIZES:
+        raw = RECORD_SHAPES[shape](size)[:MAX_RECORD_BYTES]
+        best = min(timed(decode, raw, refuses=ProtocolError)[1] for _ in range(3))
+        assert best < CPU_BOUND * yardstick, \
+            f"{size} bytes: {best * 1000:.1f} ms CPU ({yardstick * 1000:.1f} ms a yardstick)"
+
+
 @pytest.mark.parametrize("parse,raw,refuses,bound", WORST,
                          ids=[f"{w[0].__qualname__}-{i}" for i, w in enumerate(WORST)])
 def test_worst_inputs_stay_in_their_cpu_bound(parse, raw, refuses, bound):

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from malleable_protocol import RankStatus, RunLayout
+from malleable_protocol import ProtocolError, RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout, process_cpuset
 from slurm_plugin.node.ranks import job_step_of, read_job_ranks
 from malleable_policy.request import MalleableSpec, spec_and_request
@@ -153,6 +153,24 @@ def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_pa
         reader(lay, 5, UID, N1)
     reader.begin_cycle()
     assert reader.spent(5) == (0, 0.0)
+
+
+def test_the_budget_is_checked_after_each_decode_too(tmp_path, monkeypatch):
+    """One record whose decode alone costs more than the budget (a parser's worst case) stops
+    the read as it ends, even when the record is refused and is the folder's last."""
+    from slurm_plugin.node import ranks
+    lay, d = job_folder(tmp_path)
+    put(d, "rank_0.json", b'"' + b'\\"' * 100)
+    clock = [0.0]
+
+    def slow_refusal(raw):
+        clock[0] += 0.05          # the decode's CPU, on the reader's clock
+        raise ProtocolError("not JSON")
+    monkeypatch.setattr(ranks.RankStatus, "decode", slow_refusal)
+    reader = ranks.RankReader(cpu_clock=lambda: clock[0], step_of=lambda *a: "step_0")
+    with pytest.raises(ranks.InputBudgetExceeded):
+        reader(lay, 5, UID, N1)
+    assert reader.spent(5)[1] == pytest.approx(0.05)
 
 
 def test_the_node_lock_is_roots_alone(tmp_path):
