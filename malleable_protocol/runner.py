@@ -83,6 +83,9 @@ def run_command(
             input=input,
             capture_output=True,
             text=True,
+            # Slurm passes users' bytes through (a job name of b"\xff" in squeue --json): a
+            # strict decode would fail every call while such a job exists.
+            errors="replace",
             timeout=timeout,
             env=full_env,
             stdin=None if input is not None else subprocess.DEVNULL,
@@ -90,7 +93,7 @@ def run_command(
     except FileNotFoundError as exc:
         raise CommandNotFound(argv, None, str(exc), reason=f"{argv[0]} not found on PATH") from exc
     except subprocess.TimeoutExpired as exc:
-        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         raise CommandTimeout(argv, None, stderr, reason=f"timed out after {timeout:g}s") from exc
     result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
     if check and proc.returncode != 0:

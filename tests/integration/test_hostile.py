@@ -380,6 +380,35 @@ def test_a_storm_of_1000_resizes_from_several_users(agent_cluster, alice_job, wo
              show=lambda: (c.client().job(b), slurm_node(c, OTHER)))
 
 
+def test_a_job_name_that_is_not_utf8_freezes_no_feed(agent_cluster, alice_job, work):
+    """Bob's held job named and commented with bytes that are not UTF-8 (squeue --json passes
+    them raw; the watcher's strict decode failed every poll while the job was queued, and every
+    node's feed froze): alice's resize still reaches her job in the time a poll takes."""
+    c, (a, uid) = agent_cluster, alice_job
+    got = subprocess.run(
+        ["runuser", "-u", BOB, "--", "sbatch", "--parsable", "-H", f"--chdir={work}",
+         "-J", "bad\udcff\udcfe", "--comment=\udcc3(", "--output=/dev/null", "--wrap=sleep 5"],
+        env={**os.environ, **c.env()}, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    held = int(got.stdout.strip().split(";")[0])
+    try:
+        raw = subprocess.run(["squeue", "--json", "-j", str(held)], env={**os.environ, **c.env()},
+                             capture_output=True, timeout=60).stdout
+        assert b"\xff" in raw or b"\\u00ff" in raw or b"\\udcff" in raw.lower(), raw[:400]
+        time.sleep(3)           # the watcher polls with the held job in the queue
+        assert resize_as(c, ALICE, a, "cpus=1").returncode == 0
+        t0 = time.monotonic()
+        wait_for(lambda: len(cores(c, a, uid)) == 1, timeout=15, what="alice's shrink",
+                 show=lambda: cores(c, a, uid))
+        print(f"\nalice's shrink with bob's non-UTF-8 job queued: {time.monotonic() - t0:.1f} s")
+        assert resize_as(c, ALICE, a, "max=node").returncode == 0
+        wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=15,
+                 what="alice's growth", show=lambda: cores(c, a, uid))
+        settle(c)
+    finally:
+        c.client().cancel(held)
+
+
 def test_slurmctld_stopped_for_60s(agent_cluster, alice_job):
     c, (a, uid) = agent_cluster, alice_job
     ctld = next(r for r in c.records() if r.name == "slurmctld")

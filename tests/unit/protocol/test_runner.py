@@ -36,3 +36,12 @@ def test_shell_string_refused():
 
 def test_input():
     assert run_command(["cat"], input="abc").stdout == "abc"
+
+
+def test_bytes_that_are_not_utf8_are_replaced_not_fatal():
+    """squeue --json passes a job name of b"\\xff" through raw: one user's job name must not
+    make every poll of the cluster's watcher fail."""
+    r = run_command(["sh", "-c", r"""printf '{"name": "\377"}'; printf '\376' >&2"""])
+    assert r.stdout == '{"name": "\ufffd"}' and r.stderr == "\ufffd"
+    with pytest.raises(CommandTimeout):      # not UnicodeDecodeError
+        run_command(["sh", "-c", r"printf '\377' >&2; sleep 5"], timeout=0.5)
