@@ -1,9 +1,24 @@
-"""Readers of what the kernel says about cgroups: ``/proc/<pid>/cgroup`` and
-``/proc/<pid>/mountinfo``. Pure parsers over text: root's agent (over any process) and a job's
-ranks (over themselves) both read them. Both files are written by the kernel, not by users."""
+"""Readers of what the kernel says about cgroups and processes: ``/proc/<pid>/cgroup``,
+``/proc/<pid>/mountinfo`` and the ``Uid:`` line of ``/proc/<pid>/status``. Pure parsers: root's
+agent (over any process) and a job's ranks (over themselves) both read them. The files are
+written by the kernel, not by users."""
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def parse_status_uid(raw: bytes) -> int | None:
+    """The one uid a process runs as, from its /proc/<pid>/status: its real, effective, saved
+    and file-system uids when all four are one; None when they differ (a set-uid program, a
+    process changing uid) or the line is missing."""
+    for line in raw.splitlines():
+        if line.startswith(b"Uid:"):
+            try:
+                uids = {int(u) for u in line.split()[1:]}
+            except ValueError:
+                return None
+            return uids.pop() if len(uids) == 1 else None
+    return None
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:

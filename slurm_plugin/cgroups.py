@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
-from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo
+from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo, parse_status_uid
 from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
 from malleable_protocol.errors import FixableError
 from slurm_plugin.settings import root_settings
@@ -334,23 +334,38 @@ def parse_stepd_title(cmdline: bytes) -> int | None:
     return int(job) if job.isascii() and job.isdigit() and 0 < int(job) < 2**32 else None
 
 
+def _read_at(dir_fd: int, name: str, limit: int) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def slurmstepd_processes(proc: Path = Path("/proc")) -> list[StepdProcess]:
-    """Every slurmstepd on this host (root's processes: slurmd starts them)."""
+    """Every slurmstepd on this host: root's processes (slurmd starts them), every uid 0. Its
+    name and title are the process's own to set, so a user's process named ``slurmstepd`` with
+    the title of another user's job is no slurmstepd here. One process's files are read
+    through one descriptor of its /proc folder, so a pid taken over meanwhile reads nothing."""
     out = []
     for name in os.listdir(proc):
-        if not name.isdigit():
+        if not (name.isascii() and name.isdigit()):
             continue
         try:
-            with open(proc / name / "comm", "rb") as f:
-                if f.read(64).strip() != b"slurmstepd":
-                    continue
-            with open(proc / name / "cmdline", "rb") as f:
-                job = parse_stepd_title(f.read(256))
+            dfd = os.open(proc / name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue
-        path = process_cpuset(int(name))
-        if path is not None:
-            out.append(StepdProcess(int(name), job, path))
+        try:
+            if _read_at(dfd, "comm", 64).strip() != b"slurmstepd" or \
+                    parse_status_uid(_read_at(dfd, "status", 8192)) != 0:
+                continue
+            job = parse_stepd_title(_read_at(dfd, "cmdline", 256))
+            path = cpuset_cgroup(_read_at(dfd, "cgroup", 65536).decode(errors="replace"))
+        except OSError:
+            continue
+        finally:
+            os.close(dfd)
+        out.append(StepdProcess(int(name), job, path or ""))
     return out
 
 

@@ -74,9 +74,10 @@ MAX_FOREIGN_NAMED = 4
 
 
 def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str, ...]]:
-    """Slurm's folders below the job folder ``top`` (paths, parents before children) and the
-    first few foreign ones (relative paths). Links are never followed; a folder is listed at
-    most ``MAX_FOLDERS`` entries deep, so a folder of a million entries costs what 1,024 do."""
+    """Slurm's folders below the job folder ``top`` (paths, parents before children: named as
+    Slurm names them, with root's files) and the first few foreign ones (relative paths).
+    Links are never followed; a folder is listed at most ``MAX_FOLDERS`` entries deep, so a
+    folder of a million entries costs what 1,024 do."""
     out: list[str] = []
     foreign: list[str] = []
     level = [""]
@@ -91,7 +92,8 @@ def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str,
                 continue
             for name in names:
                 child = f"{rel}/{name}" if rel else name
-                if layout.slurm_child(rel, name) and len(out) + len(nxt) < MAX_FOLDERS:
+                if layout.slurm_child(rel, name) and len(out) + len(nxt) < MAX_FOLDERS and \
+                        _files_are_roots(os.path.join(top, child)):
                     nxt.append(child)
                 elif len(foreign) < MAX_FOREIGN_NAMED:
                     foreign.append(child)
@@ -100,6 +102,22 @@ def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str,
         if not level:
             break
     return out, tuple(foreign)
+
+
+# The kernel gives a new cgroup's files to whoever made it. slurmstepd makes Slurm's folders
+# as root (22.05 then gives the folder, not its files, to the job's user); a folder a user
+# made under a name Slurm uses (task_4242) has files its maker can write, and is not Slurm's.
+OWNED_FILES = (CPUS_FILE, "cgroup.procs")
+
+
+def _files_are_roots(folder: str) -> bool:
+    for name in OWNED_FILES:
+        try:
+            if os.stat(os.path.join(folder, name), follow_symlinks=False).st_uid != 0:
+                return False
+        except OSError:
+            continue
+    return True
 
 
 def _any_users(folders: list[str]) -> bool:

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 from typing import Callable
 
+from malleable_protocol.cgroupfs import parse_status_uid
 from malleable_protocol.safe_io import read_bounded
 
 STATUS_BYTES = 8192       # /proc/<pid>/status: its Uid: line is in the first few hundred bytes
@@ -36,13 +37,9 @@ def process_uid(pid: int) -> int | None:
         return None
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f.read(STATUS_BYTES).splitlines():
-                if line.startswith(b"Uid:"):
-                    uids = {int(u) for u in line.split()[1:]}
-                    return uids.pop() if len(uids) == 1 else None
-    except (OSError, ValueError):
-        pass
-    return None
+            return parse_status_uid(f.read(STATUS_BYTES))
+    except OSError:
+        return None
 
 
 def is_agent(pid: int) -> bool:

@@ -627,3 +627,116 @@ sleep 120
     job_dir = c.cgroup_layout(OTHER).job_dir(uid_of(BOB), b)
     wait_for(lambda: not job_dir.exists(), timeout=30, what="bob's cgroup tree removed")
     settle(c, OTHER)
+
+
+def bob_job_on_other(c, work: Path, name: str, script: str, comment: str) -> tuple[int, Path]:
+    """A job of bob's on OTHER running ``script`` (bash) with ``$STEP``, its step's cpuset
+    folder, and ``$H``, the cpuset hierarchy, set; it writes its markers to its output."""
+    b = submit_as(c, BOB, work, name, (
+        f"H={str(c.cgroup_hierarchy(OTHER))!r}\n"
+        'STEP=$(cat /proc/self/cpuset); case ${STEP##*/} in task_*) STEP=${STEP%/*};; esac\n'
+        + script), ["-N1", "-n1", f"-w{OTHER}", f"--comment={comment}",
+                    f"--output={work}/{name}-%j.out", "--time=5"])
+    return b, work / f"{name}-{b}.out"
+
+
+def rigid_job_on_other_runs(c, work: Path, name: str) -> int:
+    """Alice's rigid one-CPU job on OTHER starts and runs: not requeued, not held, the node
+    not drained."""
+    a = submit_as(c, ALICE, work, name, "grep Cpus_allowed_list /proc/self/status\n",
+                  ["-N1", "-n1", f"-w{OTHER}", f"--output={work}/{name}-%j.out"])
+    out = work / f"{name}-{a}.out"
+    wait_for(lambda: out.exists() and "Cpus_allowed_list" in out.read_text(), timeout=60,
+             what=f"alice's {name} ran", show=lambda: (c.client().job(a), slurm_node(c, OTHER)))
+    assert not drained(c, OTHER)
+    assert c.client().job(a).state.value in ("COMPLETED", "RUNNING", "COMPLETING"), \
+        c.client().job(a)
+    return a
+
+
+def test_a_folder_named_as_slurm_names_it_is_the_users_jobs_fault_only(agent_cluster, users,
+                                                                       work):
+    """Finding 3 of issue 40: bob's malleable job (one CPU, may grow to the node's two) makes
+    task_4242 in its own v1 step folder as it starts and keeps writing its step's CPU list
+    into it. Its files are bob's (the kernel's rule), so it is not Slurm's: bob's job is not
+    grown (or, if the agent sealed the step first, the mkdir is refused), and alice's rigid
+    job sent to the other core starts; the node is not drained."""
+    c = agent_cluster
+    node_usable(c, OTHER)
+    seen = len(agent_events(c, OTHER))
+    b, out = bob_job_on_other(c, work, "bobtask", """
+if mkdir "$H$STEP/task_4242"; then
+  cat "$H$STEP/cpuset.mems" > "$H$STEP/task_4242/cpuset.mems"
+  echo made
+  while :; do cat "$H$STEP/cpuset.cpus" > "$H$STEP/task_4242/cpuset.cpus"; sleep 0.05; done &
+else
+  echo refused
+fi
+sleep 120
+""", "malleable:min=1,max=node")
+    buid = uid_of(BOB)
+    try:
+        wait_for(lambda: out.exists() and out.read_text().strip(), timeout=60,
+                 what="bob's folder attempt", show=lambda: c.client().job(b))
+        made = "made" in out.read_text()
+        print(f"\nbob's task_4242: {'made' if made else 'refused (the agent sealed first)'}")
+        if made:
+            wait_for(lambda: any(e["event"] == "job-fault" and f"job {b}:" in e["error"]
+                                 and "task_4242" in e["error"]
+                                 for e in agent_events(c, OTHER)[seen:]), timeout=20,
+                     what="bob's job-fault", show=lambda: agent_events(c, OTHER)[seen:][-5:])
+            time.sleep(3)       # cycles with the idle core there to lend
+            assert len(cores(c, b, buid, OTHER)) == 1
+        rigid_job_on_other_runs(c, work, "alicer3")
+        settle(c, OTHER)
+    finally:
+        c.client().cancel(b)
+        wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=60, what="bob's end")
+    node_usable(c, OTHER)
+
+
+def test_a_users_process_titled_as_another_jobs_slurmstepd_is_not_one(agent_cluster, users,
+                                                                      work):
+    """Finding 2 of issue 40: bob runs a process named slurmstepd, titled as the slurmstepd of
+    the next job ("slurmstepd: [X.0]"), in a folder job_X he made in his own step cgroup.
+    Taken by its name it is job X's slurmstepd in the wrong place (the Prolog of X failed:
+    drain, requeue held). The agent's view of slurmstepd processes (read here, on the same
+    /proc) leaves it out: its uids are bob's; alice's job X starts on the node."""
+    from slurm_plugin.cgroups import misplaced_jobs, parse_stepd_title, slurmstepd_processes
+    c = agent_cluster
+    node_usable(c, OTHER)
+    b, out = bob_job_on_other(c, work, "bobstepd", """
+X=$((SLURM_JOB_ID + 1))
+mkdir "$H$STEP/job_$X"
+cat "$H$STEP/cpuset.mems" > "$H$STEP/job_$X/cpuset.mems"
+cat "$H$STEP/cpuset.cpus" > "$H$STEP/job_$X/cpuset.cpus"
+F=/tmp/bobfake-$SLURM_JOB_ID; mkdir -p $F; cp /bin/sleep $F/slurmstepd
+( echo $BASHPID > "$H$STEP/job_$X/tasks"; exec -a "slurmstepd: [$X.0]" $F/slurmstepd 120 ) &
+sleep 1; echo "impostor $! for $X"
+sleep 120
+""", "malleable:min=1,max=1")
+    try:
+        wait_for(lambda: out.exists() and "impostor" in out.read_text(), timeout=60,
+                 what="bob's impostor", show=lambda: (c.client().job(b),
+                                                      out.exists() and out.read_text()))
+        _, pid, _, x = out.read_text().split()[:4]
+        pid, x = int(pid), int(x)
+        comm = Path(f"/proc/{pid}/comm").read_bytes().strip()
+        title = parse_stepd_title(Path(f"/proc/{pid}/cmdline").read_bytes())
+        cgroup = Path(f"/proc/{pid}/cpuset").read_text().strip()
+        assert (comm, title) == (b"slurmstepd", x) and cgroup.endswith(f"/job_{x}"), \
+            (comm, title, cgroup)     # by its name and title, job X's slurmstepd
+        stepds = slurmstepd_processes()
+        assert pid not in [p.pid for p in stepds]
+        assert misplaced_jobs(c.cgroup_layout(OTHER), [x], stepds) == {}
+        seen = len(agent_events(c, OTHER))
+        a = rigid_job_on_other_runs(c, work, "alicer4")
+        print(f"\nbob's impostor {pid} titled for job {x}; alice's job {a} ran")
+        assert not [e for e in agent_events(c, OTHER)[seen:]
+                    if e["event"] in ("job-fault", "cycle-error") and f"job {a}" in
+                    e.get("error", "")]
+        settle(c, OTHER)
+    finally:
+        c.client().cancel(b)
+        wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=60, what="bob's end")
+    node_usable(c, OTHER)

@@ -158,6 +158,31 @@ def test_borrowed_cores_only_to_a_sealed_job_without_foreign_folders(v1):
     assert read_cpus(job) == {0} and read_cpus(job / "step_0" / "task_0") == {0}
 
 
+def test_a_folder_named_as_slurm_names_but_made_by_the_user_is_foreign(v1):
+    """A user's task_4242 in his own v1 step folder: its name is Slurm's, but the kernel gave
+    its files to the user, who could re-widen it while the agent narrows (EBUSY). It is not
+    walked, not written, and the job is not grown beyond its allocation; Slurm's own task
+    folder (a root-made one, given to the user as 22.05 does) still is Slurm's."""
+    import os
+    layout, kernel = v1
+    job = make_tree(layout.hierarchy, layout, "0-1", {"step_0": "0-1"})
+    for task, owner in (("task_0", 0), ("task_4242", 4242)):
+        d = job / "step_0" / task
+        d.mkdir()
+        (d / "cpuset.cpus").write_text("0-1")
+        (d / "cgroup.procs").write_text("")
+        os.chown(d, 4242, 4242)
+        for f in ("cpuset.cpus", "cgroup.procs") if owner else ():
+            os.chown(d / f, owner, owner)
+    act = CpusetActuator(layout)
+    scanned = act.scan()[7]
+    assert scanned.foreign == ("step_0/task_4242",)
+    assert set(scanned.folders) == {"step_0", "step_0/task_0"}
+    with pytest.raises(ActuatorError, match="did not make.*task_4242"):
+        act.apply(0, 7, frozenset({0, 1, 2}), allocation=frozenset({0, 1}))
+    assert read_cpus(job) == {0, 1}
+
+
 def test_v2_tree_as_slurm_24_11_makes_it(tmp_path):
     """The shape captured on Debian trixie's Slurm 24.11 under systemd (fixtures
     slurm-24.11-cgroup-v2): root's folders, Slurm's CPUs on job_<J> and step_<S>/user, the

@@ -7,7 +7,7 @@ import pytest
 from malleable_protocol.cgroupfs import parse_mountinfo
 from slurm_plugin.cgroups import (CgroupVersion, LayoutEvidence, LayoutUnknown,
                                   SlurmCgroupLayout, StepdProcess, decide_layout, misplaced_jobs,
-                                  parse_stepd_title, read_cgroup_conf)
+                                  parse_stepd_title, read_cgroup_conf, slurmstepd_processes)
 
 FIX = Path(__file__).parents[2] / "fixtures"
 MOUNT = Path("/sys/fs/cgroup")
@@ -89,6 +89,26 @@ def test_a_job_in_a_folder_the_layout_does_not_name_is_misplaced():
     for bad in (b"slurmstepd", b"slurmstepd: [x.0]", b"bash [5.0]", b"slurmstepd: [0.0]",
                 b"slurmstepd: [99999999999.0]", b"", b"\xff\xfe["):
         assert parse_stepd_title(bad) is None, bad
+
+
+def test_a_slurmstepd_is_a_process_of_root_not_of_its_name(tmp_path):
+    """Name and title are a process's own to set: a user's process named slurmstepd with
+    another job's title, in a folder named for that job, is no slurmstepd; nor is a set-uid
+    program run by a user (its real uid is the user's)."""
+    def process(pid: int, uids: str, title: bytes, cgroup: str) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "comm").write_bytes(b"slurmstepd\n")
+        (d / "status").write_bytes(b"Name:\tslurmstepd\nUid:\t" + uids.encode() + b"\n")
+        (d / "cmdline").write_bytes(title + b"\0")
+        (d / "cgroup").write_text(f"4:cpuset:{cgroup}\n")
+    process(10, "0\t0\t0\t0", b"slurmstepd: [5.0]", "/slurm/uid_1000/job_5/step_0")
+    process(11, "1000\t1000\t1000\t1000", b"slurmstepd: [6.0]",
+            "/slurm/uid_1000/job_7/step_0/job_6")
+    process(12, "1000\t0\t0\t0", b"slurmstepd: [6.0]", "/slurm/uid_1000/job_7/step_0/job_6")
+    (tmp_path / "self").mkdir()
+    assert slurmstepd_processes(tmp_path) == [
+        StepdProcess(10, 5, "/slurm/uid_1000/job_5/step_0")]
 
 
 def evidence(**kw) -> LayoutEvidence:
