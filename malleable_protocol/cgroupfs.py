@@ -4,6 +4,7 @@ agent (over any process) and a job's ranks (over themselves) both read them. The
 written by the kernel, not by users."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -62,13 +63,23 @@ class Mount:
     """One line of mountinfo: the folder of the file system it shows (``root``), where
     (``point``), the file system type and its super options (a v1 cgroup's controllers)."""
 
-    __slots__ = ("root", "point", "fstype", "super_options")
+    __slots__ = ("root", "point", "fstype", "super_options", "source")
 
-    def __init__(self, root: str, point: str, fstype: str, super_options: frozenset[str]):
+    def __init__(self, root: str, point: str, fstype: str, super_options: frozenset[str],
+                 source: str = ""):
         self.root, self.point, self.fstype, self.super_options = root, point, fstype, super_options
+        self.source = source
 
     def __repr__(self) -> str:
         return f"Mount({self.point} {self.fstype} {','.join(sorted(self.super_options))})"
+
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def unescape_mount_field(field: str) -> str:
+    """A path as mountinfo writes it: space, tab, newline and backslash as octal escapes."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
@@ -80,5 +91,6 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if not sep or len(fields) < 5 or len(rest) < 2:
             continue
         opts = frozenset(rest[2].split(",")) if len(rest) > 2 else frozenset()
-        out.append(Mount(fields[3], fields[4], rest[0], opts))
+        out.append(Mount(unescape_mount_field(fields[3]), unescape_mount_field(fields[4]),
+                         rest[0], opts, unescape_mount_field(rest[1])))
     return out

@@ -28,9 +28,10 @@ WHEELS="$CACHE/wheels"
 # lua5.1: the interpreter of the Lua slurmctld embeds (Debian's links liblua5.1), for the unit
 # tests that run job_submit.lua. slurmdbd and MariaDB: the agents' cluster keeps accounting, where
 # the watcher writes each job's borrowed cores (its daemons run on loopback, started by the tests).
+# fuse3 and bindfs: a job user's own FUSE mount on his records folder (test_hostile).
 APT_PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
               openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv python3-dev
-              lua5.1 slurmdbd mariadb-server)
+              lua5.1 slurmdbd mariadb-server fuse3 bindfs)
 # The environment every cluster user's jobs run in: on Debian's own Python, in a folder every
 # user can read (root's home, where a developer's Python may live, is not).
 SITE_VENV="${MALLEABLE_SITE_VENV:-/opt/malleable/venv}"

@@ -21,7 +21,7 @@ from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 
 from slurm_plugin import cgroups
-from slurm_plugin.hooks.jobfs import unmount_job_fs
+from slurm_plugin.node.jobfs import unmount_job_fs
 from malleable_policy.model import Policy
 from slurm_plugin.slurm import CliSlurmClient, Job, Node
 from slurm_plugin.cluster import daemons

@@ -32,7 +32,7 @@ from slurm_plugin.node.accounting import close_job
 from slurm_plugin.node.cgroup_actuator import walk_job
 from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.hooks.job_folder import REMOVE_BUDGET, make_job_folder, remove_job_folder, sweep_leftovers
-from slurm_plugin.hooks.jobfs import mount_job_fs, unmount_job_fs
+from slurm_plugin.node.jobfs import detach_job_fs, mount_job_fs, unmount_job_fs
 from slurm_plugin.node.ledger import LedgerFile
 from slurm_plugin.node.wiring import load_config, make_reconciler, node_layout
 from slurm_plugin.node.procs import agent_pid, is_agent, lock_holder, signal_verified
@@ -70,17 +70,32 @@ def _hook_cycle(config: AgentConfig, rec: Reconciler, what: str, **marks) -> Cyc
 def prolog(config: AgentConfig) -> int:
     t0 = time.monotonic()
     job_id, uid, gid = _job_env()
-    folder = make_job_folder(config.layout, job_id, uid, gid)
-    try:
-        mount_job_fs(folder, uid, gid)
-    except (OSError, CommandError) as exc:   # the folder works without; reported
-        note(config, f"prolog job {job_id}: no tmpfs of its own for its folder: {exc}")
+    _prepare_job_folder(config, job_id, uid, gid)
     rec = make_reconciler(config)
     result = _hook_cycle(config, rec, f"prolog job {job_id}", starting_job=job_id)
     # A job whose folder is not where the layout says: its cores cannot be verified free.
     unverified = list(result.snapshot.problems) if result.snapshot is not None else []
     problems = lent_cores(config, rec.observer.actuator) + unverified
     return report_verdict(config, f"prolog job {job_id}", judge(result, problems, t0))
+
+
+def _prepare_job_folder(config: AgentConfig, job_id: int, uid: int, gid: int) -> None:
+    """The job's records folder, on a fresh tmpfs. A requeued job's folder may hold what its
+    user mounted on it: detached first. Whatever fails here fails only the job's
+    malleability (no records, no lending: reported), never the Prolog: the folder is not what
+    keeps jobs' cores apart."""
+    folder = config.layout.job_dir(job_id)
+    try:
+        detach_job_fs(folder)
+        make_job_folder(config.layout, job_id, uid, gid)
+    except (OSError, CommandError) as exc:
+        note(config, f"prolog job {job_id}: no records folder, the job will not be lent "
+                     f"cores: {exc}")
+        return
+    try:
+        mount_job_fs(folder, uid, gid)
+    except (OSError, CommandError) as exc:   # the folder works without; reported
+        note(config, f"prolog job {job_id}: no tmpfs of its own for its folder: {exc}")
 
 
 def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> int:

@@ -14,6 +14,7 @@ from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
 from slurm_plugin.cgroups import SlurmCgroupLayout, process_cpuset
 from malleable_policy.model import RankView
+from slurm_plugin.node.jobfs import MountReader, mounted_over, node_mounts
 from slurm_plugin.node.procs import process_uid
 
 MAX_RANK_FILES = 1024
@@ -40,6 +41,10 @@ StepLookup = Callable[[int, int, SlurmCgroupLayout, int], "str | None"]
 
 class InputBudgetExceeded(ProtocolError):
     """Reading one job's records cost root more than its budget this cycle."""
+
+
+class FolderMountedOver(ProtocolError):
+    """The job's records folder has a file system its user mounted (``jobfs``): not opened."""
 
 
 Charge = Callable[[int], None]
@@ -107,8 +112,12 @@ def read_job_ranks(layout: RunLayout, job_id: int, uid: int, cgroups: SlurmCgrou
     return tuple(out)
 
 
-def read_job_statuses(layout: RunLayout, job_id: int) -> list[RankStatus]:
-    """Every readable record of a job, for display (``malleable status``): no pid check."""
+def read_job_statuses(layout: RunLayout, job_id: int, *,
+                      mounts: MountReader = node_mounts) -> list[RankStatus]:
+    """Every readable record of a job, for display (``malleable status``): no pid check; none
+    from a folder its user mounted something on."""
+    if layout.job_dir(job_id).name in mounted_over(layout.jobs_dir, mounts()):
+        return []
     return _read_records(layout, job_id, None)
 
 
@@ -122,21 +131,29 @@ class RankReader:
 
     def __init__(self, *, max_bytes: int = 256 * 1024, max_cpu_s: float = 0.02,
                  cpu_clock: Callable[[], float] = time.thread_time,
-                 step_of: StepLookup = job_step_of):
+                 step_of: StepLookup = job_step_of, mounts: MountReader = node_mounts):
         self.max_bytes = max_bytes
         self.max_cpu_s = max_cpu_s
         self._cpu_clock = cpu_clock
         self._step_of = step_of
+        self._mounts = mounts
         self._spent: dict[int, tuple[int, float]] = {}     # job -> (bytes, CPU seconds)
+        self._mounted_over: dict[str, str] | None = None   # read once a cycle
 
     def begin_cycle(self) -> None:
         self._spent.clear()
+        self._mounted_over = None
 
     def spent(self, job_id: int) -> tuple[int, float]:
         return self._spent.get(job_id, (0, 0.0))
 
     def __call__(self, layout: RunLayout, job_id: int, uid: int,
                  cgroups: SlurmCgroupLayout) -> tuple[RankView, ...]:
+        if self._mounted_over is None:
+            self._mounted_over = mounted_over(layout.jobs_dir, self._mounts())
+        why = self._mounted_over.get(layout.job_dir(job_id).name)
+        if why:
+            raise FolderMountedOver(f"job {job_id}: {why}")
         nbytes, cpu = self.spent(job_id)
         t0 = self._cpu_clock()
 

@@ -740,3 +740,64 @@ sleep 120
         c.client().cancel(b)
         wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=60, what="bob's end")
     node_usable(c, OTHER)
+
+
+def mounts_at_or_below(folder: Path) -> list[str]:
+    from slurm_plugin.node.jobfs import node_mounts
+    return [f"{m.fstype} {m.point}" for m in node_mounts()
+            if m.point == str(folder) or m.point.startswith(f"{folder}/")]
+
+
+def test_a_file_system_mounted_on_a_jobs_records_folder_is_its_jobs_fault_only(
+        agent_cluster, users, work):
+    """Finding 5 of issue 40: bob's malleable job mounts a FUSE file system (bindfs, through
+    the set-uid fusermount3) on its own records folder. Root gets EACCES there, so the Epilog
+    saw no mount point, never unmounted, could not remove the folder, and the requeued job's
+    Prolog failed (drain, requeue held). Now: the agent does not open the folder (bob's
+    job-fault, from the kernel's mount table), the requeue's Epilog detaches both mounts, the
+    Prolog makes a fresh folder, the job runs again; at its end nothing is left mounted and
+    the node is not drained."""
+    c = agent_cluster
+    node_usable(c, OTHER)
+    seen = len(agent_events(c, OTHER))
+    b, out = bob_job_on_other(c, work, "bobfuse", f"""
+J={c.run_layout.jobs_dir}/job_$SLURM_JOB_ID
+mkdir -p /tmp/bobsrc-$SLURM_JOB_ID
+if bindfs --no-allow-other /tmp/bobsrc-$SLURM_JOB_ID "$J"; then
+  echo "mounted, run ${{SLURM_RESTART_COUNT:-0}}"
+fi
+sleep 120
+""", "malleable:min=1,max=node")
+    folder = c.run_layout.job_dir(b)
+    try:
+        wait_for(lambda: out.exists() and "mounted" in out.read_text(), timeout=60,
+                 what="bob's FUSE mount", show=lambda: (c.client().job(b),
+                                                        out.exists() and out.read_text()))
+        assert [m.split()[0] for m in mounts_at_or_below(folder)] == ["tmpfs", "fuse"]
+        with pytest.raises(PermissionError):
+            os.listdir(folder)               # root's own view of it
+        wait_for(lambda: any(e["event"] == "job-fault" and f"job {b}:" in e["error"]
+                             and "mounted" in e["error"] for e in agent_events(c, OTHER)[seen:]),
+                 timeout=20, what="bob's job-fault", show=lambda: agent_events(c, OTHER)[seen:])
+        env = {**os.environ, **c.env()}
+        t0 = time.monotonic()
+        subprocess.run(["scontrol", "requeue", str(b)], env=env, check=True, capture_output=True)
+        # Slurm starts a requeued batch job again some two minutes later (its BeginTime); not
+        # sooner: slurmd runs no Prolog for a job id whose credential it still holds (seen here
+        # with StartTime=now: the job ran again without its folder).
+        wait_for(lambda: out.exists() and "mounted, run 1" in out.read_text() and
+                 c.client().job(b).state is JobState.RUNNING and
+                 len(mounts_at_or_below(folder)) == 2, timeout=240,
+                 what="bob's job running again", show=lambda: (
+                     c.client().job(b), mounts_at_or_below(folder), out.read_text()[-800:],
+                     (c.paths.root / "agent" / f"hooks-{OTHER}.log").read_text()[-800:]))
+        print(f"\nbob's job requeued and mounted again in {time.monotonic() - t0:.0f} s")
+        assert not drained(c, OTHER)
+        assert not [e for e in agent_events(c, OTHER)[seen:] if e["event"] == "cycle-error"]
+    finally:
+        c.client().cancel(b)
+        wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=60, what="bob's end")
+    wait_for(lambda: not mounts_at_or_below(folder) and not folder.exists(), timeout=30,
+             what="bob's folder unmounted and removed", show=lambda: mounts_at_or_below(folder))
+    assert not drained(c, OTHER)
+    node_usable(c, OTHER)

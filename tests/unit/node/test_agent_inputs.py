@@ -173,6 +173,23 @@ def test_the_budget_is_checked_after_each_decode_too(tmp_path, monkeypatch):
     assert reader.spent(5)[1] == pytest.approx(0.05)
 
 
+def test_a_records_folder_its_user_mounted_on_is_not_opened(tmp_path):
+    """With the user's FUSE mount on his job's folder, root's open would get EACCES, or with
+    allow_other wait on the user's file system: the kernel's mount table says so first."""
+    from malleable_protocol.cgroupfs import Mount
+    from slurm_plugin.node.ranks import FolderMountedOver, RankReader
+    lay, d = job_folder(tmp_path)
+    put(d, "rank_0.json", RankStatus(**GOOD).encode())
+    table = [Mount("/", str(d), "tmpfs", frozenset(), "malleable-job")]
+    reader = RankReader(step_of=lambda *a: "step_0", mounts=lambda: table)
+    assert len(reader(lay, 5, UID, N1)) == 1
+    table.append(Mount("/", str(d), "fuse.sshfs", frozenset(), "malleable-job"))
+    assert len(reader(lay, 5, UID, N1)) == 1        # the table is read once a cycle
+    reader.begin_cycle()
+    with pytest.raises(FolderMountedOver, match="fuse.sshfs"):
+        reader(lay, 5, UID, N1)
+
+
 def test_the_node_lock_is_roots_alone(tmp_path):
     """flock needs only a descriptor: a lock file a job user can open is a lock he can hold."""
     from slurm_plugin.node.reconciler import node_lock
