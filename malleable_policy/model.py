@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from malleable_protocol import rank_share, threads_per_rank
+from malleable_protocol.records import MAX_RANK_RECORDS
 
 from .request import MalleableSpec
 
@@ -91,13 +92,26 @@ class JobView:
         """Whether the policy may choose this job's cores now (else: exactly its allocation)."""
         return self.malleable and self.has_folder and not self.fenced and self.fault is None
 
+    @functools.cached_property
+    def _ranks_per_step(self) -> Mapping[str, int]:
+        claimed: dict[str, int] = {}
+        for r in self.ranks:
+            claimed[r.step] = max(claimed.get(r.step, 1), r.local_size)
+        if sum(claimed.values()) <= MAX_RANK_RECORDS:
+            return claimed
+        # More than the job's folder can hold a record for: not all managed ranks; counted as
+        # reported instead (at most MAX_RANK_RECORDS in all), so that a job claiming 4,096
+        # ranks in each of 1,000 steps costs root no more than its records do.
+        reported: dict[str, set[int]] = {}
+        for r in self.ranks:
+            reported.setdefault(r.step, set()).add(r.local_rank)
+        return {step: len(seen) for step, seen in reported.items()}
+
     @property
     def ranks_per_step(self) -> dict[str, int]:
-        """Each step's ranks on this node (the largest local size its ranks report)."""
-        out: dict[str, int] = {}
-        for r in self.ranks:
-            out[r.step] = max(out.get(r.step, 1), r.local_size)
-        return out
+        """Each step's ranks on this node: the largest local size its ranks report, or, when
+        the steps' sizes add up to more ranks than have records, the ranks that reported."""
+        return dict(self._ranks_per_step)
 
     @functools.cached_property
     def local_size(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from .cpulist import format_cpu_list, parse_cpu_list
 
 MAX_RECORD_BYTES = 16384
+MAX_RANK_RECORDS = 1024       # records one job's folder may hold on a node (root lists no more)
 MAX_DEPTH = 4                 # object > steps_per_s/last_resize > value
 MAX_THREAD_COUNTS = 256       # steps/s kept for at most this many distinct thread counts
 MAX_THREADS = 4096

@@ -3,9 +3,10 @@ on his own files and folders (issue: no root cycle spends more than 50 ms of CPU
 input, whatever it holds). Everything is real files on this machine: the job's record folder,
 and a v1-shaped cgroup tree below the job folder (plain folders: the walk and reads are the
 same syscalls). For each case, the agent's per-job work of one cycle, measured with the thread
-CPU clock: the scan of the job's cgroup folders (``CpusetActuator.scan``), then its records
-through the budgeted reader (``RankReader``), as the observer does; a clean job of one rank
-measured in the same run is the reference.
+CPU clock: the scan of the job's cgroup folders (``CpusetActuator.scan``), its records through
+the budgeted reader (``RankReader``), as the observer does, then the policy's decision on a node
+of that job and a clean one (``decide``, where the ranks a job claims are expanded); a clean job
+of one rank measured in the same run is the reference.
 
     python -m benchmarks.node.hostile_input_cost [--repeat 5]
 """
@@ -25,6 +26,9 @@ from malleable_protocol import RankStatus, RunLayout
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.node.cgroup_actuator import CpusetActuator
 from slurm_plugin.node.ranks import InputBudgetExceeded, RankReader
+from malleable_policy.decide import decide
+from malleable_policy.model import JobView, NodeSnapshot, Policy
+from malleable_policy.request import MalleableSpec
 
 UID, JOB = 4321, 7
 GOOD = RankStatus(pid=10, rank=0, local_rank=0, local_size=1, intra_active=2, intra_pool=2,
@@ -52,7 +56,25 @@ CASES = {
     "5000 cgroup folders": lambda d, cg: [(cg / "step_0" / f"x{i}").mkdir() for i in range(5000)],
     "2000 task-named folders": lambda d, cg: [_cg_folder(cg / "step_0" / f"task_{i}")
                                               for i in range(2000)],
+    # Each record a rank of its own step (pid 1000 + i, in step_i), claiming 4,096 ranks there.
+    "100 steps of 4096 ranks": lambda d, cg: [
+        _put(d, f"rank_{i}.json", record(pid=1000 + i, local_size=4096)) for i in range(100)],
+    "1000 steps of 4096 ranks": lambda d, cg: [
+        _put(d, f"rank_{i}.json", record(pid=1000 + i, local_size=4096)) for i in range(1000)],
 }
+
+
+def step_of(pid: int, *_: object) -> str:
+    return f"step_{pid - 1000}" if pid >= 1000 else "step_0"
+
+
+def decide_with(job_ranks: tuple, steps: int) -> None:
+    S = frozenset
+    spec = MalleableSpec(1, None)
+    views = (JobView(JOB, UID, "u", S({0, 1}), S({0, 1}), spec=spec, ranks=job_ranks,
+                     steps=tuple(f"step_{i}" for i in range(max(steps, 1)))),
+             JobView(JOB + 1, UID + 1, "v", S({2, 3}), S({2, 3}), spec=spec))
+    decide(NodeSnapshot("n1", S(range(8)), views), Policy.LEND_IDLE)
 
 
 def _put(d: Path, name: str, data: bytes) -> None:
@@ -61,8 +83,11 @@ def _put(d: Path, name: str, data: bytes) -> None:
 
 
 def _cg_folder(p: Path) -> None:
+    """A cpuset folder the job's user made: the kernel gives its files to him."""
     p.mkdir()
     (p / "cpuset.cpus").write_text("0-1")
+    for f in (p, p / "cpuset.cpus"):
+        os.chown(f, UID, UID)
 
 
 def _nest(p: Path, depth: int) -> None:
@@ -91,7 +116,7 @@ def one_case(name: str, repeat: int) -> dict:
             (f / "cpuset.cpus").write_text("0-1")
         CASES[name](d, cg)
         actuator = CpusetActuator(layout)
-        reader = RankReader(step_of=lambda *a: "step_0")
+        reader = RankReader(step_of=step_of)
         samples, outcome = [], ""
         for _ in range(repeat):
             reader.begin_cycle()
@@ -100,8 +125,10 @@ def one_case(name: str, repeat: int) -> dict:
             try:
                 ranks = reader(run, JOB, UID, layout)
                 outcome = f"{len(ranks)} ranks read"
+                decide_with(ranks, len({r.step for r in ranks}))
             except InputBudgetExceeded:
                 outcome = "budget spent: job held to its allocation"
+                decide_with((), 0)
             if job.foreign:
                 outcome = "foreign folders: job held to its allocation"
             samples.append(time.thread_time() - t0)

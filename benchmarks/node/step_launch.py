@@ -8,9 +8,12 @@ rows side by side in one run:
 - malleable_not_grown: a malleable job that cannot grow (--malleable=1:1);
 - grown: a malleable job grown to 2 cores (its allocation is 1): the step start brings it back
   to its allocation first, the step launches, the agent grows it again. Each srun starts only
-  once the job has grown again.
+  once the job has grown again;
+- rigid_agents_down: a rigid job on a third cluster whose agents and watcher were stopped once
+  it was up (the co-scheduler down, its feed going stale): what a job that did not ask pays
+  then (issue 40: within 20 ms of rigid's p50).
 
-Both clusters (three nodes each) run at once and the four jobs take turns, one srun at a time, so the machine's
+The clusters (three nodes each) run at once and the four jobs take turns, one srun at a time, so the machine's
 load drifts hit every row alike. The plugin decides in C: rigid and ungrown jobs start their
 steps with no process started (a gate file and a fence under the node's lock); a grown job's
 step asks the running agent on its socket.
@@ -117,7 +120,8 @@ def plot(data: dict) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.boxplot([[x * 1000 for x in data["seconds"][n]] for n in names], tick_labels=names)
     ax.set_ylabel("srun -n1 true (ms)")
-    ax.set_title("Step launch: plain Slurm; rigid, malleable and grown jobs with the plugin")
+    ax.set_title("Step launch: plain Slurm; jobs with the plugin; rigid with agents down",
+                 fontsize=9)
     fig.tight_layout()
     path = RESULTS / "step_launch.png"
     fig.savefig(path, dpi=110)
@@ -139,10 +143,15 @@ def main() -> None:
         co = cluster_at(base / "co", 41817, "sl", plugin=True)   # 2,000 ports apart
         clusters.append(co)
         outs = submit(plain, base / "plain", turns, {"plain": ("pl1", "", False)}, args.steps)
+        down = cluster_at(base / "down", 43817, "dn", plugin=True)
+        clusters.append(down)
+        down.stop_daemons(["watcher"] + [f"agent {n}" for n in down.spec.node_names])
         outs.update(submit(co, base / "co", turns, {
             "rigid": ("sl1", "", False),
             "malleable_not_grown": ("sl2", "--malleable=1:1", False),
             "grown": ("sl3", "--malleable=1:2", True)}, args.steps))
+        outs.update(submit(down, base / "down", turns, {"rigid_agents_down": ("dn1", "", False)},
+                           args.steps))
         times = take_turns(turns, outs, args.steps)
     finally:
         for c in reversed(clusters):
@@ -156,8 +165,10 @@ def main() -> None:
     over_plain_ms = {k: {"p50": round((v["p50_s"] - plain_p50) * 1000, 1),
                          "p95": round((v["p95_s"] - summary["plain"]["p95_s"]) * 1000, 1)}
                      for k, v in summary.items() if k != "plain"}
+    down_ms = round((summary["rigid_agents_down"]["p50_s"] - summary["rigid"]["p50_s"]) * 1000, 1)
     data = {"machine": machine(), "steps": args.steps, "summary": summary, "ratios": ratios,
             "ms over plain": over_plain_ms,
+            "rigid_agents_down - rigid (p50, ms)": down_ms, "goal_ms": 20,
             "job cores before each srun": {k.split(" ")[0]: v for k, v in times.items()
                                            if k.endswith("cpus before")},
             "job cores right after each srun": {k.split(" ")[0]: v for k, v in times.items()
@@ -168,7 +179,7 @@ def main() -> None:
     plot(data)
     for k, v in summary.items():
         print(f"{k:20s} p50 {v['p50_s'] * 1000:.0f} ms  p95 {v['p95_s'] * 1000:.0f} ms")
-    print(ratios, over_plain_ms, "->", path)
+    print(ratios, over_plain_ms, f"agents down: {down_ms:+.1f} ms (p50)", "->", path)
 
 
 if __name__ == "__main__":

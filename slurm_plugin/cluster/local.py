@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from malleable_protocol.cgroupfs import parse_mountinfo
 from malleable_protocol.errors import FixableError
@@ -303,10 +303,7 @@ class LocalCluster:
                        log_of={f"slurmd {n}": p.log / f"slurmd-{n}.log"
                                for n in self.spec.node_names})
             if agents is not None:
-                start("watcher", [sys.executable, "-m", "slurm_plugin.commands.main", "watcher",
-                                  "--feed-dir", str(self.paths.root / "feed"),
-                                  "--slurm-conf", str(p.slurm_conf),
-                                  "--metrics-port", str(self.spec.watcher_metrics_port)])
+                start("watcher", self._watcher_argv())
                 for node in self.spec.node_names:
                     start(f"agent {node}", self._agent_argv(node))
         except BaseException:
@@ -379,17 +376,38 @@ class LocalCluster:
         """Start ``node``'s agent again (what its service manager does after a crash), after
         stopping the one recorded if it still runs. ``env`` is added to its environment;
         ``argv`` replaces the command (a test's agent with a fault hook, given agent_args)."""
+        return self._restart(f"agent {node}", argv or self._agent_argv(node), env)
+
+    def restart_watcher(self) -> daemons.DaemonRecord:
+        """Start the watcher again, after stopping the one recorded if it still runs."""
+        return self._restart("watcher", self._watcher_argv())
+
+    def stop_daemons(self, names: Iterable[str]) -> None:
+        """Stop the recorded daemons of these names (an agent's or the watcher's crash); their
+        records stay, for ``restart_agent`` and ``restart_watcher``."""
+        wanted = set(names)
+        for rec in self.records():
+            if rec.name in wanted:
+                daemons.stop_daemon(rec)
+        daemons.reap_children()
+
+    def _restart(self, name: str, argv: list[str], env: dict[str, str] | None = None
+                 ) -> daemons.DaemonRecord:
         records = self.records()
-        name = f"agent {node}"
         for old in (r for r in records if r.name == name):
             daemons.stop_daemon(old)
         daemons.reap_children()
-        rec = daemons.start_daemon(name, argv or self._agent_argv(node),
-                                   self.paths.log / f"{name.replace(' ', '-')}.out",
+        rec = daemons.start_daemon(name, argv, self.paths.log / f"{name.replace(' ', '-')}.out",
                                    env={**os.environ, **(env or {})})
         daemons.save_records(self.paths.daemons_file,
                              [r for r in records if r.name != name] + [rec])
         return rec
+
+    def _watcher_argv(self) -> list[str]:
+        return [sys.executable, "-m", "slurm_plugin.commands.main", "watcher",
+                "--feed-dir", str(self.paths.root / "feed"),
+                "--slurm-conf", str(self.paths.slurm_conf),
+                "--metrics-port", str(self.spec.watcher_metrics_port)]
 
     def _munge_ok(self) -> bool:
         try:

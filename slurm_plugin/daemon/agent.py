@@ -16,7 +16,7 @@ from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.node.cgroup_actuator import WriteHook
 from slurm_plugin.node.wiring import make_reconciler, node_layout
 from slurm_plugin.node.reconciler import Reconciler
-from slurm_plugin.node.safety import check_step_start, note, report_verdict, start_step
+from slurm_plugin.node.safety import check_step_start, note, report_verdict, start_steps
 from slurm_plugin.daemon.step_socket import StepStartServer, encode_answer, refusal
 
 log = logging.getLogger(__name__)
@@ -81,21 +81,33 @@ def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", 
 
 
 def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartServer) -> None:
-    """The step starts the SPANK plugin asked for: one fenced cycle each (``start_step``),
-    answered on the socket and noted in the hooks log like the Python hook's. The lock is
-    waited for as long as a hook would: anyone else holding it longer is refused."""
+    """The step starts the SPANK plugin asked for since the last call: one fenced cycle for
+    all of them (``start_steps``), each answered on the socket and noted in the hooks log like
+    the Python hook's. The lock is waited for as long as a hook would: anyone else holding it
+    longer is refused."""
+    checked = []
     for pending in server.take():
         r = pending.request
-        what = f"job {r.job_id} {r.step} start"
         try:
-            fence = check_step_start(r.job_id, r.step, r.stepd_pid)
-            verdict = start_step(config, rec, r.job_id, fence, cycle=lambda **m:
-                                 rec.cycle(lock_timeout_s=config.prolog_lock_timeout_s, **m))
+            checked.append((pending, check_step_start(r.job_id, r.step, r.stepd_pid)))
         except Exception as exc:  # noqa: BLE001 - the plugin refuses the step on any failure
-            note(config, f"{what} failed (agent): {exc!r}")
+            note(config, f"job {r.job_id} {r.step} start failed (agent): {exc!r}")
             pending.answer(refusal(f"{type(exc).__name__}: {exc}"))
-            continue
-        report_verdict(config, what, verdict, by="agent")
+    if not checked:
+        return
+    try:
+        verdicts = start_steps(config, rec, [(p.request.job_id, f) for p, f in checked],
+                               cycle=lambda **m: rec.cycle(
+                                   lock_timeout_s=config.prolog_lock_timeout_s, **m))
+    except Exception as exc:  # noqa: BLE001
+        for pending, _ in checked:
+            r = pending.request
+            note(config, f"job {r.job_id} {r.step} start failed (agent): {exc!r}")
+            pending.answer(refusal(f"{type(exc).__name__}: {exc}"))
+        return
+    for (pending, _), verdict in zip(checked, verdicts):
+        r = pending.request
+        report_verdict(config, f"job {r.job_id} {r.step} start", verdict, by="agent")
         pending.answer(encode_answer(verdict))
 
 

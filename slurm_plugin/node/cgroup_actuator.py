@@ -106,18 +106,13 @@ def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str,
 
 # The kernel gives a new cgroup's files to whoever made it. slurmstepd makes Slurm's folders
 # as root (22.05 then gives the folder, not its files, to the job's user); a folder a user
-# made under a name Slurm uses (task_4242) has files its maker can write, and is not Slurm's.
-OWNED_FILES = (CPUS_FILE, "cgroup.procs")
-
-
+# made under a name Slurm uses (task_4242) has a cpuset.cpus its maker can write (and so keep
+# a borrowed core in), and is not Slurm's. A folder without that file holds no CPUs of its own.
 def _files_are_roots(folder: str) -> bool:
-    for name in OWNED_FILES:
-        try:
-            if os.stat(os.path.join(folder, name), follow_symlinks=False).st_uid != 0:
-                return False
-        except OSError:
-            continue
-    return True
+    try:
+        return os.stat(os.path.join(folder, CPUS_FILE), follow_symlinks=False).st_uid == 0
+    except OSError:
+        return True
 
 
 def _any_users(folders: list[str]) -> bool:

@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from malleable_protocol import ProtocolError, RankStatus, RunLayout
-from malleable_protocol.records import MAX_RECORD_BYTES
+from malleable_protocol.records import MAX_RANK_RECORDS, MAX_RECORD_BYTES
 from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
 from slurm_plugin.cgroups import SlurmCgroupLayout, process_cpuset
@@ -17,7 +17,7 @@ from malleable_policy.model import RankView
 from slurm_plugin.node.jobfs import MountReader, mounted_over, node_mounts
 from slurm_plugin.node.procs import process_uid
 
-MAX_RANK_FILES = 1024
+MAX_RANK_FILES = MAX_RANK_RECORDS
 
 
 def job_step_of(pid: int, job_id: int, cgroups: SlurmCgroupLayout, uid: int) -> str | None:

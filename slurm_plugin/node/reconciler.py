@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from malleable_protocol import format_cpu_list
 
@@ -119,15 +119,16 @@ class Reconciler:
 
     def cycle(self, *, lock_timeout_s: float | None = None,
               starting_job: int | None = None,
-              fence: tuple[int, Fence] | None = None) -> CycleResult:
+              fences: Sequence[tuple[int, Fence]] = ()) -> CycleResult:
         """One cycle. ``starting_job`` (the Prolog's job) is marked as starting first: until its
-        cores are known, every lent core comes back. ``fence`` (job, Fence: the SPANK plugin's
-        step start) is marked first too: that job goes back to exactly its allocation."""
+        cores are known, every lent core comes back. ``fences`` (job, Fence: step starts the
+        SPANK plugin asked for, any number in one cycle) are marked first too: each job goes
+        back to exactly its allocation."""
         t0 = self._clock()
         result = CycleResult()
         try:
             with node_lock(self.config.lock_file, lock_timeout_s, self._sleep):
-                self._cycle_locked(result, starting_job, fence)
+                self._cycle_locked(result, starting_job, fences)
         except TimeoutError as exc:
             result.lock_busy = True
             result.errors.append(f"{type(exc).__name__}: {exc}")
@@ -141,15 +142,15 @@ class Reconciler:
         return result
 
     def _cycle_locked(self, result: CycleResult, starting_job: int | None,
-                      fence: tuple[int, Fence] | None) -> None:
+                      fences: Sequence[tuple[int, Fence]]) -> None:
         if self.rank_reader is not None:
             self.rank_reader.begin_cycle()
         ledger = self.ledger.load()
         if starting_job is not None:
             ledger.starting[starting_job] = self._wall()
             ledger.ended.pop(starting_job, None)     # a requeued job starts again
-        if fence is not None:
-            ledger.fences[(fence[0], fence[1].step)] = fence[1]
+        for job_id, fence in fences:
+            ledger.fences[(job_id, fence.step)] = fence
         fence_files, plugin_fences = self.gate.read_fences() if self.gate is not None \
             else ([], {})
         ledger.fences.update(plugin_fences)

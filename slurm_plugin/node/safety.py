@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from malleable_protocol import check_job_id
 from malleable_protocol.layout import check_step_name
@@ -77,16 +77,25 @@ def check_step_start(job_id: int, step: str, stepd_pid: int) -> Fence:
     return fence
 
 
+def start_steps(config: AgentConfig, rec: Reconciler, starts: Sequence[tuple[int, Fence]],
+                *, cycle: Callable[..., CycleResult] | None = None) -> list[Verdict]:
+    """Steps are starting (job, ``fence`` from ``check_step_start``: each step's slurmstepd,
+    root's, is about to write its job's folder back to Slurm's allocation): one cycle brings
+    every such job back to exactly that allocation (its ranks told first, like any shrink) and
+    fences it there until the step has joined its cpuset; then the real tree is checked for
+    each. One cycle for all that asked meanwhile: a burst of sruns costs one cycle, not one
+    each, and delays no other job's step. ``cycle``: how to run the cycle (the hook's kills a
+    hung agent; the agent's is its own)."""
+    t0 = time.monotonic()
+    result = (cycle or rec.cycle)(fences=tuple(starts))
+    return [judge(result, step_start_problems(config, job_id, rec.observer.actuator), t0)
+            for job_id, _ in starts]
+
+
 def start_step(config: AgentConfig, rec: Reconciler, job_id: int, fence: Fence,
                *, cycle: Callable[..., CycleResult] | None = None) -> Verdict:
-    """A step of ``job_id`` is starting (``fence``, from ``check_step_start``: its slurmstepd,
-    root's, is about to write the job's folder back to Slurm's allocation): one cycle brings the
-    job back to exactly that allocation (its ranks told first, like any shrink) and fences it
-    there until the step has joined its cpuset; then the real tree is checked. ``cycle``: how
-    to run the cycle (the hook's kills a hung agent; the agent's is its own)."""
-    t0 = time.monotonic()
-    result = (cycle or rec.cycle)(fence=(job_id, fence))
-    return judge(result, step_start_problems(config, job_id, rec.observer.actuator), t0)
+    """``start_steps`` for one step (the Python hook's: one step start per process)."""
+    return start_steps(config, rec, [(job_id, fence)], cycle=cycle)[0]
 
 
 def _tree(config: AgentConfig, actuator: CpusetActuator | None

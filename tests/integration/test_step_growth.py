@@ -372,3 +372,39 @@ def test_borrowed_core_seconds_match_the_cgroup_timeline(agent_cluster, tmp_path
         done.set()
         go.touch()
         client.cancel(job_id)
+
+
+def test_a_rigid_job_pays_nothing_with_every_agent_and_the_watcher_stopped(agent_cluster,
+                                                                            tmp_path):
+    """Issue 40: jobs that did not ask for malleability pay nothing for it, not when the
+    co-scheduler is down. With both nodes' agents and the watcher stopped (the feed going
+    stale), a rigid job starts (its Prolog runs the cycle itself), its three steps launch with
+    no process started for them (nothing of theirs in the hooks log: the plugin decided in
+    C), it completes, and no node drains. The agents and the watcher are started again."""
+    c, node = agent_cluster, "an1"
+    config = dataclasses.replace(c.agent_config(), node=node)
+    hooks_log = config.state_dir / f"hooks-{node}.log"
+    tmp_path.chmod(0o777)
+    script = tmp_path / "rigid.sh"
+    script.write_text("#!/bin/bash\nfor i in 1 2 3; do srun -n1 true; echo \"step $i rc=$?\"; "
+                      "done\n")
+    client = c.client()
+    c.stop_daemons(["watcher"] + [f"agent {n}" for n in ("an1", "an2")])
+    try:
+        wait_for(lambda: not config.step_socket.exists(), timeout=20,
+                 what="the agent gone (its socket removed)")
+        rigid = client.submit(script, ["-N1", "-c1", f"-w{node}", f"-o{tmp_path}/rigid.out"])
+        assert finish(client, rigid) is JobState.COMPLETED, \
+            (tmp_path / "rigid.out").read_text()[-1500:]
+        out = (tmp_path / "rigid.out").read_text()
+        assert [f"step {i} rc=0" in out for i in (1, 2, 3)] == [True] * 3, out
+        logged = hooks_log.read_text().splitlines() if hooks_log.exists() else []
+        assert any(f"prolog job {rigid}:" in x for x in logged), logged[-5:]
+        assert not [x for x in logged if f"job {rigid} step_" in x], logged[-5:]
+        for n in client.nodes():
+            assert "DRAIN" not in n.state_flags and not n.state.startswith("drain"), n
+    finally:
+        c.restart_watcher()
+        for n in ("an1", "an2"):
+            c.restart_agent(n)
+    wait_for(lambda: config.step_socket.exists(), timeout=60, what="the agent back")

@@ -38,6 +38,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -58,6 +59,7 @@ SPANK_PLUGIN(malleable, 1);
 #define ERR_BYTES 2048
 #define MAX_OPTION 128
 #define LOCK_WAIT_S 2.0 /* a cycle holds the node's lock for milliseconds */
+#define MAX_TIMEOUT_S 600.0
 
 /* --malleable: the value as given, checked by job_submit.lua (one grammar, request.py). */
 static char malleable_value[MAX_OPTION];
@@ -156,10 +158,18 @@ static int run_hook(char *const argv[], char *const envp[], double timeout_s,
 		if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 ||
 		    dup2(fds[1], 2) < 0)
 			_exit(126);
-		/* slurmstepd's own sockets and files are not the hook's business. */
-		long max = sysconf(_SC_OPEN_MAX);
-		for (long fd = 3; fd < (max > 0 && max < 65536 ? max : 65536); fd++)
-			close((int)fd);
+		/* slurmstepd's own sockets and files are not the hook's business: every descriptor
+		 * above stderr, however high its number (close_range, Linux 5.9; else each one up
+		 * to the process's limit). */
+		if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0) {
+			long max = sysconf(_SC_OPEN_MAX);
+			for (long fd = 3; fd < (max > 0 ? max : 1L << 20); fd++)
+				close((int)fd);
+		}
+		/* Nor its signal handling: a signal slurmstepd ignores would stay ignored across
+		 * exec, and a blocked one blocked. */
+		for (int sig = 1; sig < NSIG; sig++)
+			signal(sig, SIG_DFL);
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -214,6 +224,15 @@ static int valid_node(const char *n)
 			return 0;
 	}
 	return 1;
+}
+
+/* 1 if path is a folder of root's that nobody else may write: the only kind whose gate,
+ * fence and socket files mean what they say (else the Python hook decides, from its config). */
+static int roots_own_folder(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 &&
+	       (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
 /* The node's lock (the agent's and the hooks'), or -1 if not had within wait_s. */
@@ -273,7 +292,9 @@ static int ask_agent(const char *state, const char *node, uint32_t job, const ch
 	if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/agent-%s.sock", state, node) >=
 	    (int)sizeof(addr.sun_path))
 		return -1;
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	/* Non-blocking: a listener whose queue is full answers EAGAIN at once instead of holding
+	 * the step's start in connect() (then the hook decides). */
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -1;
 	char line[128], answer[1100];
@@ -330,7 +351,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	double timeout_s = arg_value(ac, av, "timeout", &timeout) ? atof(timeout) : 20.0;
-	if (timeout_s <= 0)
+	if (!(timeout_s > 0 && timeout_s <= MAX_TIMEOUT_S)) /* nan and inf too */
 		timeout_s = 20.0;
 	const char *node = getenv("SLURMD_NODENAME"); /* slurmstepd sets it for itself */
 	if (node == NULL || strlen(node) == 0 || strlen(node) > 200) {
@@ -343,7 +364,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	step_folder(step, folder, sizeof(folder));
 	double t0 = now_s();
 	const char *state = NULL;
-	if (arg_value(ac, av, "state", &state) && valid_node(node)) {
+	if (arg_value(ac, av, "state", &state) && valid_node(node) && roots_own_folder(state)) {
 		int lock = lock_node(state, node, LOCK_WAIT_S);
 		if (lock >= 0) {
 			int fenced = gated(state, node, job) && write_fence(state, node, job, folder) == 0;

@@ -145,7 +145,7 @@ def test_one_cycle_runs_in_the_crash_only_order(tmp_path):
 
 def test_a_fence_reaches_the_saved_ledger_before_its_file_is_removed(tmp_path):
     journal, gate, rec = make(tmp_path)
-    rec.cycle(fence=(7, Fence(step="step_1", stepd_pid=99, since=1_700_000_000.0)))
+    rec.cycle(fences=[(7, Fence(step="step_1", stepd_pid=99, since=1_700_000_000.0))])
     save = journal.names().index("ledger.save")
     observe = journal.names().index("observe")
     assert (7, "step_1") in journal[observe][1] and (7, "step_1") in journal[save][1]

@@ -205,3 +205,44 @@ def test_anyone_but_root_is_hung_up_on(tmp_path):
     finally:
         server.stop()
         folder.rmdir()
+
+
+def test_a_burst_of_step_starts_costs_one_cycle_for_all(tmp_path):
+    """Issue 40, finding 7: each request had a cycle of its own, so one user's burst of sruns
+    put every other user's step start behind it (then to the slow hook, which kills the
+    agent after 3 s). Every request queued since the last look is fenced in one cycle and
+    answered by it; a request whose slurmstepd is not root's is refused alone."""
+    from types import SimpleNamespace
+    from slurm_plugin.daemon.agent import serve_step_starts
+    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.node.reconciler import CycleResult
+    wake = threading.Event()
+    path = tmp_path / "agent-n1.sock"
+    server = StepStartServer(path, wake)
+    server.start()
+    me = os.getpid()                 # root's, as a slurmstepd is
+    asks = [f"step-start 41 step_{i} {me}\n".encode() for i in range(6)] + \
+        [f"step-start 42 step_0 {me}\n".encode(), b"step-start 43 step_0 1\n"]
+    answers: dict[bytes, bytes] = {}
+    clients = [threading.Thread(target=lambda a=a: answers.__setitem__(a, _ask(path, a)))
+               for a in asks]
+    cycles = []
+    rec = SimpleNamespace(cycle=lambda **m: cycles.append(m) or CycleResult(),
+                          observer=SimpleNamespace(actuator=SimpleNamespace(scan=dict)))
+    config = AgentConfig(node="n1", state_dir=tmp_path / "state", run_dir=tmp_path / "run")
+    try:
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 10
+        while server._queue.qsize() < len(asks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        serve_step_starts(config, rec, server)
+        for t in clients:
+            t.join(5)
+    finally:
+        server.stop()
+    assert len(cycles) == 1
+    assert sorted((j, f.step) for j, f in cycles[0]["fences"]) == \
+        [(41, f"step_{i}") for i in range(6)] + [(42, "step_0")]
+    assert all(answers[a].startswith(b"ok 0") for a in asks[:-1]), answers
+    assert answers[asks[-1]].startswith(b"refused"), answers

@@ -238,3 +238,28 @@ def test_the_observer_passes_the_sites_limits_and_the_partition():
                        limits=limits, read_ranks=lambda *a: (), wall=lambda: 1000.0)
     snap = obs.observe(Ledger())
     assert snap.limits == limits and snap.job(7).partition == "prio"
+
+
+def test_ranks_a_job_claims_are_bounded_by_the_records_it_can_have():
+    """Issue 40, finding 6: each record's local_size (up to 4,096) in each of many steps was
+    expanded into per-rank tuples several times a cycle, outside the read budget (100 steps:
+    about 0.3 s of root CPU per decide here, 1,000 steps 2.6 s). A job's folder holds at most
+    1,024 records, so no more of its ranks can be managed on the node: beyond that, the ranks
+    that reported count. An honest job of 4 ranks in 2 steps counts as it says, reported or
+    not yet."""
+    from malleable_protocol.records import MAX_RANK_RECORDS
+    S = frozenset
+
+    def job(claims: list[tuple[str, int, int]]) -> JobView:
+        ranks = tuple(RankView(pid=100 + i, rank=i, local_rank=lr, local_size=size,
+                               intra_active=1, step=step)
+                      for i, (step, lr, size) in enumerate(claims))
+        return JobView(5, 1000, "u", S({0, 1}), S({0, 1}), spec=MalleableSpec(1, None),
+                       ranks=ranks, steps=tuple(sorted({c[0] for c in claims})))
+    liar = job([(f"step_{i}", 0, 4096) for i in range(1000)])
+    assert sum(liar.ranks_per_step.values()) == 1000 <= MAX_RANK_RECORDS
+    assert len(liar.threads_per_rank(S(range(8)))) == 1000
+    plan = decide(NodeSnapshot("n1", S(range(8)), (liar,)), Policy.LEND_IDLE)
+    assert plan.targets[5] <= S(range(8))
+    honest = job([("step_0", 0, 2), ("step_1", 0, 2), ("step_1", 1, 2)])   # one yet to report
+    assert honest.ranks_per_step == {"step_0": 2, "step_1": 2}
