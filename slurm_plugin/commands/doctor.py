@@ -50,6 +50,7 @@ class Facts:
     hooks: dict[str, tuple[str, bool]] = field(default_factory=dict)
     layout: str | None = None                     # the cgroup layout described
     numbering: str | None = None                  # the node's CPU numbering described
+    switched_off: str | None = None               # why, when the site's kill switch is thrown
     cpu_layout: list[int] | None = None           # its sockets, cores per socket, threads
     plugstack_lines: list[str] | None = None      # PlugStackConfig's lines (files included)
     spank_so_exists: bool = False
@@ -108,6 +109,9 @@ def diagnose(f: Facts) -> list[Check]:
     out.append(Check("cgroup layout", Status.OK if f.layout else Status.FAIL,
                      f.layout or f"not found: {f.errors.get('layout', '?')}"))
     out.append(_numbering_check(f))
+    out.append(Check("kill switch", Status.WARN, f"{f.switched_off}: every job keeps its "
+                     "allocation ('malleable enable' lifts it)") if f.switched_off else
+               Check("kill switch", Status.OK, "malleability is on"))
     out.append(Check("agent", Status.OK if f.agent_pid else Status.FAIL,
                      f"pid {f.agent_pid}" if f.agent_pid else "not running (no live agent in "
                      "its pid file): start malleable-agent@<node>"))
@@ -144,8 +148,9 @@ def _numbering_check(f: Facts) -> Check:
                      f"are {f.cpu_layout}: make slurm.conf what `slurmd -C` prints; jobs keep "
                      "Slurm's allocation")
     if f.cpu_layout is not None and f.cpu_layout[2] > 1:
-        return Check("CPU numbering", Status.WARN, f"{f.numbering}; lends nothing: whole-core "
-                     "lending on hyperthreaded nodes is not built yet")
+        return Check("CPU numbering", Status.WARN, f"{f.numbering}; lends whole cores (both "
+                     "threads): Slurm must allocate whole cores (CR_Core, CR_Core_Memory), or "
+                     "jobs keep their allocation (whole-core lending)")
     return Check("CPU numbering", Status.OK, f.numbering)
 
 
@@ -192,6 +197,7 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
            wall=time.time) -> Facts:
     from slurm_plugin.feed.notify import FeedMode, discover_feed_mode
     from slurm_plugin.feed.store import FeedStore
+    from slurm_plugin.node.switch import switched_off
     from slurm_plugin.node.wiring import cpu_numbering, node_layout
     from slurm_plugin.node.procs import agent_pid
     f = Facts(node=config.node)
@@ -215,6 +221,7 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
         f.layout = node_layout(config).describe()
     except Exception as exc:  # noqa: BLE001 - LayoutUnknown and what discovery may raise
         f.errors["layout"] = str(exc)
+    f.switched_off = switched_off(config)
     numbering, refusal = cpu_numbering()
     if numbering is not None:
         f.numbering = numbering.describe()

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from malleable_protocol.errors import FixableError, error_text, is_fixable
 from slurm_plugin.commands import (agent, cgroups, cluster, containers, doctor,
-                                   install_hooks, resize, sbatch, status, watcher)
+                                   install_hooks, resize, sbatch, status, switch, watcher)
 from slurm_plugin.settings import root_settings
 
 # One module per command, its parser beside its handler (``add_parser``, ``run``), in the order
 # ``malleable --help`` lists them.
 COMMANDS = (cluster, agent, containers, doctor, watcher, install_hooks, resize, sbatch, status,
-            cgroups)
+            cgroups, switch)
 
 
 DISTRIBUTION = "malleable-hpc"     # the checkout's (pyproject.toml)

@@ -43,6 +43,8 @@ class AgentConfig:
     # max_weight. The user's weight= is only a wish within what the site allows (1: ignored).
     max_weight: int = 1
     partition_max_weight: Mapping[str, int] = field(default_factory=dict)
+    # The site's kill switch (``switch.py``): false holds every job to its allocation.
+    enabled: bool = True
 
     def __post_init__(self) -> None:
         if self.feed_mode not in ("auto", "local", "shared"):
@@ -52,6 +54,9 @@ class AgentConfig:
             raise ValueError(f"wake_port must be a port (0: any), not {self.wake_port!r}")
         if not 0 < self.feed_refresh_s <= 3600:
             raise ValueError(f"feed_refresh_s must be in (0, 3600], not {self.feed_refresh_s!r}")
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"enabled must be true or false, not {self.enabled!r}")
+
         def bad_weight(w: object) -> bool:
             return isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100
         b = self.max_borrowed_cpus
@@ -85,6 +90,11 @@ class AgentConfig:
     @property
     def lock_file(self) -> Path:
         return self.state_dir / f"agent-{self.node}.lock"
+
+    @property
+    def switch_file(self) -> Path:
+        """Thrown by ``malleable disable`` (``switch.py``)."""
+        return self.state_dir / f"disabled-{self.node}"
 
     @property
     def pid_file(self) -> Path:

@@ -122,12 +122,12 @@ def read_job_statuses(layout: RunLayout, job_id: int, *,
 
 
 class RankReader:
-    """``read_job_ranks`` with a budget per job per cycle: the bytes and the CPU time root may
-    spend on one job's records (its user writes them). Over budget, the read stops with
-    InputBudgetExceeded, which holds that job to its allocation this cycle (its fault) and
-    touches no other job. Made once per node (``node.make_reconciler``) and shared by the
-    observer and the executor, which re-reads records while a shrink waits; the reconciler
-    calls ``begin_cycle``."""
+    """``read_job_ranks`` with a budget per user per cycle: the bytes and the CPU time root may
+    spend on the records of one user's jobs (he writes them), however many jobs he runs on the
+    node. Over budget, the read stops with InputBudgetExceeded, which holds the job being read
+    to its allocation this cycle (its fault; his later jobs too) and touches no other user's.
+    Made once per node (``node.make_reconciler``) and shared by the observer and the executor,
+    which re-reads records while a shrink waits; the reconciler calls ``begin_cycle``."""
 
     def __init__(self, *, max_bytes: int = 256 * 1024, max_cpu_s: float = 0.02,
                  cpu_clock: Callable[[], float] = time.thread_time,
@@ -137,15 +137,16 @@ class RankReader:
         self._cpu_clock = cpu_clock
         self._step_of = step_of
         self._mounts = mounts
-        self._spent: dict[int, tuple[int, float]] = {}     # job -> (bytes, CPU seconds)
+        self._spent: dict[int, tuple[int, float]] = {}     # uid -> (bytes, CPU seconds)
         self._mounted_over: dict[str, str] | None = None   # read once a cycle
 
     def begin_cycle(self) -> None:
         self._spent.clear()
         self._mounted_over = None
 
-    def spent(self, job_id: int) -> tuple[int, float]:
-        return self._spent.get(job_id, (0, 0.0))
+    def spent(self, uid: int) -> tuple[int, float]:
+        """What the records of ``uid``'s jobs cost root this cycle."""
+        return self._spent.get(uid, (0, 0.0))
 
     def __call__(self, layout: RunLayout, job_id: int, uid: int,
                  cgroups: SlurmCgroupLayout) -> tuple[RankView, ...]:
@@ -154,7 +155,7 @@ class RankReader:
         why = self._mounted_over.get(layout.job_dir(job_id).name)
         if why:
             raise FolderMountedOver(f"job {job_id}: {why}")
-        nbytes, cpu = self.spent(job_id)
+        nbytes, cpu = self.spent(uid)
         t0 = self._cpu_clock()
 
         def charge(n: int) -> None:
@@ -164,12 +165,13 @@ class RankReader:
             if nbytes > self.max_bytes or used > self.max_cpu_s:
                 # The same words every cycle: the event log records a fault when it changes.
                 raise InputBudgetExceeded(
-                    f"job {job_id}: its records cost more than their budget this cycle "
-                    f"({self.max_bytes // 1024} KiB, {self.max_cpu_s * 1000:.0f} ms of CPU)")
+                    f"job {job_id}: its user's records cost more than their budget this "
+                    f"cycle ({self.max_bytes // 1024} KiB, {self.max_cpu_s * 1000:.0f} ms of "
+                    "CPU, for all his jobs on the node)")
 
         charge(0)
         try:
             return read_job_ranks(layout, job_id, uid, cgroups, step_of=self._step_of,
                                   charge=charge)
         finally:
-            self._spent[job_id] = (nbytes, cpu + self._cpu_clock() - t0)
+            self._spent[uid] = (nbytes, cpu + self._cpu_clock() - t0)

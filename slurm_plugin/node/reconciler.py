@@ -36,9 +36,19 @@ from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.decide import decide
 from malleable_policy.whole_cores import SplitCores, decide_whole_cores
 from slurm_plugin.node.ranks import RankReader
+from slurm_plugin.node.switch import switched_off
 from slurm_plugin.node.step_gate import StepGate, gated_jobs
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why every job keeps Slurm's allocation on the node this cycle, and the event saying so:
+    ``switched-off`` (the site's kill switch), ``cpu-numbering`` (Slurm's CPU ids cannot be
+    read as this node's, or Slurm split a core)."""
+    event: str
+    why: str
 
 
 @dataclass
@@ -50,7 +60,7 @@ class CycleResult:
     lock_busy: bool = False                               # the node's lock was not had in time
     seconds: float = 0.0
     usage: dict[int, CoreUsage] | None = None    # running jobs' (accounting); None: not run
-    refusal: str | None = None    # why jobs keep Slurm's allocation here (CPU numbering)
+    refusal: Hold | None = None   # why every job keeps Slurm's allocation here
 
     @property
     def applied(self) -> list[Outcome]:
@@ -168,20 +178,23 @@ class Reconciler:
         self._publish_offers(result.plan)
         self._publish_report(result)
 
-    def _decide(self, snapshot: NodeSnapshot) -> tuple[str | None, Plan]:
-        """The plan, and why jobs keep Slurm's allocation if they must: where Slurm's CPU ids
-        cannot be turned into this node's, nothing is lent (every job is held to what its
-        cgroup shows); where cores have several threads, whole cores are lent, or none if Slurm
-        gave a job part of one."""
+    def _decide(self, snapshot: NodeSnapshot) -> tuple[Hold | None, Plan]:
+        """The plan, and why jobs keep Slurm's allocation if they must: where the site switched
+        malleability off (``switch``), or Slurm's CPU ids cannot be turned into this node's,
+        nothing is lent (every job is held to what its cgroup shows); where cores have several
+        threads, whole cores are lent, or none if Slurm gave a job part of one."""
+        off = switched_off(self.config)
+        if off is not None:
+            return Hold("switched-off", off), decide(snapshot, Policy.STATIC)
         refusal, numbering = self.observer.refusal, self.observer.numbering
         if refusal is not None:
-            return refusal, decide(snapshot, Policy.STATIC)
+            return Hold("cpu-numbering", refusal), decide(snapshot, Policy.STATIC)
         if numbering is not None and numbering.layout.threads_per_core > 1:
             try:
                 return None, decide_whole_cores(snapshot, self.config.policy, numbering.cores)
             except SplitCores as exc:
-                return (f"{exc}: malleable jobs need whole-core allocation (CR_Core or "
-                        "CR_Core_Memory)"), decide(snapshot, Policy.STATIC)
+                return Hold("cpu-numbering", f"{exc}: malleable jobs need whole-core allocation "
+                            "(CR_Core or CR_Core_Memory)"), decide(snapshot, Policy.STATIC)
         return None, decide(snapshot, self.config.policy)
 
     def _publish_report(self, result: CycleResult) -> None:
@@ -213,9 +226,9 @@ class Reconciler:
             self._refusal = result.refusal
             if result.refusal is not None:
                 log.error("node %s: jobs keep Slurm's allocation: %s", self.config.node,
-                          result.refusal)
-                lines.append({"time": now, "node": self.config.node, "event": "cpu-numbering",
-                              "error": result.refusal})
+                          result.refusal.why)
+                lines.append({"time": now, "node": self.config.node,
+                              "event": result.refusal.event, "error": result.refusal.why})
         if result.snapshot is not None and result.snapshot.faults != self._faults:
             self._faults = result.snapshot.faults
             lines += [{"time": now, "node": self.config.node, "event": "job-fault",

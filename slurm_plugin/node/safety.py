@@ -124,6 +124,17 @@ def lent_cores(config: AgentConfig, actuator: CpusetActuator | None = None) -> l
     return problems
 
 
+def jobs_off_their_allocation(config: AgentConfig,
+                              actuator: CpusetActuator | None = None) -> list[str]:
+    """Read from the real cgroup tree: running jobs whose folder holds other cores than their
+    allocation (as the ledger knows it). Empty when every job holds exactly Slurm's cores."""
+    found, ledger = _tree(config, actuator)
+    return [f"job {job_id} holds {sorted(cg.cpus)}, not its {sorted(alloc.cpus)}"
+            for job_id, cg in sorted(found.items())
+            if job_id not in ledger.ended and (alloc := ledger.allocations.get(job_id))
+            is not None and cg.cpus != alloc.cpus]
+
+
 def step_start_problems(config: AgentConfig, job_id: int,
                         actuator: CpusetActuator | None = None) -> list[str]:
     """Read from the real cgroup tree: what of ``job_id``'s folders lies outside its allocation

@@ -4,6 +4,7 @@ Slurm, real cgroups, real TensorFlow; each node of the cluster has 2 CPUs."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -408,3 +409,51 @@ def test_a_rigid_job_pays_nothing_with_every_agent_and_the_watcher_stopped(agent
         for n in ("an1", "an2"):
             c.restart_agent(n)
     wait_for(lambda: config.step_socket.exists(), timeout=60, what="the agent back")
+
+
+def test_the_kill_switch_returns_every_job_to_its_allocation_in_one_cycle(agent_cluster,
+                                                                          tmp_path):
+    """Issue 40, the site's kill switch: a malleable job grown to both cores of its node;
+    ``malleable disable`` returns when its cycle is done, and the job holds exactly its one
+    core then (its rank down to one thread), and keeps it while the agent runs on; a new
+    malleable job is not grown. ``malleable enable``: the agent grows it again."""
+    import time
+    c, node = agent_cluster, "an1"
+    tmp_path.chmod(0o777)
+    stop = tmp_path / "stop"
+    client = c.client()
+    env = {**os.environ, **c.env()}
+    job_id = int(subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
+         f"-o{tmp_path}/out", "--wrap", f"exec {sys.executable} {TRAIN} {stop}"],
+        check=True, env=env, capture_output=True, text=True).stdout.split(";")[0])
+    switch = [sys.executable, "-m", "slurm_plugin.commands.main"]
+    where = ["--config", str(c.hooks_dir / "agent.json"), "--node", node]
+    try:
+        wait_for(lambda: (r := records(c, job_id).get("step_batch")) and
+                 r["allowed"] == {0, 1} and r["intra_active"] == 2, timeout=120,
+                 what="grown to 2 cores, 2 threads", show=lambda: timeline(c, node, job_id))
+        t0 = time.monotonic()
+        off = subprocess.run([*switch, "disable", *where, "--reason", "test"],
+                             capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+        assert off.returncode == 0, off.stderr
+        assert len(cgroup_cpus(c, node, job_id)) == 1, off.stdout      # already, on return
+        print(f"\n{off.stdout.strip()} ({took:.2f} s with the command's start)")
+        wait_for(lambda: records(c, job_id)["step_batch"]["intra_active"] == 1, timeout=10,
+                 what="its rank at one thread", show=lambda: timeline(c, node, job_id))
+        time.sleep(3)          # the agent's cycles go on: it stays there
+        assert len(cgroup_cpus(c, node, job_id)) == 1
+        assert not violations(c, node), violations(c, node)
+        config = dataclasses.replace(c.agent_config(), node=node)
+        events = [json.loads(x) for x in config.event_log.read_text().splitlines()]
+        assert any(e["event"] == "switched-off" and "test" in e["error"] for e in events)
+        on = subprocess.run([*switch, "enable", *where], capture_output=True, text=True,
+                            timeout=60)
+        assert on.returncode == 0, on.stderr
+        wait_for(lambda: cgroup_cpus(c, node, job_id) == {0, 1}, timeout=30,
+                 what="grown again", show=lambda: timeline(c, node, job_id))
+    finally:
+        subprocess.run([*switch, "enable", *where], capture_output=True, timeout=60)
+        stop.touch()
+        client.cancel(job_id)

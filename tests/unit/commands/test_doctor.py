@@ -124,3 +124,11 @@ def test_plugstack_path_is_slurms_default_where_unset():
         Path("/etc/slurm/plugstack.conf")
     assert plugstack_path("ClusterName = c\n", Path("/c/etc/slurm.conf")) == \
         Path("/c/etc/plugstack.conf")
+
+
+def test_the_kill_switch_is_said():
+    f = healthy()
+    assert next(c for c in diagnose(f) if c.name == "kill switch").status is Status.OK
+    f.switched_off = "malleability is switched off by 'malleable disable': maintenance"
+    check = next(c for c in diagnose(f) if c.name == "kill switch")
+    assert check.status is Status.WARN and "maintenance" in check.detail

@@ -98,20 +98,20 @@ def test_one_jobs_input_is_confined_to_that_job(tmp_path):
     from ..fakes import FakeCgroups, FakeFeed
     S = frozenset
     lay = RunLayout(tmp_path)
-    for job, n in ((5, 300), (6, 1)):
+    for job, n, owner in ((5, 300, UID), (6, 1, UID + 1)):
         d = lay.job_dir(job)
         d.mkdir(parents=True)
-        os.chown(d, UID, UID)
+        os.chown(d, owner, owner)
         for r in range(n):     # job 5: 300 records of the CPU-list bomb's size
             put(d, f"rank_{r}.json", RankStatus(**{**GOOD, "rank": r}).encode() if n == 1 else
                 RankStatus(**{**GOOD, "rank": r}).encode()[:-1] +
-                b',"allowed_cpus":"' + b"0-1," * 1000 + b'1"}')
+                b',"allowed_cpus":"' + b"0-1," * 1000 + b'1"}', owner=owner)
     spec = MalleableSpec(1, None)
     feed = NodeFeed("n1", 8, (FeedJob(5, UID, "u", S({0, 1}), ("n1",), spec),
-                              FeedJob(6, UID, "u", S({2, 3}), ("n1",), spec),
+                              FeedJob(6, UID + 1, "v", S({2, 3}), ("n1",), spec),
                               FeedJob(7, UID, "u", S({4}), ("n1",), spec)))
     cg = {5: CgroupJob(UID, 5, S({0, 1}), {"step_0": S({0, 1})}),
-          6: CgroupJob(UID, 6, S({2, 3}), {"step_0": S({2, 3})}),
+          6: CgroupJob(UID + 1, 6, S({2, 3}), {"step_0": S({2, 3})}),
           7: CgroupJob(UID, 7, S({4}), {"step_0": S({4})}, foreign=("step_0/mine",))}
     reader = RankReader(max_bytes=64 * 1024, step_of=lambda *a: "step_0")
     obs = NodeObserver("n1", lay, FakeFeed(feed), FakeCgroups(cg), read_ranks=reader,
@@ -120,11 +120,36 @@ def test_one_jobs_input_is_confined_to_that_job(tmp_path):
     assert "InputBudgetExceeded" in snap.job(5).fault and not snap.job(5).ranks
     assert snap.job(7).fault.startswith("folders Slurm did not make")
     assert snap.job(6).fault is None and len(snap.job(6).ranks) == 1
-    assert reader.spent(5)[0] <= 64 * 1024 + 16384
+    assert reader.spent(UID)[0] <= 64 * 1024 + 16384
     plan = decide(snap, Policy.LEND_IDLE)
     assert plan.targets[5] == {0, 1} and plan.targets[7] == {4}
     assert len(plan.targets[6]) == 5          # every idle core: 2, 3 and 5-7
     assert len(snap.faults) == 2
+
+
+def test_the_read_budget_is_one_users_for_all_his_jobs(tmp_path):
+    """Issue 40, bounds per user: k jobs of one user cost root one budget a cycle, not k. His
+    second job is held once the first spent it; another user's job is read."""
+    from slurm_plugin.node.ranks import InputBudgetExceeded, RankReader
+    lay = RunLayout(tmp_path)
+    bomb = (RankStatus(**GOOD).encode()[:-1] + b',"allowed_cpus":"' +
+            ",".join(str(2 * i) for i in range(700)).encode() + b'"}')
+    for job, owner in ((5, UID), (6, UID), (7, UID + 1)):
+        d = lay.job_dir(job)
+        d.mkdir(parents=True)
+        os.chown(d, owner, owner)
+        for r in range(40 if owner == UID else 1):
+            put(d, f"rank_{r}.json", bomb if owner == UID else RankStatus(**GOOD).encode(),
+                owner=owner)
+    reader = RankReader(max_bytes=1 << 30, max_cpu_s=1e9, step_of=lambda *a: "step_0")
+    reader(lay, 5, UID, N1)
+    one_job = reader.spent(UID)
+    reader.begin_cycle()
+    reader.max_bytes = one_job[0] * 3 // 2      # room for one such job's bytes, not two
+    reader(lay, 5, UID, N1)
+    with pytest.raises(InputBudgetExceeded, match="all his jobs"):
+        reader(lay, 6, UID, N1)
+    assert len(reader(lay, 7, UID + 1, N1)) == 1
 
 
 def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_path):
@@ -146,13 +171,13 @@ def test_the_read_budget_bounds_root_cpu_on_a_job_of_1024_hostile_records(tmp_pa
     with pytest.raises(InputBudgetExceeded):
         reader(lay, 5, UID, N1)
     used = time.thread_time() - t0
-    print(f"\n1,024 hostile records: read stopped after {reader.spent(5)[0]} bytes, "
+    print(f"\n1,024 hostile records: read stopped after {reader.spent(UID)[0]} bytes, "
           f"{used * 1000:.1f} ms CPU")
     assert used < 0.05
     with pytest.raises(InputBudgetExceeded):       # the rest of the cycle: nothing more spent
         reader(lay, 5, UID, N1)
     reader.begin_cycle()
-    assert reader.spent(5) == (0, 0.0)
+    assert reader.spent(UID) == (0, 0.0)
 
 
 def test_the_budget_is_checked_after_each_decode_too(tmp_path, monkeypatch):
@@ -170,7 +195,7 @@ def test_the_budget_is_checked_after_each_decode_too(tmp_path, monkeypatch):
     reader = ranks.RankReader(cpu_clock=lambda: clock[0], step_of=lambda *a: "step_0")
     with pytest.raises(ranks.InputBudgetExceeded):
         reader(lay, 5, UID, N1)
-    assert reader.spent(5)[1] == pytest.approx(0.05)
+    assert reader.spent(UID)[1] == pytest.approx(0.05)
 
 
 def test_a_records_folder_its_user_mounted_on_is_not_opened(tmp_path):

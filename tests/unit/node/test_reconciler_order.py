@@ -17,7 +17,7 @@ from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.hooks.install import prepare_node_folders
 from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.node.ledger import Fence, LedgerFile
-from slurm_plugin.node.reconciler import Reconciler
+from slurm_plugin.node.reconciler import Hold, Reconciler
 from slurm_plugin.node.step_gate import StepGate
 
 NODE = "n1"
@@ -172,7 +172,7 @@ def test_a_node_whose_cpu_numbering_is_refused_holds_every_job_and_says_so_once(
     for _ in range(2):
         result = rec.cycle()
         assert result.failures == [] and result.plan.actions == ()    # job 7 does not grow
-        assert result.refusal == rec.observer.refusal
+        assert result.refusal == Hold("cpu-numbering", rec.observer.refusal)
     events = [json.loads(line) for line in rec.config.event_log.read_text().splitlines()]
     assert [e["event"] for e in events].count("cpu-numbering") == 1
     rec.observer.refusal = None          # the feed's layout mended: the policy runs again
