@@ -24,17 +24,24 @@ pytestmark = pytest.mark.cluster
 TRAIN = Path(__file__).parent.parent / "programs" / "train_until.py"
 
 
-def test_training_in_the_batch_step_grows_and_shrinks(agent_cluster, tmp_path):
-    """``sbatch -c1 --wrap "python train.py"``: no malleable-srun, no srun."""
-    c, node = agent_cluster, "an1"
+def training_job(c, node: str, tmp_path: Path) -> tuple[int, Path]:
+    """A malleable job (1 core, may grow to 2) training in its batch step until ``stop``."""
     tmp_path.chmod(0o777)
     stop = tmp_path / "stop"
-    client = c.client()
-    env = {**os.environ, **c.env()}
     job_id = int(subprocess.run(
         ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
          f"-o{tmp_path}/out", "--wrap", f"exec {sys.executable} {TRAIN} {stop}"],
-        check=True, env=env, capture_output=True, text=True).stdout.split(";")[0])
+        check=True, env={**os.environ, **c.env()}, capture_output=True,
+        text=True).stdout.split(";")[0])
+    return job_id, stop
+
+
+def test_training_in_the_batch_step_grows_and_shrinks(agent_cluster, tmp_path):
+    """``sbatch -c1 --wrap "python train.py"``: no malleable-srun, no srun."""
+    c, node = agent_cluster, "an1"
+    client = c.client()
+    env = {**os.environ, **c.env()}
+    job_id, stop = training_job(c, node, tmp_path)
     seen = []
     try:
         # The node's other core is idle: the job and its threads grow to 2.
@@ -415,18 +422,12 @@ def test_the_kill_switch_returns_every_job_to_its_allocation_in_one_cycle(agent_
                                                                           tmp_path):
     """Issue 40, the site's kill switch: a malleable job grown to both cores of its node;
     ``malleable disable`` returns when its cycle is done, and the job holds exactly its one
-    core then (its rank down to one thread), and keeps it while the agent runs on; a new
-    malleable job is not grown. ``malleable enable``: the agent grows it again."""
+    core then (its rank down to one thread), and keeps it while the agent runs on.
+    ``malleable enable``: the agent grows it again."""
     import time
     c, node = agent_cluster, "an1"
-    tmp_path.chmod(0o777)
-    stop = tmp_path / "stop"
     client = c.client()
-    env = {**os.environ, **c.env()}
-    job_id = int(subprocess.run(
-        ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", "--comment=malleable:min=1,max=2",
-         f"-o{tmp_path}/out", "--wrap", f"exec {sys.executable} {TRAIN} {stop}"],
-        check=True, env=env, capture_output=True, text=True).stdout.split(";")[0])
+    job_id, stop = training_job(c, node, tmp_path)
     switch = [sys.executable, "-m", "slurm_plugin.commands.main"]
     where = ["--config", str(c.hooks_dir / "agent.json"), "--node", node]
     try:
