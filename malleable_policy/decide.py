@@ -16,10 +16,10 @@
 What a job's user says (weight=, min=/max=/cpus= in the Comment, the steps/s of its own status
 records) is bounded by what the site and the agent know (``NodeSnapshot.limits``, from
 ``AgentConfig``): a weight counts only up to its partition's maximum (the site's table; 1 where
-the site set nothing), no job holds more than ``max_borrowed_cpus`` cores above its allocation
-whatever it asks or claims (8 where the site set nothing), and a claimed gain per core counts
-at most as linear scaling from the job's own rate at its allocation (``LINEAR_GAIN``, always):
-a lie about steps/s wins no more than saying nothing (assumed linear) would.
+the site set nothing), no user's jobs hold more than ``max_borrowed_cpus`` cores above their
+allocations together, whatever they ask or claim (8 where the site set nothing), and a claimed
+gain per core counts at most as linear scaling from the job's own rate at its allocation
+(``LINEAR_GAIN``, always): a lie about steps/s wins no more than saying nothing would.
 """
 from __future__ import annotations
 
@@ -60,16 +60,54 @@ def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> t
     return lo, hi
 
 
+class BorrowBudget:
+    """What each user may still borrow on the node: the site's ``max_borrowed_cpus`` is for all
+    of one user's jobs together, so k jobs of his do not borrow k times as much. Floors,
+    requests and the fills take from it in that order, jobs in id order. None: no limit."""
+
+    def __init__(self, snapshot: NodeSnapshot, jobs: list[JobView]):
+        cap = snapshot.limits.max_borrowed_cpus
+        self._uid = {j.job_id: j.uid for j in jobs}
+        self._alloc = {j.job_id: len(j.allocation) for j in jobs}
+        self._left: dict[int, int] | None = None if cap is None else \
+            {j.uid: max(0, cap) for j in jobs}
+
+    def grant(self, job_id: int, more: int) -> int:
+        """Of ``more`` cores the job wants above what it holds at or above its allocation, how
+        many its user may still borrow (taken from his budget)."""
+        if self._left is None or more <= 0:
+            return max(0, more)
+        uid = self._uid[job_id]
+        given = min(more, self._left[uid])
+        self._left[uid] -= given
+        return given
+
+    def allows(self, job_id: int, n: int) -> bool:
+        """Whether the job may go from ``n`` cores to ``n + 1``."""
+        return self._left is None or n < self._alloc[job_id] or \
+            self._left[self._uid[job_id]] > 0
+
+    def take(self, job_id: int, n: int) -> None:
+        """The job went from ``n`` cores to ``n + 1``."""
+        if self._left is not None and n >= self._alloc[job_id]:
+            self._left[self._uid[job_id]] -= 1
+
+
 def _water_fill(counts: dict[int, int], caps: dict[int, int], weights: dict[int, int],
-                spare: int) -> dict[int, int]:
+                spare: int, budget: BorrowBudget | None = None) -> dict[int, int]:
     """Give ``spare`` cores one by one to the job furthest below its weighted share (ties: the
-    lowest id). A heap of the jobs below their caps, by that key: each core costs a log, not a
-    scan of every job (the agent on a 64-core node, and the simulator's thousands of nodes)."""
+    lowest id), while its user's ``budget`` allows. A heap of the jobs below their caps, by
+    that key: each core costs a log, not a scan of every job (the agent on a 64-core node, and
+    the simulator's thousands of nodes)."""
     counts = dict(counts)
     below_cap = [(counts[j] / weights[j], j) for j in counts if counts[j] < caps[j]]
     heapq.heapify(below_cap)
     while spare > 0 and below_cap:
         _, j = heapq.heappop(below_cap)
+        if budget is not None:
+            if not budget.allows(j, counts[j]):
+                continue          # its user borrowed all he may: it stays where it is
+            budget.take(j, counts[j])
         counts[j] += 1
         spare -= 1
         if counts[j] < caps[j]:
@@ -102,7 +140,7 @@ def estimated_rate(pts: tuple[tuple[int, float], ...], n: int) -> float:
 
 
 def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
-                       pool: int) -> dict[int, int]:
+                       pool: int, budget: BorrowBudget | None = None) -> dict[int, int]:
     """Each job starts at its allocation (or its floor, if higher); each further core goes where
     it adds the most work in core-equivalents: the steps/s it adds over the job's own steps/s
     per allocated core (jobs are not comparable in absolute steps/s; a cluster counts work in
@@ -125,12 +163,14 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
               for j in jobs}
     alloc = {j.job_id: max(1, len(j.allocation)) for j in jobs}
     points = {j.job_id: measured_points(j) for j in jobs}   # read once: the telemetry is fixed
+    uid_of = {j.job_id: j.uid for j in jobs}
 
     def next_core(jid: int) -> tuple[float, float] | None:
         """What one more core is worth to the job: its gain (rounded, so that float noise does
         not break a tie), then how far it is below its share of the allocations; None at its
         maximum or where the core adds nothing."""
-        if counts[jid] >= bounds[jid][1]:
+        if counts[jid] >= bounds[jid][1] or \
+                (budget is not None and not budget.allows(jid, counts[jid])):
             return None
         pts, n = points[jid], counts[jid]
         per_core = max(estimated_rate(pts, alloc[jid]) / alloc[jid], 1e-9)
@@ -148,9 +188,16 @@ def _throughput_counts(jobs: list[JobView], bounds: dict[int, tuple[int, int]],
                 best, best_key = jid, key
         if best is None:
             break   # no core adds work anywhere: the rest stay idle
+        if budget is not None:
+            budget.take(best, counts[best])
         counts[best] += 1
-        worth[best] = next_core(best)
         spare -= 1
+        if budget is not None and counts[best] > alloc[best]:
+            # The user's budget shrank: each job of his is worth what it may still borrow.
+            uid = uid_of[best]
+            worth.update({j: next_core(j) for j in worth if uid_of[j] == uid})
+        else:
+            worth[best] = next_core(best)
     return counts
 
 
@@ -162,13 +209,25 @@ def target_counts(snapshot: NodeSnapshot, policy: Policy, *, peer_cap: bool = Tr
     reasons = {j.job_id: Reason.STEP_START if j.fenced else Reason.ALLOCATION
                for j in snapshot.jobs}
     bounds = {j.job_id: _bounds(j, snapshot, peer_cap=peer_cap) for j in mall}
+    # The site's borrowing limit is per user: floors above the allocation (min=) first, then
+    # requests, then the fills take from what each user may still borrow.
+    budget = BorrowBudget(snapshot, mall)
+    for j in mall:
+        lo, hi = bounds[j.job_id]
+        alloc = len(j.allocation)
+        if lo > alloc:
+            lo = alloc + budget.grant(j.job_id, lo - alloc)
+            bounds[j.job_id] = (lo, max(lo, hi))
     free = n_node - sum(len(j.allocation) for j in snapshot.jobs)
     # Explicit requests first: they win within the bounds, and a shrink frees cores.
     flexible = []
     for j in mall:
         lo, hi = bounds[j.job_id]
         if j.requested is not None:
-            counts[j.job_id] = max(lo, min(hi, j.requested))
+            asked = max(lo, min(hi, j.requested))
+            held = max(lo, len(j.allocation))      # what the floor already took
+            counts[j.job_id] = asked if asked <= held else \
+                held + budget.grant(j.job_id, asked - held)
             reasons[j.job_id] = Reason.REQUEST
             free += len(j.allocation) - counts[j.job_id]
         else:
@@ -183,14 +242,14 @@ def target_counts(snapshot: NodeSnapshot, policy: Policy, *, peer_cap: bool = Tr
         free -= sum(base[j.job_id] - len(j.allocation) for j in flexible)
         caps = {j.job_id: max(bounds[j.job_id][1], base[j.job_id]) for j in flexible}
         weights = {j.job_id: snapshot.limits.weight(j) for j in flexible}   # the site's cap
-        filled = _water_fill(base, caps, weights, max(0, free))
+        filled = _water_fill(base, caps, weights, max(0, free), budget)
         for j in flexible:
             counts[j.job_id] = filled[j.job_id]
             if counts[j.job_id] > len(j.allocation):
                 reasons[j.job_id] = Reason.LEND_IDLE
     else:
         pool = sum(len(j.allocation) for j in flexible) + max(0, free)
-        for jid, c in _throughput_counts(flexible, bounds, pool).items():
+        for jid, c in _throughput_counts(flexible, bounds, pool, budget).items():
             counts[jid] = c
             reasons[jid] = Reason.THROUGHPUT
     if snapshot.pending_starts:

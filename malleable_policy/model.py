@@ -192,8 +192,8 @@ class SiteLimits:
     """What the site's settings (``AgentConfig``) bound of the jobs' own words. The defaults
     here bound nothing (the pure policy and the simulator); the agent's config sets them."""
 
-    # Cores above its allocation one job may hold on the node, whatever it asks (cpus=, min=)
-    # or claims (steps/s, weight=). None: no limit; 0: no lending.
+    # Cores above their allocations one user's jobs may hold on the node together, whatever
+    # they ask (cpus=, min=) or claim (steps/s, weight=). None: no limit; 0: no lending.
     max_borrowed_cpus: int | None = None
     # The largest weight= that counts, in a partition not in ``partition_max_weight``. None:
     # the job's weight counts as given.
@@ -322,6 +322,17 @@ def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
             raise PlanInvariantError(f"job {job.job_id} holds lent cores while a job starts")
         if len(target) < min(job.spec.min_cpus, len(job.allocation)):
             raise PlanInvariantError(f"job {job.job_id} below its minimum")
+    user_cap = snapshot.limits.max_borrowed_cpus
+    if user_cap is not None:
+        borrowed: dict[int, int] = {}
+        for job in snapshot.jobs:
+            if job.resizable:
+                borrowed[job.uid] = borrowed.get(job.uid, 0) + \
+                    max(0, len(plan.targets[job.job_id]) - len(job.allocation))
+        for uid, n in sorted(borrowed.items()):
+            if n > user_cap:
+                raise PlanInvariantError(f"user {uid}'s jobs borrow {n} cores, above the "
+                                         f"site's limit of {user_cap}")
     for a in plan.actions:
         if a.after != plan.targets[a.job_id]:
             raise PlanInvariantError(f"action for job {a.job_id} disagrees with its target")

@@ -34,8 +34,9 @@ class AgentConfig:
     shrink_wait_s: float = 0.5    # how long a shrink waits for ranks to park before narrowing
     prolog_lock_timeout_s: float = 3.0    # a cycle holds the lock for ms: longer is a hang
     max_cpus: int | None = None   # the site's limit on a job's cores per node (max=node too)
-    # Cores above its allocation one job may hold on a node, whatever its user asks (cpus=,
-    # min=, max=) or claims (steps/s, weight=); None: no limit, 0: no lending. 8: a lone job
+    # Cores above their allocations one user's jobs may hold on a node together (so one job
+    # too), whatever he asks (cpus=, min=, max=) or claims (steps/s, weight=); None: no
+    # limit, 0: no lending. 8: a lone job
     # still takes every idle core of a small node; on a large one a single user's word wins at
     # most 8 (sites whose jobs ask for a share of their cores and grow, raise it).
     max_borrowed_cpus: int | None = 8

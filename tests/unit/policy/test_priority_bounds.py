@@ -263,3 +263,20 @@ def test_ranks_a_job_claims_are_bounded_by_the_records_it_can_have():
     assert plan.targets[5] <= S(range(8))
     honest = job([("step_0", 0, 2), ("step_1", 0, 2), ("step_1", 1, 2)])   # one yet to report
     assert honest.ranks_per_step == {"step_0": 2, "step_1": 2}
+
+
+@pytest.mark.parametrize("policy", [Policy.LEND_IDLE, Policy.THROUGHPUT])
+def test_the_borrowing_limit_is_one_users_for_all_his_jobs(policy):
+    """Issue 40, bounds per user: a 16-core node, three 2-core jobs of one user and one of
+    another, the site's limit 4. One job each, he borrowed 4 per job (12 in all); now 4 in all,
+    whatever his jobs ask (cpus=, min=) or claim, and the other user's job still gets its 4."""
+    from dataclasses import replace
+    jobs = (replace(job(1, {0, 1}, LIAR), uid=1000),
+            replace(job(2, {2, 3}, req=16), uid=1000),
+            replace(job(3, {4, 5}, lo=5), uid=1000),
+            replace(job(4, {6, 7}, HONEST), uid=2000))
+    plan = decide(NodeSnapshot("n1", CPUS16, jobs, limits=SiteLimits(max_borrowed_cpus=4)),
+                  policy)
+    borrowed = {j.job_id: len(plan.targets[j.job_id]) - 2 for j in jobs}
+    assert sum(borrowed[j] for j in (1, 2, 3)) == 4 and borrowed[4] == 4, borrowed
+    assert all(n >= 0 for n in borrowed.values())
