@@ -56,12 +56,13 @@ class RunLayout:
 
     @property
     def jobs_dir(self) -> Path:
-        """Root-owned (0755): one folder per job, made by the Prolog for the job's user."""
+        """Root-owned (0711: reachable by name, not listed): one folder per job, made by the
+        Prolog for the job's user."""
         return self.base / "jobs"
 
     @property
     def targets_dir(self) -> Path:
-        """Root-owned (0755): only root writes targets."""
+        """Root-owned (0711): only root writes targets; each job's user reads his by name."""
         return self.base / "targets"
 
     def job_dir(self, job_id: int) -> Path:
@@ -102,3 +103,8 @@ class RunLayout:
         """The rank of a status file name, or None for any other name."""
         m = _STATUS_RE.fullmatch(name)
         return int(m[1]) if m else None
+
+
+# The jobs and targets folders: each user reaches his own entries by name; which jobs run on a
+# node is listed to root only (Slurm's PrivateData).
+ENTRY_DIR_MODE = 0o711

@@ -58,15 +58,18 @@ def list_bounded(dir_fd: int, max_entries: int) -> list[str]:
 
 def ensure_private_dir(path: Path, mode: int = 0o755) -> Path:
     """Make (or check) a folder owned by us that no one else can write: the only kind of
-    folder root writes files in."""
-    path.mkdir(parents=True, exist_ok=True)
+    folder root writes files in. ``mode`` is the most it may allow: a folder made here gets
+    it, one found allowing more is narrowed (the jobs and targets folders are 0711: reachable
+    by name, not listed; /run is made anew at each boot, not only at install)."""
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
     fd = open_dir(path)
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
             raise UnsafePath(errno.EPERM, f"{path}: owned by uid {st.st_uid}")
-        if st.st_mode & 0o022:
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        allowed = stat.S_IMODE(st.st_mode) & mode & ~0o022
+        if allowed != stat.S_IMODE(st.st_mode):
+            os.fchmod(fd, allowed)
     finally:
         os.close(fd)
     return path

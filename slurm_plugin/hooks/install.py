@@ -8,6 +8,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from malleable_protocol.layout import ENTRY_DIR_MODE
 from malleable_protocol.safe_io import ensure_private_dir
 
 from slurm_plugin.hooks import spank
@@ -96,5 +97,5 @@ def prepare_node_folders(config: AgentConfig) -> None:
     business); the state folder root's alone (0700)."""
     ensure_private_dir(config.run_dir).chmod(0o755)
     for folder in (config.layout.jobs_dir, config.layout.targets_dir):
-        ensure_private_dir(folder).chmod(0o711)
+        ensure_private_dir(folder, ENTRY_DIR_MODE)
     ensure_private_dir(config.state_dir).chmod(0o700)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from malleable_protocol import RunLayout
+from malleable_protocol.layout import ENTRY_DIR_MODE
 from malleable_protocol.safe_io import UnsafePath, ensure_private_dir, list_bounded, open_dir
 
 REMOVE_BUDGET = 100_000      # entries one Epilog looks at (each unlink, rmdir or move)
@@ -35,7 +36,7 @@ def make_job_folder(layout: RunLayout, job_id: int, uid: int, gid: int) -> Path:
     """The folder where the job's ranks write their records, owned by the job's user and
     private to it (0700: root and the user only), in a folder only root writes (nobody can
     make it ahead of the job)."""
-    jobs = ensure_private_dir(layout.jobs_dir)
+    jobs = ensure_private_dir(layout.jobs_dir, ENTRY_DIR_MODE)
     name = layout.job_dir(job_id).name
     jfd = open_dir(jobs)
     try:

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from malleable_protocol import ProtocolError, RunLayout, Target, is_reload_signal, rank_share
+from malleable_protocol.layout import ENTRY_DIR_MODE
 from malleable_protocol.safe_io import ensure_private_dir, share_read_with, write_atomic
 
 from slurm_plugin.node.cgroup_actuator import ActuatorError, CpusetActuator
@@ -140,7 +141,7 @@ class PlanExecutor:
         group (a group such as "users" is shared by strangers). Where the filesystem has no
         ACLs: group = the user's primary group, 0640 (said once in the log); without a passwd
         entry either: root only (the ranks then follow their cgroup allowance alone)."""
-        folder = ensure_private_dir(self.layout.targets_dir)
+        folder = ensure_private_dir(self.layout.targets_dir, ENTRY_DIR_MODE)
         target = Target(cpus=a.after, generation=time.time_ns() // 1000)
         how = []
         write_atomic(folder, RunLayout.target_name(a.job_id, self.node), target.encode(), 0o600,

@@ -59,7 +59,7 @@ def test_the_job_folder_is_private_to_its_user_even_when_requeued(tmp_path):
     folder = make_job_folder(layout, 7, 4242, 4243)
     st = folder.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4242, 4243, 0o700)
-    assert stat.S_IMODE(layout.jobs_dir.stat().st_mode) == 0o755     # root's, readable by all
+    assert stat.S_IMODE(layout.jobs_dir.stat().st_mode) == 0o711     # root's, not listed
     folder.chmod(0o755)          # the user opened it up during the job's first run
     make_job_folder(layout, 7, 4242, 4243)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
