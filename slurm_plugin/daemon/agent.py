@@ -60,7 +60,19 @@ def watch_feed(config: AgentConfig, store, on_change: Callable[..., None]):
             log.warning("feed %s: inotify failed (%s): taking wakes as on a shared folder",
                         config.feed_dir, exc)
     listener = WakeListener(config.node, config.wake_port, on_change)
-    port = listener.start()
+    try:
+        port = listener.start()
+    except OSError as exc:
+        if config.wake_port == 0:
+            raise
+        # Taken, by anyone on the node (a user can bind a fixed port first): the agent runs
+        # on with a port of the kernel's choosing, registered as always, rather than exit and
+        # be restarted into the same wall. A firewall open on the fixed port only may keep
+        # the watcher's wakes out: the feed files are then looked at every feed_refresh_s.
+        log.error("feed %s: wake port %d cannot be bound (%s): taking any free port",
+                  config.feed_dir, config.wake_port, exc)
+        listener = WakeListener(config.node, 0, on_change)
+        port = listener.start()
     store.register_agent(config.node, port)
     log.info("feed %s: shared (%s): wakes on UDP port %d, files looked at every %g s",
              config.feed_dir, fstype, port, config.feed_refresh_s)

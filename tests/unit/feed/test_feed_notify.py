@@ -173,3 +173,27 @@ def test_an_agent_without_inotify_takes_wakes_instead(tmp_path, monkeypatch):
         assert isinstance(watch, WakeListener) and store.agent_wake_port("n1") == watch.port
     finally:
         watch.stop()
+
+
+def test_a_wake_port_taken_first_does_not_stop_the_agent(tmp_path):
+    """Issue 40, finding 8: with a fixed wake port a local user bound first, the agent exited
+    at start and its service restarted it into the same wall. It takes any free port, and
+    registers it, as with port 0."""
+    import socket
+    from slurm_plugin.daemon import agent as agent_mod
+    from slurm_plugin.node.config import AgentConfig
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    squatter.bind(("0.0.0.0", 0))
+    taken = squatter.getsockname()[1]
+    config = AgentConfig(node="n1", state_dir=tmp_path, feed_dir=tmp_path / "feed",
+                         feed_mode="shared", wake_port=taken)
+    store = FeedStore(config.feed_dir)
+    store.prepare()
+    try:
+        watch = agent_mod.watch_feed(config, store, lambda *_: None)
+        try:
+            assert watch.port != taken and store.agent_wake_port("n1") == watch.port
+        finally:
+            watch.stop()
+    finally:
+        squatter.close()
