@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from malleable_protocol.cgroupfs import parse_mountinfo
 from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandNotFound, CommandRunner, run_command
 
 from slurm_plugin import cgroups
-from slurm_plugin.node.jobfs import unmount_job_fs
+from slurm_plugin.node.jobfs import node_mounts, unmount_job_fs
 from malleable_policy.model import Policy
 from slurm_plugin.slurm import CliSlurmClient, Job, Node
 from slurm_plugin.cluster import daemons
@@ -476,8 +475,7 @@ class LocalCluster:
     def _unmount_job_folders(self) -> list[str]:
         """The tmpfs of each job folder whose Epilog never ran (a job cut short by down)."""
         jobs = str(self.run_layout.jobs_dir) + "/"
-        with open("/proc/self/mountinfo") as f:
-            points = [m.point for m in parse_mountinfo(f.read()) if m.point.startswith(jobs)]
+        points = [m.point for m in node_mounts() if m.point.startswith(jobs)]
         problems = []
         for point in points:
             try:

@@ -1,6 +1,6 @@
 """Each job's record folder (``RunLayout.job_dir``) is a file system of its own: a tmpfs sized
-for its records (1,024 records of at most 16 KiB, ``ranks.MAX_RANK_FILES``), owned by the job's
-user. A user who fills it fills only his job's folder, never the /run file system where root's
+for its records (1,024 records of at most 16 KiB, ``records.MAX_RANK_RECORDS``), owned by the
+job's user. A user who fills it fills only his job's folder, never the /run file system where root's
 ledger, lock and logs live; and the Epilog removes it whole by unmounting, without walking a
 tree the user built.
 
@@ -33,11 +33,6 @@ MountReader = Callable[[], list[Mount]]
 def node_mounts() -> list[Mount]:
     with open("/proc/self/mountinfo", "rb") as f:
         return parse_mountinfo(f.read().decode(errors="replace"))
-
-
-def _at_or_below(folder: Path, mounts: list[Mount]) -> list[Mount]:
-    top = str(folder)
-    return [m for m in mounts if m.point == top or m.point.startswith(top + "/")]
 
 
 def mounted_over(jobs_dir: Path, mounts: list[Mount]) -> dict[str, str]:
