@@ -364,7 +364,7 @@ class LocalCluster:
     def agent_args(self, node: str) -> list[str]:
         """The agent's options on ``node``: its config, node and metrics port."""
         return ["--config", str(self.hooks_dir / "agent.json"), "--node", node,
-                "--metrics-port", str(self.spec.metrics_port(node))]
+                "--metrics-port", str(self.spec.metrics_port(node)), "--metrics-per-job"]
 
     def _agent_argv(self, node: str) -> list[str]:
         return [sys.executable, "-m", "slurm_plugin.commands.main", "agent",

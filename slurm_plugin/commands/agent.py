@@ -29,6 +29,10 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
     ag.add_argument("--metrics-retry", type=positive_seconds, default=5.0, metavar="SECONDS",
                     help="seconds between attempts to bind a taken metrics port "
                          "(default %(default)s)")
+    ag.add_argument("--metrics-per-job", action="store_true",
+                    help="add each running job's series (its id as a label): anyone who can "
+                         "reach the port then sees which jobs run here, which Slurm's "
+                         "PrivateData=jobs hides; without it, node totals only")
     add_log_level_option(ag)
     ag.set_defaults(func=run)
 
@@ -44,4 +48,5 @@ def run(args: argparse.Namespace) -> int:
     config = load_agent_config(args.config, **overrides)
     setup_logging(f"agent[{config.node}]", args.log_level)
     return run_agent(config, once=args.once, metrics_port=args.metrics_port,
-                     metrics_addr=args.metrics_address, metrics_retry_s=args.metrics_retry)
+                     metrics_addr=args.metrics_address, metrics_retry_s=args.metrics_retry,
+                     metrics_per_job=args.metrics_per_job)

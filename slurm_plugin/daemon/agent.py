@@ -80,12 +80,12 @@ def watch_feed(config: AgentConfig, store, on_change: Callable[..., None]):
 
 
 def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", *,
-                  retry_s: float = 5.0):
+                  retry_s: float = 5.0, per_job: bool = False):
     """Metrics of ``rec``'s cycles on ``addr:port``: serving at once if the port is free, else
     retried in the background (``MetricsServer``); never raises for a taken port, so a user
     who binds it first cannot keep the agent from reconciling. Returns the server (``stop``)."""
     from slurm_plugin.daemon.metrics import AgentMetrics, MetricsServer
-    metrics = AgentMetrics(config.node)
+    metrics = AgentMetrics(config.node, per_job=per_job)
     server = MetricsServer(metrics, port, addr, retry_s=retry_s)
     server.start()
     rec.on_cycle = metrics.observe
@@ -125,7 +125,7 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
 
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
               metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
-              layout_wait_s: float = 30.0, before_write: WriteHook | None = None) -> int:
+              metrics_per_job: bool = False, layout_wait_s: float = 30.0, before_write: WriteHook | None = None) -> int:
     """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told. Logs
     through ``logging`` as set up by the caller (``malleable agent``: ``logs.setup_logging``).
     ``before_write``: a test's fault hook before each cpuset write (never the command's)."""
@@ -144,7 +144,8 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
         return 1 if result.failures else 0
     server = None
     if metrics_port is not None:
-        server = start_metrics(config, rec, metrics_port, metrics_addr, retry_s=metrics_retry_s)
+        server = start_metrics(config, rec, metrics_port, metrics_addr, retry_s=metrics_retry_s,
+                               per_job=metrics_per_job)
     config.pid_file.write_text(str(os.getpid()))
     stop = threading.Event()
     wake = threading.Event()

@@ -16,8 +16,13 @@ log = logging.getLogger(__name__)
 
 
 class AgentMetrics:
-    def __init__(self, node: str):
+    """The agent's series. Per-job series (a ``job`` label) only when ``per_job``: any local
+    user can read a loopback port, and a job id list is what Slurm's PrivateData=jobs hides
+    from other users; without it the node's totals are served and nothing names a job."""
+
+    def __init__(self, node: str, *, per_job: bool = False):
         self.node = node
+        self.per_job = per_job
         self.registry = CollectorRegistry()
         self.cores = Gauge("malleable_job_cores", "Cores of a job on this node",
                            ["node", "job", "kind"], registry=self.registry)
@@ -28,6 +33,8 @@ class AgentMetrics:
         self.cycle = Histogram("malleable_cycle_seconds", "Duration of a reconcile cycle",
                                ["node"], registry=self.registry,
                                buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
+        self.jobs = Gauge("malleable_jobs", "Jobs Slurm runs on this node (every kind)",
+                          ["node"], registry=self.registry)
         self.unverified = Gauge("malleable_unverified_jobs", "Jobs running here whose cgroup "
                                 "folder is not where the node's layout says",
                                 ["node"], registry=self.registry)
@@ -73,8 +80,9 @@ class AgentMetrics:
             return
         self.unverified.labels(self.node).set(len(result.snapshot.problems))
         self.faults.labels(self.node).set(len(result.snapshot.faults))
-        seen = set()
-        for job in result.snapshot.jobs:
+        seen: set[str] = set()
+        self.jobs.labels(self.node).set(len(result.snapshot.jobs))
+        for job in result.snapshot.jobs if self.per_job else ():
             jid = str(job.job_id)
             seen.add(jid)
             self.cores.labels(self.node, jid, "slurm").set(len(job.allocation))
@@ -97,12 +105,13 @@ class AgentMetrics:
             jid = str(job_id)
             now = seen[jid] = (u.borrowed_core_s, u.lent_core_s)
             before = self._usage.get(jid)
-            for i, (total, per_job) in enumerate(((self.borrowed, self.job_borrowed),
+            for i, (total, job_series) in enumerate(((self.borrowed, self.job_borrowed),
                                                   (self.lent, self.job_lent))):
                 if before is not None and now[i] > before[i]:
                     total.labels(self.node).inc(now[i] - before[i])
-                per_job.labels(self.node, jid).set(now[i])
-        for gone in set(self._usage) - set(seen):
+                if self.per_job:
+                    job_series.labels(self.node, jid).set(now[i])
+        for gone in (set(self._usage) - set(seen)) if self.per_job else ():
             self.job_borrowed.remove(self.node, gone)
             self.job_lent.remove(self.node, gone)
         self._usage = seen

@@ -50,7 +50,7 @@ LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\s
 
 def exposed_series() -> dict[str, set[str]]:
     """Series name -> its label names, as a scrape of the agent and of the watcher shows them."""
-    agent = AgentMetrics("n1")
+    agent = AgentMetrics("n1", per_job=True)   # the dashboard shows jobs: served with --metrics-per-job
     job = SimpleNamespace(job_id=7, allocation=frozenset({0, 1}))
     snapshot = SimpleNamespace(jobs=[job], problems=["p"], faults=["f"])
     usage = {7: SimpleNamespace(borrowed_core_s=1.0, lent_core_s=2.0)}

@@ -356,3 +356,25 @@ def test_the_command_tells_its_version(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"malleable {version('malleable-hpc')}"
+
+
+def test_the_agents_metrics_name_no_job_unless_the_site_asks():
+    """Any local user can scrape a loopback port; a list of job ids is what Slurm's
+    PrivateData=jobs hides. Without --metrics-per-job the node's totals are served only."""
+    from types import SimpleNamespace
+    from prometheus_client import generate_latest
+    from slurm_plugin.commands.main import build_parser
+    job = SimpleNamespace(job_id=4242, allocation=frozenset({0}))
+    cycle = SimpleNamespace(seconds=0.01, applied=[], failures=[],
+                            snapshot=SimpleNamespace(jobs=[job], problems=[], faults=[]),
+                            plan=SimpleNamespace(targets={4242: frozenset({0, 1})}),
+                            usage={4242: SimpleNamespace(borrowed_core_s=1.0, lent_core_s=0.0)})
+    texts = {}
+    for per_job in (False, True):
+        metrics = AgentMetrics("n1", per_job=per_job)
+        metrics.observe(cycle)
+        texts[per_job] = generate_latest(metrics.registry).decode()
+    assert "4242" not in texts[False] and 'malleable_jobs{node="n1"} 1.0' in texts[False]
+    assert 'job="4242"' in texts[True]
+    args = build_parser().parse_args(["agent", "--config", "a.json", "--metrics-port", "9100"])
+    assert args.metrics_per_job is False

@@ -400,7 +400,7 @@ def test_status_shows_each_jobs_core_seconds_so_far_to_root_only(tmp_path):
 
 
 def test_the_metrics_count_node_totals_and_show_running_jobs():
-    m = AgentMetrics("n1")
+    m = AgentMetrics("n1", per_job=True)
     snap = NodeSnapshot("n1", S(range(4)), ())
     get = m.registry.get_sample_value
     from malleable_policy.model import Plan, Policy

@@ -238,7 +238,7 @@ def test_job_faults_are_counted_in_the_metrics():
     jobs = (JobView(5, UID, "u", S({0}), S({0}), spec=MalleableSpec(1, None), fault="over budget"),
             JobView(6, UID, "u", S({1}), S({1}), spec=MalleableSpec(1, None)))
     snap = NodeSnapshot("n1", S(range(4)), jobs)
-    metrics = AgentMetrics("n1")
+    metrics = AgentMetrics("n1", per_job=True)
     metrics.observe(CycleResult(snapshot=snap, plan=decide(snap, Policy.LEND_IDLE)))
     assert metrics.registry.get_sample_value("malleable_job_faults", {"node": "n1"}) == 1
     assert metrics.registry.get_sample_value("malleable_job_cores",
