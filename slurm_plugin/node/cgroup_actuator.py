@@ -7,6 +7,7 @@ path serves it. Where the folders are is the node's ``SlurmCgroupLayout`` (``slu
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from itertools import islice
@@ -16,6 +17,9 @@ from pathlib import Path
 from slurm_plugin.cgroups import CPUS_FILE, SlurmCgroupLayout
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 from malleable_protocol.errors import FixableError
+
+log = logging.getLogger(__name__)
+
 
 class ActuatorError(FixableError, RuntimeError):
     pass
@@ -71,6 +75,9 @@ def folder_cpus(rel: str, cpus: frozenset[int],
 MAX_DEPTH = 3
 MAX_FOLDERS = 1024
 MAX_FOREIGN_NAMED = 4
+# Threads whose CPU masks one grow looks at (about 2 us each): a job's user can start as many
+# as his limits allow, and root's cycle must not grow with them.
+MAX_WIDEN_THREADS = 8192
 
 
 def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str, ...]]:
@@ -223,30 +230,39 @@ class CpusetActuator:
                 os.close(fd)
 
     def _widen_masks(self, folders: list[str], was: frozenset[int],
-                     desired: Mapping[str, frozenset[int]]) -> None:
+                     desired: Mapping[str, frozenset[int]]) -> int:
         """After a grow, the threads bound to exactly the job's former CPUs get the CPUs of
         their folder. The kernel widens a task with its cpuset only while the task never set
         its own mask (Linux >= 6.2 keeps a mask a process set, intersected with the cpuset);
         slurmstepd sets one on cgroup v2 (Slurm 24.11, tests/fixtures/slurm-24.11-cgroup-v2),
         so its tasks would stay on their first cores. A thread bound to fewer cores (a user's
-        own binding) is left as it is."""
+        own binding) is left as it is. The job's user chooses how many threads there are: at
+        most ``MAX_WIDEN_THREADS`` are looked at, those past it keep their masks (the job's
+        own loss). Returns how many were looked at."""
+        seen = 0
         for folder in folders:
             try:
                 with open(os.path.join(folder, "cgroup.procs"), "rb") as f:
                     pids = f.read(1 << 16).split()
             except OSError:
                 continue
-            for pid in pids[:4096]:
+            for pid in pids:
+                if seen >= MAX_WIDEN_THREADS:
+                    log.warning("%s: more than %d threads: the rest keep their CPU masks",
+                                folders[0], MAX_WIDEN_THREADS)
+                    return seen
                 try:
                     tids = os.listdir(f"/proc/{int(pid)}/task")
                 except (OSError, ValueError):
                     continue
-                for tid in tids[:4096]:
+                for tid in tids[:MAX_WIDEN_THREADS - seen]:
+                    seen += 1
                     try:
                         if frozenset(os.sched_getaffinity(int(tid))) == was:
                             self._set_affinity(int(tid), desired[folder])
                     except (OSError, ValueError):
                         continue      # exited meanwhile
+        return seen
 
     _set_affinity = staticmethod(os.sched_setaffinity)
 

@@ -252,3 +252,37 @@ def test_a_users_deep_tree_below_a_job_folder_is_removed_without_recursion(tmp_p
     # The link is never followed; a folder holding it (never on cgroupfs) is not removed.
     assert len(report.removed) == 1501 and [f for f, _ in report.failed] == [job]
     assert (tmp_path / "outside").is_dir() and not (job / "step_batch").exists()
+
+
+def test_widening_masks_looks_at_a_bounded_number_of_threads(tmp_path):
+    """A job's user chooses how many processes and threads its folders hold: a grow looks at
+    MAX_WIDEN_THREADS of them at most, however many are listed (here one process of 64
+    threads listed 4096 times in each of three folders: 786,432 without the bound)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from slurm_plugin.node import cgroup_actuator as ca
+    layout = SlurmCgroupLayout.named("n1", CgroupVersion.V2, multiple_slurmd=True, mount=tmp_path)
+    job = make_tree(tmp_path, layout, "0", {"step_0": "0", "step_0/user": "0"})
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "for _ in range(63): threading.Thread(target=time.sleep, "
+                              "args=(60,), daemon=True).start()\nprint(flush=True)\n"
+                              "time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        assert len(os.listdir(f"/proc/{child.pid}/task")) == 64
+        folders = [str(job), str(job / "step_0"), str(job / "step_0" / "user")]
+        for folder in folders:
+            (Path(folder) / "cgroup.procs").write_text(f"{child.pid}\n" * 4096)
+        actuator = CpusetActuator(layout)
+        actuator._set_affinity = lambda tid, cpus: None
+        t0 = time.process_time()
+        seen = actuator._widen_masks(folders, frozenset({0}), {f: frozenset({0, 1})
+                                                               for f in folders})
+        spent = time.process_time() - t0
+        assert seen == ca.MAX_WIDEN_THREADS
+        print(f"{seen} threads looked at in {spent * 1000:.1f} ms of CPU")
+    finally:
+        child.kill()
+        child.wait()
