@@ -1,5 +1,6 @@
 """The one owner of Slurm's cgroup layout: naming per build and version, reading the paths that
 /proc/<pid>/cgroup gives, and discovery from a node's evidence (real mountinfo captures)."""
+import os
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,10 @@ def test_a_slurmstepd_is_a_process_of_root_not_of_its_name(tmp_path):
     process(11, "1000\t1000\t1000\t1000", b"slurmstepd: [6.0]",
             "/slurm/uid_1000/job_7/step_0/job_6")
     process(12, "1000\t0\t0\t0", b"slurmstepd: [6.0]", "/slurm/uid_1000/job_7/step_0/job_6")
+    # /proc/<pid> is its process's effective uid's: a folder that is not root's is passed
+    # over on its owner alone, before its files are opened.
+    process(13, "0\t0\t0\t0", b"slurmstepd: [8.0]", "/slurm/uid_1000/job_8/step_0")
+    os.chown(tmp_path / "13", 1000, 1000)
     (tmp_path / "self").mkdir()
     assert slurmstepd_processes(tmp_path) == [
         StepdProcess(10, 5, "/slurm/uid_1000/job_5/step_0")]
