@@ -21,3 +21,13 @@ def error_text(exc: BaseException) -> str:
         where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
         return f"{where}: {exc.strerror}" if where else exc.strerror
     return str(exc).strip() or type(exc).__name__
+
+
+def printable(text: str, limit: int = 400) -> str:
+    """``text`` as one line of printable ASCII, at most ``limit`` characters: what a job user
+    chose (a folder's name, a file system's type, a record's bytes) reaches root's logs and
+    terminal, where a newline would forge a line and an escape sequence would drive the
+    terminal. Anything else is written as its escape (\\n, \\x1b, \\xe9)."""
+    out = "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii")
+                  for c in text[:limit])
+    return out[:limit]

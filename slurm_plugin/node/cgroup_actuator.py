@@ -16,7 +16,7 @@ from pathlib import Path
 
 from slurm_plugin.cgroups import CPUS_FILE, SlurmCgroupLayout
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
-from malleable_protocol.errors import FixableError
+from malleable_protocol.errors import FixableError, printable
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str,
                         _files_are_roots(os.path.join(top, child)):
                     nxt.append(child)
                 elif len(foreign) < MAX_FOREIGN_NAMED:
-                    foreign.append(child)
+                    foreign.append(printable(child, 200))   # its user's name, bound for logs
         out += [os.path.join(top, rel) for rel in nxt]
         level = nxt
         if not level:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Callable, Protocol
 
 from malleable_protocol import RunLayout, format_cpu_list
+from malleable_protocol.errors import printable
 
 from slurm_plugin.feed.model import NodeFeed, Offers
 from slurm_plugin.node.cgroup_actuator import CgroupJob, CpusetActuator
@@ -141,6 +142,8 @@ class NodeObserver:
             spec = fj.spec if fj is not None else None
             fault, ranks = self._job_input(job_id, uid, cg) if spec else (None, ())
             fault = fault_of.get(job_id, fault)
+            if fault is not None:      # names its user chose, bound for root's logs
+                fault = printable(fault)
             nodes = fj.nodes if fj is not None else (self.node,)
             view = JobView(
                 job_id=job_id, uid=uid, user=fj.user if fj else str(uid),

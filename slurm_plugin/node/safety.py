@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from malleable_protocol import check_job_id
+from malleable_protocol.errors import printable
 from malleable_protocol.layout import check_step_name
 
 from slurm_plugin.node.cgroup_actuator import CgroupJob, CpusetActuator
@@ -42,7 +43,7 @@ def note(config: AgentConfig, text: str) -> None:
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         append_event(config.state_dir / f"hooks-{config.node}.log",
-                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
+                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {printable(text, 4096)}")
     except OSError:
         pass
 

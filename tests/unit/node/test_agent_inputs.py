@@ -112,13 +112,14 @@ def test_one_jobs_input_is_confined_to_that_job(tmp_path):
                               FeedJob(7, UID, "u", S({4}), ("n1",), spec)))
     cg = {5: CgroupJob(UID, 5, S({0, 1}), {"step_0": S({0, 1})}),
           6: CgroupJob(UID + 1, 6, S({2, 3}), {"step_0": S({2, 3})}),
-          7: CgroupJob(UID, 7, S({4}), {"step_0": S({4})}, foreign=("step_0/mine",))}
+          7: CgroupJob(UID, 7, S({4}), {"step_0": S({4})}, foreign=("step_0/mi\nne\x1b[2J",))}
     reader = RankReader(max_bytes=64 * 1024, step_of=lambda *a: "step_0")
     obs = NodeObserver("n1", lay, FakeFeed(feed), FakeCgroups(cg), read_ranks=reader,
                        wall=lambda: 1000.0)
     snap = obs.observe(Ledger())
     assert "InputBudgetExceeded" in snap.job(5).fault and not snap.job(5).ranks
-    assert snap.job(7).fault.startswith("folders Slurm did not make")
+    # The folder's name is its user's: bound for root's logs and terminal, it is escaped.
+    assert snap.job(7).fault == "folders Slurm did not make below its cgroup: step_0/mi\\nne\\x1b[2J"
     assert snap.job(6).fault is None and len(snap.job(6).ranks) == 1
     assert reader.spent(UID)[0] <= 64 * 1024 + 16384
     plan = decide(snap, Policy.LEND_IDLE)
@@ -243,3 +244,17 @@ def test_job_faults_are_counted_in_the_metrics():
     assert metrics.registry.get_sample_value("malleable_job_faults", {"node": "n1"}) == 1
     assert metrics.registry.get_sample_value("malleable_job_cores",
                                              {"node": "n1", "job": "5", "kind": "current"}) == 1
+
+
+def test_the_hooks_log_takes_one_line_per_note_whatever_it_quotes(tmp_path):
+    """A note quoting what a user chose (a folder name, a file system type) is one line of
+    printable ASCII: a newline in it cannot forge a second entry."""
+    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.node.safety import note
+    from malleable_protocol.errors import printable
+    config = AgentConfig(node="n1", state_dir=tmp_path)
+    note(config, "job 5: fault: a\n2026-11-28T00:00:00 job 6 start: ok\x1b[2J\xe9")
+    lines = (tmp_path / "hooks-n1.log").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "job 5: fault: a\\n2026-11-28T00:00:00 job 6 start: ok\\x1b[2J\\xe9")
+    assert printable("x" * 500) == "x" * 400 and len(printable("\x01" * 500)) == 400
