@@ -183,3 +183,37 @@ def share_read_with(fd: int, uid: int, *,
     os.fchown(fd, -1, gid)
     os.fchmod(fd, 0o640)
     return "group"
+
+
+
+def not_roots_alone(path: Path, *, lstat: Callable[[str], os.stat_result] = os.lstat
+                    ) -> list[str]:
+    """Why someone other than root could change what ``path`` is (empty: root's alone). Each
+    folder from / down, and ``path`` itself, must be root's and writable by root (and root's
+    group) only; a folder above it that anyone may write is safe when sticky (/tmp: only an
+    entry's owner may rename it, and the entry is checked to be root's). A link met on the
+    way sends the check on through the path with every link resolved as well."""
+    problems: list[str] = []
+    for chain in _chains(Path(os.path.abspath(path))):
+        parts = [Path("/")] + [Path("/", *chain.parts[1:i + 1]) for i in range(1, len(chain.parts))]
+        for n, prefix in enumerate(parts):
+            last = n == len(parts) - 1
+            try:
+                st = lstat(str(prefix))
+            except OSError as exc:
+                problems.append(f"{prefix}: {exc.strerror}")
+                break
+            if stat.S_ISLNK(st.st_mode):
+                break         # its parent is checked; what it names is the resolved chain's
+            if st.st_uid != 0:
+                problems.append(f"{prefix}: owned by uid {st.st_uid}")
+            elif st.st_mode & 0o002 and (last or not st.st_mode & stat.S_ISVTX):
+                problems.append(f"{prefix}: anyone may write it (mode {st.st_mode & 0o7777:o})")
+            elif st.st_mode & 0o020 and st.st_gid != 0:
+                problems.append(f"{prefix}: its group {st.st_gid} may write it")
+    return list(dict.fromkeys(problems))
+
+
+def _chains(path: Path) -> list[Path]:
+    real = Path(os.path.realpath(path))
+    return [path] if real == path else [path, real]

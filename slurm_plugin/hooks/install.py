@@ -3,13 +3,17 @@ Prolog and Epilog, the controller's event hook, job_submit.lua or its module for
 the SPANK plugin and its plugstack.conf line), and the protocol's folders on a node."""
 from __future__ import annotations
 
+import json
+import os
 import string
 import sys
 from importlib import resources
 from pathlib import Path
 
+from malleable_protocol.errors import FixableError
 from malleable_protocol.layout import ENTRY_DIR_MODE
-from malleable_protocol.safe_io import ensure_private_dir
+from malleable_protocol.runner import CommandRunner, run_command
+from malleable_protocol.safe_io import ensure_private_dir, not_roots_alone
 
 from slurm_plugin.hooks import spank
 from slurm_plugin.feed.store import FeedStore
@@ -38,15 +42,67 @@ _MODULE_ENDING = "return malleable\n"
 LUA_MODULE = "job_submit_malleable.lua"
 
 
+class UnsafeInterpreter(FixableError):
+    """The hooks would run, as root, code that a user other than root can change."""
+
+
+# What the hooks import, run as ``python -I -m slurm_plugin.hooks``: where Python finds them.
+_PROBE = ("import json, sys, slurm_plugin, malleable_protocol, malleable_policy\n"
+          "print(json.dumps({'path': [p for p in sys.path if p],\n"
+          "  'packages': [m.__path__[0] for m in (slurm_plugin, malleable_protocol, "
+          "malleable_policy)]}))")
+MAX_PACKAGE_FILES = 4096
+
+
+def interpreter_problems(python: str, *, runner: CommandRunner = run_command) -> list[str]:
+    """Why ``python`` is not root's alone to change: the interpreter, each folder it imports
+    from in isolated mode, and the files of the packages the hooks import (``not_roots_alone``
+    for each). A venv or a checkout a user may write would make the Prolog run his code as
+    root. Empty when safe."""
+    problems = not_roots_alone(Path(python))
+    if problems:
+        return problems
+    found = json.loads(runner([python, "-I", "-c", _PROBE], timeout=60).stdout)
+    for entry in found["path"]:
+        if os.path.exists(entry):
+            problems += not_roots_alone(Path(entry))
+    for package in found["packages"]:
+        problems += not_roots_alone(Path(package))
+        for n, (folder, dirs, files) in enumerate(os.walk(package)):
+            if n > MAX_PACKAGE_FILES:
+                break
+            for name in dirs + files:
+                st = os.lstat(os.path.join(folder, name))
+                if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid):
+                    problems.append(f"{os.path.join(folder, name)}: not root's alone "
+                                    f"(uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+    return list(dict.fromkeys(problems))
+
+
+def check_interpreter(python: str, *, runner: CommandRunner = run_command) -> None:
+    """Refuse (``UnsafeInterpreter``) an interpreter the hooks must not run as root."""
+    problems = interpreter_problems(python, runner=runner)
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
+                                           if len(problems) > 5 else "")
+        raise UnsafeInterpreter(
+            f"the hooks run {python} as root, and a user other than root could change what it "
+            f"runs: {shown}. Install the package where only root writes (the Debian package, "
+            "or a venv root made in a folder only root may write)")
+
+
 def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
-            spank_library: Path | None = None) -> dict[str, Path]:
+            spank_library: Path | None = None,
+            runner: CommandRunner = run_command) -> dict[str, Path]:
     """Render job_submit.lua (a whole script) and job_submit_malleable.lua (the same checks as
     a module for a site's own script), the node Prolog and Epilog, the controller's event hook
     (PrologSlurmctld and EpilogSlurmctld), agent.json and plugstack.conf (one line: a
     plugstack.conf.d drop-in) into ``dest``. The SPANK plugin is ``spank_library`` where given
     (the Debian package's, built when the package was), else built into ``dest`` here. The
     hooks run ``python`` isolated (-I): it must have this package installed (a venv, a .pth
-    file, the Debian package), never found from a cwd or PYTHONPATH."""
+    file, the Debian package), never found from a cwd or PYTHONPATH, and be root's alone to
+    change (``check_interpreter``; refused before anything is written)."""
+    check_interpreter(python, runner=runner)
     dest.mkdir(parents=True, exist_ok=True)
     names = ("job_submit.lua", LUA_MODULE, "prolog.sh", "epilog.sh", "ctld_event.sh",
              "agent.json", "plugstack.conf")
