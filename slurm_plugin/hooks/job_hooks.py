@@ -80,22 +80,22 @@ def prolog(config: AgentConfig) -> int:
 
 
 def _prepare_job_folder(config: AgentConfig, job_id: int, uid: int, gid: int) -> None:
-    """The job's records folder, on a fresh tmpfs. A requeued job's folder may hold what its
-    user mounted on it: detached first. Whatever fails here fails only the job's
-    malleability (no records, no lending: reported), never the Prolog: the folder is not what
-    keeps jobs' cores apart."""
+    """The job's records folder, on a fresh tmpfs of its own whose root is the job user's. The
+    folder below stays root's (0700): if the tmpfs cannot be mounted the user cannot write
+    there, so his records can never fill the node's /run, and the job runs rigid. A requeued
+    job's folder may hold what its user mounted on it: detached first. Whatever fails here
+    fails only the job's malleability (no records, no lending: reported in the hooks log and
+    slurmd's), never the Prolog: the folder is not what keeps jobs' cores apart."""
     folder = config.layout.job_dir(job_id)
     try:
         detach_job_fs(folder)
-        make_job_folder(config.layout, job_id, uid, gid)
-    except (OSError, CommandError) as exc:
-        note(config, f"prolog job {job_id}: no records folder, the job will not be lent "
-                     f"cores: {exc}")
-        return
-    try:
+        make_job_folder(config.layout, job_id, 0, 0)
         mount_job_fs(folder, uid, gid)
-    except (OSError, CommandError) as exc:   # the folder works without; reported
-        note(config, f"prolog job {job_id}: no tmpfs of its own for its folder: {exc}")
+    except (OSError, CommandError) as exc:
+        why = (f"prolog job {job_id}: no records folder of its own, the job runs on its "
+               f"allocation and is not lent cores: {exc}")
+        note(config, why)
+        print(f"malleable: {why}", file=sys.stderr)
 
 
 def step_start(config: AgentConfig, job_id: int, step: str, stepd_pid: int) -> int:

@@ -165,3 +165,27 @@ def test_the_prolog_and_epilog_run_python_isolated(tmp_path):
                              env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0 and "prolog,epilog,step-start" in out.stdout, (module, out)
+
+
+def test_without_its_tmpfs_a_jobs_records_folder_stays_roots(config, monkeypatch, tmp_path,
+                                                             capsys):
+    """Issue 40: when the job's tmpfs cannot be mounted (here: no mount program on PATH, a
+    real failure of the real runner), its folder is root's and 0700, so its user cannot fill
+    the node's /run through it; the job runs rigid, the Prolog does not fail, and the hooks
+    log and slurmd's log say why. With the tmpfs, the folder's root is the job user's."""
+    user = 4242
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(empty))
+        hooks._prepare_job_folder(config, 41, user, user)
+    folder = config.layout.job_dir(41)
+    st = os.lstat(folder)
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
+    assert "no records folder of its own" in (config.state_dir / "hooks-n1.log").read_text()
+    assert "not lent cores" in capsys.readouterr().err
+    hooks._prepare_job_folder(config, 42, user, user)       # with mount(8): its own tmpfs
+    try:
+        assert os.lstat(config.layout.job_dir(42)).st_uid == user
+    finally:
+        subprocess.run(["umount", "--lazy", str(config.layout.job_dir(42))], check=True)
