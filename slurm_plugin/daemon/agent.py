@@ -9,17 +9,19 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from slurm_plugin.cgroups import LayoutUnknown, SlurmCgroupLayout
 from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.node.cgroup_actuator import WriteHook
 from slurm_plugin.node.wiring import make_reconciler, node_layout
+from slurm_plugin.node.ledger import LedgerCorrupt, LedgerFile
 from slurm_plugin.node.reconciler import Reconciler
 from slurm_plugin.node.safety import check_step_start, note, report_verdict, start_steps
 from slurm_plugin.daemon.step_socket import StepStartServer, encode_answer, refusal
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def await_layout(config: AgentConfig, *, wait_s: float,
@@ -92,13 +94,42 @@ def start_metrics(config: AgentConfig, rec, port: int, addr: str = "127.0.0.1", 
     return server
 
 
+# Step starts of one user's jobs that one cycle fences: a burst of sruns in one job is served
+# in turns of this many, every other user's step starts in each turn beside them.
+MAX_STARTS_PER_USER = 16
+
+
+def per_user_turn(items: list[T], owner: Callable[[T], int | None],
+                  limit: int = MAX_STARTS_PER_USER) -> tuple[list[T], list[T]]:
+    """``items`` split into this turn's (at most ``limit`` of each owner, in order; an unknown
+    owner counts as one) and the rest, in order."""
+    taken: dict[int | None, int] = {}
+    now, later = [], []
+    for item in items:
+        who = owner(item)
+        if taken.get(who, 0) < limit:
+            taken[who] = taken.get(who, 0) + 1
+            now.append(item)
+        else:
+            later.append(item)
+    return now, later
+
+
 def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartServer) -> None:
     """The step starts the SPANK plugin asked for since the last call: one fenced cycle for
     all of them (``start_steps``), each answered on the socket and noted in the hooks log like
-    the Python hook's. The lock is waited for as long as a hook would: anyone else holding it
-    longer is refused."""
+    the Python hook's; at most ``MAX_STARTS_PER_USER`` of one user's (his jobs' owner as the
+    ledger knows it), the rest in the next turns. The lock is waited for as long as a hook
+    would: anyone else holding it longer is refused."""
+    try:
+        owners = LedgerFile(config.state_dir, config.node).load().allocations
+    except (LedgerCorrupt, OSError):
+        owners = {}           # the cycle refuses then anyway; all in one turn of unknowns
+    turn, later = per_user_turn(server.take(), lambda p: getattr(
+        owners.get(p.request.job_id), "uid", None))
+    server.defer(later)
     checked = []
-    for pending in server.take():
+    for pending in turn:
         r = pending.request
         try:
             checked.append((pending, check_step_start(r.job_id, r.step, r.stepd_pid)))

@@ -90,6 +90,7 @@ class StepStartServer:
         self._wake = wake
         self._read_timeout_s = read_timeout_s
         self._queue: queue.SimpleQueue[PendingStart] = queue.SimpleQueue()
+        self._deferred: list[PendingStart] = []      # the loop's own: no lock needed
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -113,12 +114,20 @@ class StepStartServer:
         self._thread.start()
 
     def take(self) -> list[PendingStart]:
-        out = []
+        """Requests deferred by the loop first, then those queued since, oldest first."""
+        out, self._deferred = self._deferred, []
         while True:
             try:
                 out.append(self._queue.get_nowait())
             except queue.Empty:
                 return out
+
+    def defer(self, pending: list[PendingStart]) -> None:
+        """Hand ``pending`` back for the loop's next look, ahead of newer requests, and wake
+        the loop for it."""
+        if pending:
+            self._deferred = pending + self._deferred
+            self._wake.set()
 
     def stop(self) -> None:
         self._stopped.set()

@@ -246,3 +246,49 @@ def test_a_burst_of_step_starts_costs_one_cycle_for_all(tmp_path):
         [(41, f"step_{i}") for i in range(6)] + [(42, "step_0")]
     assert all(answers[a].startswith(b"ok 0") for a in asks[:-1]), answers
     assert answers[asks[-1]].startswith(b"refused"), answers
+
+
+def test_one_users_burst_of_step_starts_is_served_in_turns_beside_others(tmp_path):
+    """Issue 40, bounded per user: 20 step starts of one user's job and one of another
+    user's: the first cycle fences 16 of his (MAX_STARTS_PER_USER) and the other user's, the
+    next the 4 left, which were handed back ahead of newer requests with the loop woken."""
+    from types import SimpleNamespace
+    from slurm_plugin.daemon.agent import MAX_STARTS_PER_USER, serve_step_starts
+    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.node.ledger import Allocation, Ledger, LedgerFile
+    from slurm_plugin.node.reconciler import CycleResult
+    wake = threading.Event()
+    path = tmp_path / "agent-n1.sock"
+    server = StepStartServer(path, wake)
+    server.start()
+    config = AgentConfig(node="n1", state_dir=tmp_path / "state", run_dir=tmp_path / "run")
+    config.state_dir.mkdir()
+    LedgerFile(config.state_dir, "n1").save(Ledger(allocations={
+        41: Allocation(1000, frozenset({0})), 42: Allocation(1001, frozenset({1}))}))
+    me = os.getpid()
+    asks = [f"step-start 41 step_{i} {me}\n".encode() for i in range(20)] + \
+        [f"step-start 42 step_0 {me}\n".encode()]
+    answers: dict[bytes, bytes] = {}
+    clients = [threading.Thread(target=lambda a=a: answers.__setitem__(a, _ask(path, a)))
+               for a in asks]
+    cycles = []
+    rec = SimpleNamespace(cycle=lambda **m: cycles.append(m) or CycleResult(),
+                          observer=SimpleNamespace(actuator=SimpleNamespace(scan=dict)))
+    try:
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 10
+        while server._queue.qsize() < len(asks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        wake.clear()
+        serve_step_starts(config, rec, server)
+        assert wake.is_set()                      # the loop comes back for the rest
+        serve_step_starts(config, rec, server)
+        for t in clients:
+            t.join(5)
+    finally:
+        server.stop()
+    first = [(j, f.step) for j, f in cycles[0]["fences"]]
+    assert len(first) == MAX_STARTS_PER_USER + 1 and (42, "step_0") in first
+    assert len(cycles[1]["fences"]) == 20 - MAX_STARTS_PER_USER
+    assert all(answers[a].startswith(b"ok 0") for a in asks), answers
