@@ -121,3 +121,20 @@ def test_an_agent_socket_that_never_accepts_does_not_hold_the_step(host, state, 
             s.close()
     assert got.returncode == 1 and "hook exit 1" in got.stderr, got.stderr
     assert stat.S_ISSOCK(os.stat(state / "agent-n1.sock").st_mode)
+
+
+def test_a_timeout_that_is_not_a_number_of_seconds_means_the_default(host, tmp_path):
+    """Issue 40, finding 8: ``timeout=nan`` made every comparison with the deadline false, so
+    a hung hook held the step's start for ever; nan, inf, negative and over-long values now
+    mean the default 20 s (MAX_TIMEOUT_S is 600). A hook that would sleep 60 s is killed at
+    20 s for each (the three run side by side)."""
+    hook = hook_script(tmp_path, "exec sleep 60\n")
+    runs = {value: subprocess.Popen(
+        [str(host[0]), str(host[1]), str(JOB), str(STEP), f"python={hook}",
+         "config=/nonexistent", f"timeout={value}"],
+        env={"SLURMD_NODENAME": "n1", "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for value in ("nan", "inf", "-5", "1e9")}
+    for value, run in runs.items():
+        _, err = run.communicate(timeout=45)
+        assert run.returncode == 1 and "no answer in 20 s" in err, (value, err)
