@@ -501,29 +501,35 @@ def _folders_below(root: Path, max_folders: int) -> list[Path]:
     return out
 
 
+def kill_any(pid: int) -> bool:
+    """SIGKILL ``pid`` unchecked: for trees root alone can put processes in (the local
+    cluster's clean-up of its own nodes), never for a tree a user could fill."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int = 100_000,
-                       kill: bool = True,
+                       kill: Callable[[int], bool] | None = kill_any,
                        sleep: Callable[[float], None] = time.sleep) -> RemovalReport:
-    """Kill what still runs in ``root`` and below (with ``kill``), then remove the folders
-    bottom-up (at most ``max_folders``: what is left is reported as failed). Without ``kill``
-    a folder still in use is left at once (reported)."""
+    """Kill what still runs in ``root`` and below (each pid a folder lists, through ``kill``,
+    which may decline: True when it sent), then remove the folders bottom-up (at most
+    ``max_folders``: what is left is reported as failed). Without ``kill`` a folder still in
+    use is left at once (reported)."""
     report = RemovalReport(removed=[], killed_pids=[], failed=[])
     if not root.is_dir() or root.is_symlink():
         return report
     folders = list(reversed(_folders_below(root, max_folders)))      # children first
-    for folder in folders if kill else ():
+    for folder in folders if kill is not None else ():
         freezer_state = folder / "freezer.state"
         if freezer_state.exists():
             try:
                 freezer_state.write_text("THAWED")  # a frozen task cannot die
             except OSError:
                 pass
-        for pid in _read_pids(folder):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                report.killed_pids.append(pid)
-            except ProcessLookupError:
-                pass
+        report.killed_pids += [pid for pid in _read_pids(folder) if kill(pid)]
     deadline = time.monotonic() + timeout_s
     for folder in folders:
         while True:
@@ -534,13 +540,10 @@ def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int 
             except FileNotFoundError:
                 break
             except OSError as exc:  # busy: killed tasks not reaped yet
-                if not kill or time.monotonic() > deadline:
+                if kill is None or time.monotonic() > deadline:
                     report.failed.append((folder, str(exc)))
                     break
                 for pid in _read_pids(folder):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    kill(pid)
                 sleep(0.05)
     return report

@@ -247,15 +247,20 @@ def _jobs_fd(layout: RunLayout) -> int | None:
 
 def remove_job_folder(layout: RunLayout, job_id: int, uid: int, *,
                       budget: int = REMOVE_BUDGET) -> Removal:
-    """Remove the job's status folder (a folder of ``uid``). What the budget did not reach is
-    set aside in the jobs folder for the next Epilog (``sweep_leftovers``), so a requeued job
-    of the same id gets a fresh folder."""
+    """Remove the job's status folder: root's (the Prolog's, once its tmpfs is off it) or the
+    tmpfs's root, ``uid``'s. What the budget did not reach is set aside in the jobs folder for
+    the next Epilog (``sweep_leftovers``), so a requeued job of the same id gets a fresh
+    folder."""
     jfd = _jobs_fd(layout)
     if jfd is None:
         return Removal(complete=True)
     try:
         name = layout.job_dir(job_id).name
-        out = remove_tree(jfd, name, owner=uid, budget=budget)
+        try:
+            roots = os.stat(name, dir_fd=jfd, follow_symlinks=False).st_uid == 0
+        except FileNotFoundError:
+            roots = False
+        out = remove_tree(jfd, name, owner=0 if roots else uid, budget=budget)
         if not out.complete:
             aside = f"{LEFTOVER_PREFIX}{name}-{time.time_ns()}"
             try:

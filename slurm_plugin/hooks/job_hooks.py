@@ -25,7 +25,7 @@ from pathlib import Path
 from malleable_protocol import check_job_id
 from malleable_protocol.runner import CommandError
 
-from slurm_plugin.cgroups import remove_cgroup_tree
+from slurm_plugin.cgroups import process_cpuset, remove_cgroup_tree
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.logs import add_log_level_option, setup_logging
 from slurm_plugin.node.accounting import close_job
@@ -35,7 +35,7 @@ from slurm_plugin.hooks.job_folder import REMOVE_BUDGET, make_job_folder, remove
 from slurm_plugin.node.jobfs import detach_job_fs, mount_job_fs, unmount_job_fs
 from slurm_plugin.node.ledger import LedgerFile
 from slurm_plugin.node.wiring import load_config, make_reconciler, node_layout
-from slurm_plugin.node.procs import agent_pid, is_agent, lock_holder, signal_verified
+from slurm_plugin.node.procs import agent_pid, is_agent, lock_holder, process_uid, signal_verified
 from slurm_plugin.node.reconciler import CycleResult, Reconciler, node_lock
 from slurm_plugin.node.safety import check_step_start, judge, lent_cores, note, report_verdict, start_step
 
@@ -146,16 +146,23 @@ def _remove_job_files(config: AgentConfig, job_id: int, uid: int) -> list[str]:
 
 def _remove_users_cgroups(config: AgentConfig, job_id: int, uid: int) -> list[str]:
     """The job's cgroup folder, when its user made folders in it (v1 gives him the step
-    folders): Slurm cannot remove it then, and it would look like a job. Removed bottom-up
-    without recursion; nothing is killed (Slurm ended the job's processes). Slurm's own
-    clean-up is left alone otherwise."""
+    folders): Slurm cannot remove it then, and it would look like a job. Slurm kills what its
+    step folders list, not what runs in a folder below them: a process its user moved there
+    ran on past the job, on its cores. Such processes are killed (each checked through a
+    pidfd to be the job user's and in this job's folder), then the folders removed bottom-up
+    without recursion. Slurm's own clean-up is left alone otherwise."""
     try:
         layout = node_layout(config)
         top = layout.job_dir(uid, job_id)
         if not top.is_dir() or not walk_job(layout, str(top))[1]:
             return []
-        report = remove_cgroup_tree(top, kill=False)
-        return [f"cgroup {f}: {e}" for f, e in report.failed[:4]]
+        inside = layout.job_of
+        report = remove_cgroup_tree(top, timeout_s=5.0, kill=lambda pid: signal_verified(
+            pid, signal.SIGKILL, lambda p: process_uid(p) == uid
+            and inside(process_cpuset(p) or "") == job_id))
+        killed = [f"killed {len(report.killed_pids)} process(es) its user left in its "
+                  f"cgroup folders"] if report.killed_pids else []
+        return killed + [f"cgroup {f}: {e}" for f, e in report.failed[:4]]
     except Exception as exc:  # noqa: BLE001 - reported; the job stays ended
         return [f"cgroup folders: {type(exc).__name__}: {exc}"]
 

@@ -801,3 +801,53 @@ sleep 120
              what="bob's folder unmounted and removed", show=lambda: mounts_at_or_below(folder))
     assert not drained(c, OTHER)
     node_usable(c, OTHER)
+
+
+def test_a_process_moved_into_a_users_own_folder_does_not_outlive_his_job(agent_cluster, users,
+                                                                          work):
+    """Issue 40, finding 8 (v1): bob's job starts a process in a session of its own and moves
+    it into folders he made in his step's cpuset and freezer folders (v1 gives him both).
+    Slurm kills what its step folders list, not what is below them; the process ran on past
+    the job, in a cpuset folder holding the job's cores, beside the next job. When the job
+    ends, the Epilog kills what runs in the folders its user made (the user's own processes,
+    checked through a pidfd) and removes them."""
+    c = agent_cluster
+    node_usable(c, OTHER)
+    b, out = bob_job_on_other(c, work, "bobescape", """
+F=/sys/fs/cgroup/freezer$(grep ':freezer:' /proc/self/cgroup | cut -d: -f3)
+setsid sleep 300 < /dev/null > /dev/null 2>&1 &
+P=$!
+for D in "$H$STEP" "$F"; do
+  if mkdir "$D/mine"; then
+    if [ -f "$D/cpuset.cpus" ]; then
+      cat "$D/cpuset.mems" > "$D/mine/cpuset.mems"; cat "$D/cpuset.cpus" > "$D/mine/cpuset.cpus"
+    fi
+    echo $P > "$D/mine/cgroup.procs" && echo "moved into $D/mine"
+  fi
+done
+echo "pid $P"
+sleep 120
+""", "malleable:min=1,max=1")
+    buid = uid_of(BOB)
+    try:
+        wait_for(lambda: out.exists() and "pid " in out.read_text(), timeout=60,
+                 what="bob's process moved", show=lambda: c.client().job(b))
+    finally:
+        c.client().cancel(b)
+        wait_for(lambda: not c.client().job(b).state.holds_cores, timeout=60, what="bob's end")
+    text = out.read_text()
+    print("\n" + text)
+    assert "moved into" in text and "/mine" in text, text
+    pid = int(text.split("pid ")[1].split()[0])
+
+    def gone() -> bool:
+        try:
+            return os.stat(f"/proc/{pid}").st_uid != buid
+        except FileNotFoundError:
+            return True
+    job_dir = c.cgroup_layout(OTHER).job_dir(buid, b)
+    wait_for(lambda: gone() and not job_dir.exists(), timeout=30,
+             what="bob's escaped process killed and his job's cgroup folder removed",
+             show=lambda: (os.path.exists(f"/proc/{pid}"), job_dir.exists(),
+                           (c.paths.root / "agent" / f"hooks-{OTHER}.log").read_text()[-800:]))
+    node_usable(c, OTHER)

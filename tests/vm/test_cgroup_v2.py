@@ -183,3 +183,27 @@ def test_grow_step_reclaim_and_shrink_on_cgroup_v2(cosched: VMs):
     finally:
         vms.run(NODE, f"touch {stop}; scancel {a}", check=False)
 
+
+
+def test_the_daemons_run_hardened_as_their_units_say(cosched: VMs):
+    """Issue 40: the package's units restrict the agent and the watcher (systemd.exec(5)); the
+    grow, step and shrink test above ran under them. Here: systemd applied them to the
+    running services, and how exposed each is by systemd's own measure (0 best, 10 worst)."""
+    with Stage("(h) the units' hardening in effect"):
+        for unit in (f"malleable-agent@{NODE}", "malleable-watcher"):
+            props = dict(line.partition("=")[::2] for line in cosched.out(NODE, (
+                f"systemctl show {unit} -p ActiveState -p NoNewPrivileges -p ProtectSystem "
+                "-p RestrictNamespaces -p CapabilityBoundingSet")).splitlines())
+            assert props["ActiveState"] == "active", (unit, props)
+            assert props["NoNewPrivileges"] == "yes" and props["ProtectSystem"] == "full", props
+            assert "cap_sys_admin" not in props["CapabilityBoundingSet"], props
+            assert "cap_kill" in props["CapabilityBoundingSet"] or unit == "malleable-watcher"
+            exposure = cosched.out(NODE, f"systemd-analyze security --no-pager {unit} | tail -1",
+                                   check=False).strip()
+            # The same unit without its hardening block, for comparison (offline analysis).
+            plain = cosched.out(NODE, (
+                f"f=$(systemctl show -p FragmentPath --value {unit}); d=$(mktemp -d); "
+                f"sed '/^# Hardening/,/^RestrictAddressFamilies/d' \"$f\" > \"$d/{unit}.service\"; "
+                f"systemd-analyze security --offline=yes --no-pager \"$d/{unit}.service\" | "
+                "tail -1"), check=False).strip()
+            NOTES.append(f"{unit}: {exposure}; without the hardening: {plain}")

@@ -184,8 +184,11 @@ def test_without_its_tmpfs_a_jobs_records_folder_stays_roots(config, monkeypatch
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
     assert "no records folder of its own" in (config.state_dir / "hooks-n1.log").read_text()
     assert "not lent cores" in capsys.readouterr().err
+    from slurm_plugin.hooks.job_folder import remove_job_folder
+    assert remove_job_folder(config.layout, 41, user).complete and not folder.exists()
     hooks._prepare_job_folder(config, 42, user, user)       # with mount(8): its own tmpfs
     try:
         assert os.lstat(config.layout.job_dir(42)).st_uid == user
     finally:
         subprocess.run(["umount", "--lazy", str(config.layout.job_dir(42))], check=True)
+    assert remove_job_folder(config.layout, 42, user).complete     # root's again, unmounted
