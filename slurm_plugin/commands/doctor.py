@@ -238,6 +238,9 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
         f.feed_age_s = max(0.0, wall() - os.stat(feed_path).st_mtime)
     except (OSError, ValueError) as exc:
         f.errors["feed"] = str(exc)
+    site_off = f.feed_file.get("switched_off") if isinstance(f.feed_file, dict) else None
+    if f.switched_off is None and isinstance(site_off, str):
+        f.switched_off = site_off
     try:
         mode, fstype = discover_feed_mode(config.feed_dir) \
             if config.feed_mode == "auto" else (FeedMode(config.feed_mode), "configured")

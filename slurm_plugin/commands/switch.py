@@ -1,9 +1,15 @@
-"""``malleable disable`` and ``malleable enable``: the site's kill switch on this node (root).
+"""``malleable disable`` and ``malleable enable``: the site's kill switch (root).
 
-``disable`` throws it (``node.switch``) and runs one cycle at once under the node's lock, as a
-hook does, so every job holds exactly its Slurm allocation when it returns (checked on the real
-cgroup tree, and said); the running agent keeps it so. ``enable`` lifts it and wakes the agent.
-The setting ``"enabled": false`` in agent.json does what ``disable`` does, for good."""
+``disable`` throws it on this node (``node.switch``) and runs one cycle at once under the node's
+lock, as a hook does, so every job holds exactly its Slurm allocation when it returns (checked
+on the real cgroup tree, and said); the running agent keeps it so. ``enable`` lifts it and wakes
+the agent. The setting ``"enabled": false`` in agent.json does what ``disable`` does, for good.
+
+With ``--site`` (where the feed folder is: the watcher's host), for every node at once: the
+switch goes into the feed folder, the watcher puts it into every node's feed at once (the
+command tells it through the event file), and each agent holds every job to its allocation at
+the cycle that feed wakes. The command waits until every node's agent reports so (its report
+in the feed folder), and names those that did not within ``--wait``."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +27,12 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
         p = sub.add_parser(name, help=what)
         p.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
         p.add_argument("--node", help="the node (default: agent.json's, or SLURMD_NODENAME)")
+        p.add_argument("--site", action="store_true",
+                       help="every node of the cluster, through the feed (run it where the "
+                            "feed folder is, as root)")
+        p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                       help="with --site: how long to wait for every node's agent to report "
+                            "(default %(default)s)")
         if name == "disable":
             p.add_argument("--reason", default="", help="said in the event log and by doctor")
         p.set_defaults(func=run_disable if name == "disable" else run_enable)
@@ -37,11 +49,51 @@ def _wake_agent(config) -> bool:
     return pid is not None and signal_verified(pid, signal.SIGUSR1, is_agent)
 
 
+def _await_site(config, *, off: bool, wait_s: float) -> tuple[list[str], list[str]]:
+    """Nodes of the feed whose agents report the site's switch as ``off`` wants, and those
+    that do not yet after ``wait_s``."""
+    from slurm_plugin.feed.store import FeedStore
+    store = FeedStore(config.feed_dir)
+    deadline = time.monotonic() + wait_s
+
+    def agrees(node: str) -> bool:
+        report = store.read_report(node)
+        held = report is not None and report.held is not None and "for the site" in report.held
+        return held == off
+    while True:
+        store.invalidate()
+        nodes = store.node_names()
+        done = [n for n in nodes if agrees(n)]
+        if len(done) == len(nodes) or time.monotonic() >= deadline:
+            return done, [n for n in nodes if n not in done]
+        time.sleep(0.5)
+
+
+def _site(args: argparse.Namespace, config, *, off: bool) -> int:
+    from slurm_plugin.feed.store import FeedStore
+    store = FeedStore(config.feed_dir)
+    if off:
+        store.switch_site_off(args.reason)
+    elif not store.switch_site_on():
+        print("the site's switch was not thrown")
+    done, late = _await_site(config, off=off, wait_s=args.wait)
+    what = "hold every job to its allocation" if off else "are malleable again"
+    print(f"site: {len(done)} node(s) {what}" + (f"; not (yet) reported by: {', '.join(late)}"
+                                                 if late else ""))
+    if late:
+        raise CliError(f"{len(late)} node(s) did not report within {args.wait:g} s (a dead "
+                       "agent or watcher?): the switch stays written; run this again or "
+                       "'malleable disable' on those nodes")
+    return 0
+
+
 def run_disable(args: argparse.Namespace) -> int:
     from slurm_plugin.node.safety import jobs_off_their_allocation
     from slurm_plugin.node.switch import switch_off
     from slurm_plugin.node.wiring import make_reconciler
     config = _config(args)
+    if args.site:
+        return _site(args, config, off=True)
     switch_off(config, args.reason)
     t0 = time.monotonic()
     result = make_reconciler(config).cycle(lock_timeout_s=config.prolog_lock_timeout_s)
@@ -58,6 +110,8 @@ def run_disable(args: argparse.Namespace) -> int:
 def run_enable(args: argparse.Namespace) -> int:
     from slurm_plugin.node.switch import switch_on, switched_off
     config = _config(args)
+    if args.site:
+        return _site(args, config, off=False)
     lifted = switch_on(config)
     still = switched_off(config)
     if still is not None:

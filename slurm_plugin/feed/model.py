@@ -14,6 +14,7 @@ from malleable_policy.request import MalleableSpec, RequestError, parse_submit
 from slurm_plugin.topology import SlurmLayout
 
 MAX_FEED_BYTES = 1 << 20
+MAX_SWITCH_REASON = 300
 MAX_JOBS_PER_NODE = 4096
 # A Slurm partition name as the feed carries it (the site's weight table is keyed by it).
 _PARTITION = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
@@ -85,6 +86,9 @@ class NodeFeed:
     # Slurm's description of the node, which its abstract CPU ids (the jobs' allocations) are
     # counted in; None from a watcher older than it.
     layout: SlurmLayout | None = None
+    # Why the site switched malleability off everywhere (``malleable disable --site``): every
+    # agent holds every job to its allocation while it is set.
+    switched_off: str | None = None
 
     def job(self, job_id: int) -> FeedJob | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
@@ -95,11 +99,14 @@ class NodeFeed:
         if self.layout is not None:
             d["layout"] = [self.layout.sockets, self.layout.cores_per_socket,
                            self.layout.threads_per_core]
+        if self.switched_off is not None:
+            d["switched_off"] = self.switched_off
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     def same_content(self, other: "NodeFeed | None") -> bool:
-        return other is not None and (self.node, self.cpus, self.jobs, self.layout) == \
-            (other.node, other.cpus, other.jobs, other.layout)
+        return other is not None and \
+            (self.node, self.cpus, self.jobs, self.layout, self.switched_off) == \
+            (other.node, other.cpus, other.jobs, other.layout, other.switched_off)
 
     @classmethod
     def decode(cls, raw: bytes) -> "NodeFeed":
@@ -119,10 +126,14 @@ class NodeFeed:
                 all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 65536
                     for n in layout)):
             raise ProtocolError("bad node feed layout")
+        off = d.get("switched_off")
+        if off is not None and not (isinstance(off, str) and len(off) <= MAX_SWITCH_REASON):
+            raise ProtocolError("bad node feed switch")
         return cls(node=_node(d), cpus=cpus,
                    jobs=tuple(FeedJob.from_dict(j) for j in jobs if isinstance(j, dict)),
                    updated=float(updated),
-                   layout=SlurmLayout(*layout) if layout is not None else None)
+                   layout=SlurmLayout(*layout) if layout is not None else None,
+                   switched_off=off)
 
 
 @dataclass(frozen=True)
@@ -168,13 +179,16 @@ class NodeReport:
     node: str
     jobs: tuple[JobReport, ...] = ()
     problems: tuple[str, ...] = ()          # what the agent cannot verify (NodeSnapshot)
+    held: str | None = None                 # why every job keeps its allocation (a Hold)
 
     def encode(self) -> bytes:
-        return json.dumps({"node": self.node, "jobs": [
+        d: dict[str, object] = {"node": self.node, "jobs": [
             {"job_id": j.job_id, "current": format_cpu_list(j.current), "threads": list(j.threads),
              "steps_per_s": list(j.steps_per_s)} for j in self.jobs],
-            "problems": list(self.problems)},
-            sort_keys=True, separators=(",", ":")).encode()
+            "problems": list(self.problems)}
+        if self.held is not None:
+            d["held"] = self.held
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "NodeReport":
@@ -186,6 +200,7 @@ class NodeReport:
                                    steps_per_s=tuple(float(v) for v in j["steps_per_s"][:4096]))
                          for j in d.get("jobs", [])[:MAX_JOBS_PER_NODE])
             problems = tuple(str(p)[:1024] for p in d.get("problems", [])[:MAX_JOBS_PER_NODE])
+            held = str(d["held"])[:1024] if d.get("held") is not None else None
         except (KeyError, TypeError, ValueError, OverflowError) as exc:   # int(inf) overflows
             raise ProtocolError(f"bad node report: {exc}") from None
-        return cls(node=_node(d), jobs=jobs, problems=problems)
+        return cls(node=_node(d), jobs=jobs, problems=problems, held=held)

@@ -29,7 +29,7 @@ from malleable_protocol import ProtocolError, check_node_name
 from malleable_protocol.safe_io import (append_capped, ensure_private_dir, list_bounded, open_dir,
                                         read_bounded, write_atomic)
 
-from slurm_plugin.feed.model import MAX_FEED_BYTES, NodeFeed, NodeReport, Offers
+from slurm_plugin.feed.model import MAX_FEED_BYTES, MAX_SWITCH_REASON, NodeFeed, NodeReport, Offers
 from slurm_plugin.feed.usage import MAX_USAGE_BYTES, parse_usage_file_name, usage_file_name
 
 MAX_USAGE_FILES = 100_000           # listed at most (files of jobs the watcher has not closed)
@@ -211,6 +211,52 @@ class FeedStore:
             os.unlink(self.usage_dir / name)
         except FileNotFoundError:
             pass
+
+    # --- the site's kill switch (``malleable disable --site``): the watcher puts it in every
+    # node's feed at its next poll, which the line the command appends to the event file
+    # starts at once.
+
+    @property
+    def site_switch_file(self) -> Path:
+        return self.feed_dir / "switched-off"
+
+    def switch_site_off(self, reason: str) -> None:
+        write_atomic(_private_dir(self.feed_dir, FEED_DIR_MODE), self.site_switch_file.name,
+                     reason.encode()[:MAX_SWITCH_REASON - 64] + b"\n", FILE_MODE)
+        self._tell_watcher("site-switch")
+
+    def switch_site_on(self) -> bool:
+        """False when it was not switched off."""
+        try:
+            os.unlink(self.site_switch_file)
+        except FileNotFoundError:
+            return False
+        self._tell_watcher("site-switch")
+        return True
+
+    def site_switched_off(self) -> str | None:
+        """Why the site switched malleability off, or None. A file that cannot be read counts
+        as thrown: off is always safe."""
+        try:
+            raw = read_bounded(self.site_switch_file, MAX_SWITCH_REASON)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"switched off for the site ({self.site_switch_file}: {exc.strerror or exc})"
+        reason = raw.decode(errors="replace").strip()
+        return "switched off for the site by 'malleable disable --site'" + \
+            (f": {reason}" if reason else "")
+
+    def _tell_watcher(self, what: str) -> None:
+        try:
+            fd = os.open(self.events_file, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW |
+                         os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return           # no watcher has made it yet: its first poll reads the switch
+        try:
+            os.write(fd, f"{int(time.time())} {what} 0\n".encode())
+        finally:
+            os.close(fd)
 
     def log_usage(self, line: str) -> None:
         append_capped(self.usage_log, line + "\n", MAX_USAGE_LOG_BYTES)

@@ -57,8 +57,10 @@ class PollResult:
     seconds: float = 0.0
 
 
-def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeFeed]:
-    """One NodeFeed per node of ``layout``: the jobs holding cores there. Pure."""
+def build_feeds(jobs, layout: Sequence[Node], updated: float,
+                switched_off: str | None = None) -> dict[str, NodeFeed]:
+    """One NodeFeed per node of ``layout``: the jobs holding cores there, and the site's kill
+    switch when thrown. Pure."""
     per_node: dict[str, list[FeedJob]] = {n.name: [] for n in layout}
     for job in jobs:
         if not job.state.holds_cores:
@@ -74,7 +76,8 @@ def build_feeds(jobs, layout: Sequence[Node], updated: float) -> dict[str, NodeF
                              jobs=tuple(sorted(per_node[n.name], key=lambda j: j.job_id)),
                              updated=updated,
                              layout=SlurmLayout(n.sockets, n.cores_per_socket,
-                                                n.threads_per_core))
+                                                n.threads_per_core),
+                             switched_off=switched_off)
             for n in layout}
 
 
@@ -120,7 +123,8 @@ class ClusterWatcher:
             result.seconds = self._clock() - t0
             return result
         result.jobs = len(jobs)
-        for name, feed in build_feeds(jobs, layout, self._wall()).items():
+        switched_off = self.store.site_switched_off()
+        for name, feed in build_feeds(jobs, layout, self._wall(), switched_off).items():
             if not feed.same_content(self._published.get(name)):
                 self.store.write_node(feed)
                 self._published[name] = feed

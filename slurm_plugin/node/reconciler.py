@@ -180,10 +180,10 @@ class Reconciler:
 
     def _decide(self, snapshot: NodeSnapshot) -> tuple[Hold | None, Plan]:
         """The plan, and why jobs keep Slurm's allocation if they must: where the site switched
-        malleability off (``switch``), or Slurm's CPU ids cannot be turned into this node's,
+        malleability off (``switch``: on this node, or for the site through the feed), or Slurm's CPU ids cannot be turned into this node's,
         nothing is lent (every job is held to what its cgroup shows); where cores have several
         threads, whole cores are lent, or none if Slurm gave a job part of one."""
-        off = switched_off(self.config)
+        off = switched_off(self.config) or self.observer.site_switched_off
         if off is not None:
             return Hold("switched-off", off), decide(snapshot, Policy.STATIC)
         refusal, numbering = self.observer.refusal, self.observer.numbering
@@ -204,7 +204,8 @@ class Reconciler:
                       threads=tuple(r.intra_active for r in sorted(j.ranks, key=lambda r: r.rank)),
                       steps_per_s=tuple(round(r.rate_now, 2)
                                         for r in sorted(j.ranks, key=lambda r: r.rank)))
-            for j in result.snapshot.jobs), problems=result.snapshot.problems)
+            for j in result.snapshot.jobs), problems=result.snapshot.problems,
+            held=result.refusal.why if result.refusal is not None else None)
         if report != self.store.read_report(self.config.node):
             self.store.write_report(report)
 

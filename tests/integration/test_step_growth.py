@@ -454,7 +454,26 @@ def test_the_kill_switch_returns_every_job_to_its_allocation_in_one_cycle(agent_
         assert on.returncode == 0, on.stderr
         wait_for(lambda: cgroup_cpus(c, node, job_id) == {0, 1}, timeout=30,
                  what="grown again", show=lambda: timeline(c, node, job_id))
+        # For the whole site at once, from where the feed is: through the watcher and every
+        # node's feed; the command returns once every node's agent reports the hold.
+        t0 = time.monotonic()
+        off = subprocess.run([*switch, "disable", "--site", *where, "--reason", "site test"],
+                             capture_output=True, text=True, timeout=90)
+        took = time.monotonic() - t0
+        assert off.returncode == 0, off.stdout + off.stderr
+        assert f"{len(c.spec.node_names)} node(s) hold every job" in off.stdout, off.stdout
+        assert len(cgroup_cpus(c, node, job_id)) == 1, off.stdout
+        print(f"{off.stdout.strip()} ({took:.2f} s with the command's start)")
+        time.sleep(3)
+        assert len(cgroup_cpus(c, node, job_id)) == 1 and not violations(c, node)
+        on = subprocess.run([*switch, "enable", "--site", *where], capture_output=True,
+                            text=True, timeout=90)
+        assert on.returncode == 0, on.stdout + on.stderr
+        wait_for(lambda: cgroup_cpus(c, node, job_id) == {0, 1}, timeout=30,
+                 what="grown again after the site's switch", show=lambda: timeline(c, node, job_id))
     finally:
         subprocess.run([*switch, "enable", *where], capture_output=True, timeout=60)
+        subprocess.run([*switch, "enable", "--site", *where, "--wait", "0"], capture_output=True,
+                       timeout=60)
         stop.touch()
         client.cancel(job_id)

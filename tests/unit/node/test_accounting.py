@@ -196,6 +196,7 @@ class Node:
     write is kept with its time (the truth the accounting is checked against)."""
     refusal = None      # the node's CPU numbering is never in question here
     numbering = None    # Slurm's CPU ids are Linux's
+    site_switched_off = None   # the site never switched malleability off here
 
     def __init__(self, clock):
         self.clock = clock

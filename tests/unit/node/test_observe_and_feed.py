@@ -392,3 +392,32 @@ def test_the_feed_carries_slurms_layout_of_the_node():
         raw = json.dumps({"node": "n1", "cpus": 4, "jobs": [], "layout": bad}).encode()
         with pytest.raises(ProtocolError):
             NodeFeed.decode(raw)
+
+
+def test_the_sites_switch_reaches_every_nodes_feed_through_the_watcher(tmp_path):
+    """``malleable disable --site``: the switch in the feed folder, a line in the event file
+    (the watcher polls on it); the next poll puts it into every node's feed, which changes
+    (written, so each agent is woken), and an agent's observer reads it. Lifted, the feeds
+    change back. A switch file that cannot be read counts as thrown."""
+    client = CountingClient()
+    store = FeedStore(tmp_path)
+    store.prepare()
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path), client, store, wall=lambda: 5.0)
+    names = w.poll().nodes_written
+    events = store.events_stamp()
+    store.switch_site_off("maintenance")
+    assert store.events_stamp() != events
+    assert sorted(w.poll().nodes_written) == sorted(names)
+    for name in names:
+        feed = store.read_node(name)
+        assert feed.switched_off.endswith("by 'malleable disable --site': maintenance")
+        assert NodeFeed.decode(feed.encode()) == feed
+    obs = NodeObserver(names[0], RunLayout(tmp_path / "run"), store, FakeCgroups({}))
+    obs.observe(Ledger())
+    assert "maintenance" in obs.site_switched_off
+    assert w.poll().nodes_written == []                    # unchanged while thrown
+    assert store.switch_site_on() and not store.switch_site_on()
+    assert sorted(w.poll().nodes_written) == sorted(names)
+    assert store.read_node(names[0]).switched_off is None
+    store.site_switch_file.mkdir()                         # unreadable as a file: off
+    assert "switched off for the site" in store.site_switched_off()

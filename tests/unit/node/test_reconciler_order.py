@@ -82,6 +82,7 @@ class OneGrowingJob:
     """The observer and the executor: job 7 holds core 0 of 4 and may grow to the node."""
     refusal = None      # the node's CPU numbering is never in question here
     numbering = None    # Slurm's CPU ids are Linux's
+    site_switched_off = None   # the site never switched malleability off here
 
     def __init__(self, journal: Journal):
         self.journal = journal
