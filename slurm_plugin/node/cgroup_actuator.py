@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Mapping
 from pathlib import Path
 
-from slurm_plugin.cgroups import CPUS_FILE, SlurmCgroupLayout
+from slurm_plugin.cgroups import CPUS_FILE, CgroupVersion, SlurmCgroupLayout
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 from malleable_protocol.errors import FixableError, printable
 
@@ -122,6 +123,44 @@ def _files_are_roots(folder: str) -> bool:
         return True
 
 
+def _subfolders(folder: str) -> list[str]:
+    try:
+        with os.scandir(folder) as it:
+            return [e.name for e in islice(it, 64 + MAX_FOLDERS)
+                    if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _make_roots(folder: str) -> None:
+    """``folder`` and its files root's, through one descriptor of it, no link followed."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, 0, 0)
+        for name in os.listdir(fd):
+            try:
+                os.chown(name, 0, 0, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+
+
+def _move_processes(folder: str, home: str) -> None:
+    """Every process in ``folder`` into ``home`` (root writes its cgroup.procs)."""
+    try:
+        with open(os.path.join(folder, "cgroup.procs"), "rb") as f:
+            pids = f.read(1 << 20).split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(os.path.join(home, "cgroup.procs"), "w") as f:
+                f.write(pid.decode())
+        except OSError:
+            continue                  # exited meanwhile
+
+
 def _any_users(folders: list[str]) -> bool:
     for folder in folders:
         try:
@@ -207,9 +246,61 @@ class CpusetActuator:
                 now[f] = old[f] | desired[f]
         for f in reversed(folders):
             if now[f] != desired[f]:
-                self._write(f, desired[f])
+                try:
+                    self._write(f, desired[f])
+                except ActuatorError:
+                    # v1: a folder its user made below this one holds a CPU being taken
+                    # (EBUSY). It is taken from him, its processes moved up here; once.
+                    if not foreign or self.layout.version is not CgroupVersion.V1:
+                        raise
+                    self.evict_foreign(top)
+                    self._write(f, desired[f])
         if old[top] < cpus:
             self._widen_masks(folders, old[top], desired)
+
+    def evict_foreign(self, top: str) -> int:
+        """Remove what the job's user made below its Slurm folders (v1, where slurmstepd gives
+        him the step and task folders, so a task folder made after the job was sealed is his
+        for a while): every such folder, and all below it, is made root's first (files too:
+        he can neither make folders in it nor open its files again), then, deepest first,
+        its processes are moved up into the Slurm folder it is in and it is removed. At most
+        ``MAX_FOLDERS`` are taken; ActuatorError when more remain. Returns how many were
+        removed."""
+        slurm = [top] + walk_job(self.layout, top)[0]
+        mine = set(slurm)
+        taken: list[tuple[str, str]] = []            # (folder, the Slurm folder it is in)
+        level = [(f, f) for f in slurm]
+        while level:
+            nxt = []
+            for folder, home in level:
+                for name in _subfolders(folder):
+                    child = os.path.join(folder, name)
+                    if child in mine:
+                        continue
+                    if len(taken) >= MAX_FOLDERS:
+                        raise ActuatorError(f"{top}: more than {MAX_FOLDERS} folders its user "
+                                            "made: not all can be taken back")
+                    _make_roots(child)
+                    taken.append((child, home))
+                    nxt.append((child, home))
+            level = nxt
+        removed = 0
+        for folder, home in reversed(taken):
+            for _ in range(20):
+                _move_processes(folder, home)
+                try:
+                    os.rmdir(folder)
+                    removed += 1
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)      # a process forked as it was moved: once more
+            else:
+                raise ActuatorError(f"{folder}: its user's folder cannot be removed")
+        if taken:
+            log.warning("%s: took back and removed %d folder(s) its user made", top, removed)
+        return removed
 
     def seal_job(self, uid: int, job_id: int) -> None:
         self.seal(str(self.layout.job_dir(uid, job_id)))
