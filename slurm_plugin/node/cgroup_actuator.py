@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Callable, Mapping
 from pathlib import Path
@@ -51,6 +51,7 @@ class CgroupJob:
     folders: dict[str, frozenset[int]]          # Slurm's step folders (relative path) -> CPUs
     foreign: tuple[str, ...] = ()               # others (the first few), never walked nor written
     unsealed: bool = False                      # a Slurm folder below it is not root's (v1)
+    scan_cpu_s: float = field(default=0.0, compare=False)   # what walking it cost (its user's)
 
     def in_line(self, step_cpus: Mapping[str, frozenset[int]] | None = None) -> bool:
         return all(cpus == folder_cpus(rel, self.cpus, step_cpus)
@@ -86,36 +87,64 @@ def walk_job(layout: SlurmCgroupLayout, top: str) -> tuple[list[str], tuple[str,
     Slurm names them, with root's files) and the first few foreign ones (relative paths).
     Links are never followed; a folder is listed at most ``MAX_FOLDERS`` entries deep, so a
     folder of a million entries costs what 1,024 do."""
-    out: list[str] = []
+    found, foreign = _walk(layout, top)
+    return [path for path, _ in found], foreign
+
+
+def _walk(layout: SlurmCgroupLayout, top: str) -> tuple[list[tuple[str, int]], tuple[str, ...]]:
+    """``walk_job``, each Slurm folder with its owner's uid. A folder is listed only when it
+    has folders in it: cgroupfs, like most file systems, counts a folder's subfolders in its
+    link count (2 + subfolders; kernfs_refresh_inode), which the stat each entry needs anyway
+    gives: a job's many leaf task folders cost one stat each, not a listing."""
+    out: list[tuple[str, int]] = []
     foreign: list[str] = []
-    level = [""]
+    try:
+        st = os.lstat(top)
+    except OSError:
+        return out, ()
+    level = [("", st.st_nlink)]
     for _ in range(MAX_DEPTH):
-        nxt: list[str] = []
-        for rel in level:
+        nxt: list[tuple[str, int]] = []
+        for rel, nlink in level:
+            if nlink == 2:
+                continue             # no folder in it
+            folder = f"{top}/{rel}" if rel else top
             try:
-                with os.scandir(os.path.join(top, rel) if rel else top) as it:
-                    names = sorted(e.name for e in islice(it, 64 + MAX_FOLDERS)
-                                   if e.is_dir(follow_symlinks=False))
+                with os.scandir(folder) as it:
+                    entries = sorted((e for e in islice(it, 64 + MAX_FOLDERS)
+                                      if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
             except OSError:
                 continue
-            for name in names:
-                child = f"{rel}/{name}" if rel else name
-                if layout.slurm_child(rel, name) and len(out) + len(nxt) < MAX_FOLDERS and \
-                        _files_are_roots(os.path.join(top, child)):
-                    nxt.append(child)
-                elif len(foreign) < MAX_FOREIGN_NAMED:
+            for entry in entries:
+                child = f"{rel}/{entry.name}" if rel else entry.name
+                if layout.slurm_child(rel, entry.name) and len(out) < MAX_FOLDERS:
+                    est = _lstat(entry)
+                    if est is None:
+                        continue        # gone meanwhile (a step that ended)
+                    if est.st_uid == 0 or _files_are_roots(f"{top}/{child}"):
+                        nxt.append((child, est.st_nlink))
+                        out.append((f"{top}/{child}", est.st_uid))
+                        continue
+                if len(foreign) < MAX_FOREIGN_NAMED:
                     foreign.append(printable(child, 200))   # its user's name, bound for logs
-        out += [os.path.join(top, rel) for rel in nxt]
         level = nxt
         if not level:
             break
     return out, tuple(foreign)
 
 
+def _lstat(entry: os.DirEntry) -> os.stat_result | None:
+    try:
+        return entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
+
+
 # The kernel gives a new cgroup's files to whoever made it. slurmstepd makes Slurm's folders
 # as root (22.05 then gives the folder, not its files, to the job's user); a folder a user
 # made under a name Slurm uses (task_4242) has a cpuset.cpus its maker can write (and so keep
 # a borrowed core in), and is not Slurm's. A folder without that file holds no CPUs of its own.
+# A folder root owns is root's making (no user can make one) or sealed by the agent: Slurm's.
 def _files_are_roots(folder: str) -> bool:
     try:
         return os.stat(os.path.join(folder, CPUS_FILE), follow_symlinks=False).st_uid == 0
@@ -161,16 +190,6 @@ def _move_processes(folder: str, home: str) -> None:
             continue                  # exited meanwhile
 
 
-def _any_users(folders: list[str]) -> bool:
-    for folder in folders:
-        try:
-            if os.lstat(folder).st_uid != 0:
-                return True
-        except OSError:
-            continue
-    return False
-
-
 # A hook run before the n-th cpuset write (n, the folder): a fault-injection point that tests
 # pass in (tests/programs/slurm_plugin_agent_stopping_at_write.py); production passes none.
 WriteHook = Callable[[int, str], None]
@@ -200,14 +219,16 @@ class CpusetActuator:
             except OSError:
                 continue
             for name in names:
+                t0 = time.thread_time()
                 top = os.path.join(parent, name)
                 cpus = read_cpus(top)
                 if not cpus:
                     continue   # being made or removed
-                below, foreign = walk_job(self.layout, top)
-                folders = {f[len(top) + 1:]: read_cpus(f) or frozenset() for f in below}
+                below, foreign = _walk(self.layout, top)
+                folders = {f[len(top) + 1:]: read_cpus(f) or frozenset() for f, _ in below}
                 found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders, foreign,
-                                                 unsealed=_any_users(below))
+                                                 unsealed=any(owner != 0 for _, owner in below),
+                                                 scan_cpu_s=time.thread_time() - t0)
         return found
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],

@@ -17,7 +17,7 @@ from slurm_plugin.node.cgroup_actuator import CgroupJob, CpusetActuator
 from slurm_plugin.node.ledger import FENCE_EXPIRY_S, STARTING_EXPIRY_S, Allocation, Ledger
 from malleable_policy.model import JobView, NodeSnapshot, RankView, SiteLimits
 from slurm_plugin.cgroups import StepdProcess, misplaced_jobs, process_cpuset, slurmstepd_processes
-from slurm_plugin.node.ranks import read_job_ranks
+from slurm_plugin.node.ranks import RankReader, read_job_ranks
 from slurm_plugin.topology import CpuNumbering, TopologyUnknown, check_against_slurm
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,8 @@ class NodeObserver:
         job's fault (it is held to its allocation), never the cycle's."""
         if cg.foreign:
             return f"folders Slurm did not make below its cgroup: {', '.join(cg.foreign)}", ()
+        if isinstance(self._read_ranks, RankReader):
+            self._read_ranks.charge_cpu(uid, cg.scan_cpu_s)   # his folders: his budget too
         try:
             return None, self._read_ranks(self.layout, job_id, uid, self.actuator.layout)
         except Exception as exc:  # noqa: BLE001 - any error on a job's input is confined to it

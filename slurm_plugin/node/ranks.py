@@ -148,6 +148,13 @@ class RankReader:
         """What the records of ``uid``'s jobs cost root this cycle."""
         return self._spent.get(uid, (0, 0.0))
 
+    def charge_cpu(self, uid: int, seconds: float) -> None:
+        """Count CPU root spent on ``uid``'s input elsewhere this cycle (walking the cgroup
+        folders below his jobs, which his tasks and folders make) against the same budget:
+        his records are read with what is left."""
+        nbytes, cpu = self.spent(uid)
+        self._spent[uid] = (nbytes, cpu + max(0.0, seconds))
+
     def __call__(self, layout: RunLayout, job_id: int, uid: int,
                  cgroups: SlurmCgroupLayout) -> tuple[RankView, ...]:
         if self._mounted_over is None:
@@ -156,18 +163,21 @@ class RankReader:
         if why:
             raise FolderMountedOver(f"job {job_id}: {why}")
         nbytes, cpu = self.spent(uid)
-        t0 = self._cpu_clock()
+        t0 = last = self._cpu_clock()
+        dearest = 0.0      # the most one record has cost: the next may cost as much
 
         def charge(n: int) -> None:
-            nonlocal nbytes
+            nonlocal nbytes, last, dearest
             nbytes += n
-            used = cpu + self._cpu_clock() - t0
-            if nbytes > self.max_bytes or used > self.max_cpu_s:
+            now = self._cpu_clock()
+            dearest, last = max(dearest, now - last), now
+            used = cpu + now - t0
+            if nbytes > self.max_bytes or used + dearest > self.max_cpu_s:
                 # The same words every cycle: the event log records a fault when it changes.
                 raise InputBudgetExceeded(
-                    f"job {job_id}: its user's records cost more than their budget this "
-                    f"cycle ({self.max_bytes // 1024} KiB, {self.max_cpu_s * 1000:.0f} ms of "
-                    "CPU, for all his jobs on the node)")
+                    f"job {job_id}: its user's input (records, cgroup folders) cost more than "
+                    f"its budget this cycle ({self.max_bytes // 1024} KiB, "
+                    f"{self.max_cpu_s * 1000:.0f} ms of CPU, for all his jobs on the node)")
 
         charge(0)
         try:

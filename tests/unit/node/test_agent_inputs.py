@@ -258,3 +258,33 @@ def test_the_hooks_log_takes_one_line_per_note_whatever_it_quotes(tmp_path):
     assert len(lines) == 1 and lines[0].endswith(
         "job 5: fault: a\\n2026-11-28T00:00:00 job 6 start: ok\\x1b[2J\\xe9")
     assert printable("x" * 500) == "x" * 400 and len(printable("\x01" * 500)) == 400
+
+
+def test_walking_a_users_cgroup_folders_is_charged_to_his_budget(tmp_path):
+    """Issue 40, bounded per user: the CPU the scan spent on a job's folders (his tasks and
+    folders make them) counts against the same budget as his records; a job whose folders
+    cost the whole budget is held to its allocation without its records being read."""
+    from slurm_plugin.node.cgroup_actuator import CgroupJob
+    from slurm_plugin.node.ledger import Ledger
+    from slurm_plugin.node.observe import NodeObserver
+    from slurm_plugin.node.ranks import RankReader
+    from slurm_plugin.feed import FeedJob, NodeFeed
+    from ..fakes import FakeCgroups, FakeFeed
+    S = frozenset
+    lay = RunLayout(tmp_path)
+    d = lay.job_dir(5)
+    d.mkdir(parents=True)
+    os.chown(d, UID, UID)
+    put(d, "rank_0.json", RankStatus(**GOOD).encode(), owner=UID)
+    spec = MalleableSpec(1, None)
+    feed = NodeFeed("n1", 4, (FeedJob(5, UID, "u", S({0, 1}), ("n1",), spec),))
+    for scan_cpu_s, held in ((0.001, False), (0.025, True)):
+        cg = {5: CgroupJob(UID, 5, S({0, 1}), {"step_0": S({0, 1})}, scan_cpu_s=scan_cpu_s)}
+        reader = RankReader(max_cpu_s=0.02, step_of=lambda *a: "step_0")
+        reader.begin_cycle()
+        snap = NodeObserver("n1", lay, FakeFeed(feed), FakeCgroups(cg), read_ranks=reader,
+                            wall=lambda: 1000.0).observe(Ledger())
+        job = snap.job(5)
+        assert (job.fault is not None and "InputBudgetExceeded" in job.fault) == held, job.fault
+        assert len(job.ranks) == (0 if held else 1)
+        assert reader.spent(UID)[1] >= scan_cpu_s
