@@ -476,12 +476,14 @@ class RemovalReport:
     failed: list[tuple[Path, str]]
 
 
-def _read_pids(folder: Path) -> list[int]:
+def read_pids(folder: Path | str, max_bytes: int = 1 << 20) -> list[int]:
+    """The processes in a cgroup folder (its cgroup.procs, the kernel's; the first
+    ``max_bytes`` of it); none when it cannot be read."""
     try:
-        text = (folder / "cgroup.procs").read_text()
-    except OSError:
+        with open(os.path.join(folder, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read(max_bytes).split()[:max_bytes // 2]]
+    except (OSError, ValueError):
         return []
-    return [int(x) for x in text.split()]
 
 
 def _folders_below(root: Path, max_folders: int) -> list[Path]:
@@ -529,7 +531,7 @@ def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int 
                 freezer_state.write_text("THAWED")  # a frozen task cannot die
             except OSError:
                 pass
-        report.killed_pids += [pid for pid in _read_pids(folder) if kill(pid)]
+        report.killed_pids += [pid for pid in read_pids(folder) if kill(pid)]
     deadline = time.monotonic() + timeout_s
     for folder in folders:
         while True:
@@ -543,7 +545,7 @@ def remove_cgroup_tree(root: Path, *, timeout_s: float = 10.0, max_folders: int 
                 if kill is None or time.monotonic() > deadline:
                     report.failed.append((folder, str(exc)))
                     break
-                for pid in _read_pids(folder):
+                for pid in read_pids(folder):
                     kill(pid)
                 sleep(0.05)
     return report

@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Callable, Mapping
 from pathlib import Path
 
-from slurm_plugin.cgroups import CPUS_FILE, CgroupVersion, SlurmCgroupLayout
+from slurm_plugin.cgroups import CPUS_FILE, CgroupVersion, SlurmCgroupLayout, read_pids
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 from malleable_protocol.errors import FixableError, printable
 
@@ -177,15 +177,10 @@ def _make_roots(folder: str) -> None:
 
 def _move_processes(folder: str, home: str) -> None:
     """Every process in ``folder`` into ``home`` (root writes its cgroup.procs)."""
-    try:
-        with open(os.path.join(folder, "cgroup.procs"), "rb") as f:
-            pids = f.read(1 << 20).split()
-    except OSError:
-        return
-    for pid in pids:
+    for pid in read_pids(folder):
         try:
             with open(os.path.join(home, "cgroup.procs"), "w") as f:
-                f.write(pid.decode())
+                f.write(str(pid))
         except OSError:
             continue                  # exited meanwhile
 
@@ -353,18 +348,13 @@ class CpusetActuator:
         own loss). Returns how many were looked at."""
         seen = 0
         for folder in folders:
-            try:
-                with open(os.path.join(folder, "cgroup.procs"), "rb") as f:
-                    pids = f.read(1 << 16).split()
-            except OSError:
-                continue
-            for pid in pids:
+            for pid in read_pids(folder, 1 << 16):
                 if seen >= MAX_WIDEN_THREADS:
                     log.warning("%s: more than %d threads: the rest keep their CPU masks",
                                 folders[0], MAX_WIDEN_THREADS)
                     return seen
                 try:
-                    tids = os.listdir(f"/proc/{int(pid)}/task")
+                    tids = os.listdir(f"/proc/{pid}/task")
                 except (OSError, ValueError):
                     continue
                 for tid in tids[:MAX_WIDEN_THREADS - seen]:

@@ -212,35 +212,12 @@ def test_a_burst_of_step_starts_costs_one_cycle_for_all(tmp_path):
     put every other user's step start behind it (then to the slow hook, which kills the
     agent after 3 s). Every request queued since the last look is fenced in one cycle and
     answered by it; a request whose slurmstepd is not root's is refused alone."""
-    from types import SimpleNamespace
-    from slurm_plugin.daemon.agent import serve_step_starts
     from slurm_plugin.node.config import AgentConfig
-    from slurm_plugin.node.reconciler import CycleResult
-    wake = threading.Event()
-    path = tmp_path / "agent-n1.sock"
-    server = StepStartServer(path, wake)
-    server.start()
     me = os.getpid()                 # root's, as a slurmstepd is
     asks = [f"step-start 41 step_{i} {me}\n".encode() for i in range(6)] + \
         [f"step-start 42 step_0 {me}\n".encode(), b"step-start 43 step_0 1\n"]
-    answers: dict[bytes, bytes] = {}
-    clients = [threading.Thread(target=lambda a=a: answers.__setitem__(a, _ask(path, a)))
-               for a in asks]
-    cycles = []
-    rec = SimpleNamespace(cycle=lambda **m: cycles.append(m) or CycleResult(),
-                          observer=SimpleNamespace(actuator=SimpleNamespace(scan=dict)))
     config = AgentConfig(node="n1", state_dir=tmp_path / "state", run_dir=tmp_path / "run")
-    try:
-        for t in clients:
-            t.start()
-        deadline = time.monotonic() + 10
-        while server._queue.qsize() < len(asks) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        serve_step_starts(config, rec, server)
-        for t in clients:
-            t.join(5)
-    finally:
-        server.stop()
+    cycles, answers, _ = _burst(tmp_path, config, asks, turns=1)
     assert len(cycles) == 1
     assert sorted((j, f.step) for j, f in cycles[0]["fences"]) == \
         [(41, f"step_{i}") for i in range(6)] + [(42, "step_0")]
@@ -252,15 +229,9 @@ def test_one_users_burst_of_step_starts_is_served_in_turns_beside_others(tmp_pat
     """Issue 40, bounded per user: 20 step starts of one user's job and one of another
     user's: the first cycle fences 16 of his (MAX_STARTS_PER_USER) and the other user's, the
     next the 4 left, which were handed back ahead of newer requests with the loop woken."""
-    from types import SimpleNamespace
-    from slurm_plugin.daemon.agent import MAX_STARTS_PER_USER, serve_step_starts
+    from slurm_plugin.daemon.agent import MAX_STARTS_PER_USER
     from slurm_plugin.node.config import AgentConfig
     from slurm_plugin.node.ledger import Allocation, Ledger, LedgerFile
-    from slurm_plugin.node.reconciler import CycleResult
-    wake = threading.Event()
-    path = tmp_path / "agent-n1.sock"
-    server = StepStartServer(path, wake)
-    server.start()
     config = AgentConfig(node="n1", state_dir=tmp_path / "state", run_dir=tmp_path / "run")
     config.state_dir.mkdir()
     LedgerFile(config.state_dir, "n1").save(Ledger(allocations={
@@ -268,10 +239,31 @@ def test_one_users_burst_of_step_starts_is_served_in_turns_beside_others(tmp_pat
     me = os.getpid()
     asks = [f"step-start 41 step_{i} {me}\n".encode() for i in range(20)] + \
         [f"step-start 42 step_0 {me}\n".encode()]
+    cycles, answers, woken = _burst(tmp_path, config, asks, turns=2)
+    assert woken == [True, False]                # the loop came back for the rest
+    first = [(j, f.step) for j, f in cycles[0]["fences"]]
+    assert len(first) == MAX_STARTS_PER_USER + 1 and (42, "step_0") in first
+    assert len(cycles[1]["fences"]) == 20 - MAX_STARTS_PER_USER
+    assert all(answers[a].startswith(b"ok 0") for a in asks), answers
+
+
+def _burst(tmp_path, config, asks: list[bytes], *, turns: int):
+    """``asks`` sent at once to a real step socket, each from a thread of its own; then
+    ``turns`` calls of the agent's ``serve_step_starts`` with a reconciler that records its
+    cycles. Returns the cycles' arguments, each request's answer, and whether the loop was
+    woken again after each turn."""
+    from types import SimpleNamespace
+    from slurm_plugin.daemon.agent import serve_step_starts
+    from slurm_plugin.node.reconciler import CycleResult
+    wake = threading.Event()
+    path = tmp_path / "agent-n1.sock"
+    server = StepStartServer(path, wake)
+    server.start()
     answers: dict[bytes, bytes] = {}
     clients = [threading.Thread(target=lambda a=a: answers.__setitem__(a, _ask(path, a)))
                for a in asks]
-    cycles = []
+    cycles: list[dict] = []
+    woken = []
     rec = SimpleNamespace(cycle=lambda **m: cycles.append(m) or CycleResult(),
                           observer=SimpleNamespace(actuator=SimpleNamespace(scan=dict)))
     try:
@@ -280,15 +272,12 @@ def test_one_users_burst_of_step_starts_is_served_in_turns_beside_others(tmp_pat
         deadline = time.monotonic() + 10
         while server._queue.qsize() < len(asks) and time.monotonic() < deadline:
             time.sleep(0.01)
-        wake.clear()
-        serve_step_starts(config, rec, server)
-        assert wake.is_set()                      # the loop comes back for the rest
-        serve_step_starts(config, rec, server)
+        for _ in range(turns):
+            wake.clear()
+            serve_step_starts(config, rec, server)
+            woken.append(wake.is_set())
         for t in clients:
             t.join(5)
     finally:
         server.stop()
-    first = [(j, f.step) for j, f in cycles[0]["fences"]]
-    assert len(first) == MAX_STARTS_PER_USER + 1 and (42, "step_0") in first
-    assert len(cycles[1]["fences"]) == 20 - MAX_STARTS_PER_USER
-    assert all(answers[a].startswith(b"ok 0") for a in asks), answers
+    return cycles, answers, woken
