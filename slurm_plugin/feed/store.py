@@ -247,6 +247,28 @@ class FeedStore:
         return "switched off for the site by 'malleable disable --site'" + \
             (f": {reason}" if reason else "")
 
+    @property
+    def polled_file(self) -> Path:
+        return self.feed_dir / "polled"
+
+    def write_polled(self, at: float) -> None:
+        """The watcher's: the wall time its latest published poll began (``node.quiet``)."""
+        write_atomic(_private_dir(self.feed_dir, FEED_DIR_MODE), self.polled_file.name,
+                     f"{at!r}\n".encode(), FILE_MODE)
+
+    def polled_at(self) -> float | None:
+        try:
+            return float(read_bounded(self.polled_file, 64))
+        except (OSError, ValueError):
+            return None
+
+    def poke_watcher(self) -> None:
+        """Ask the watcher for a poll now (a line in its event file); never raises."""
+        try:
+            self._tell_watcher("poke")
+        except OSError:
+            pass
+
     def _tell_watcher(self, what: str) -> None:
         try:
             fd = os.open(self.events_file, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW |

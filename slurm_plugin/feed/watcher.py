@@ -110,6 +110,7 @@ class ClusterWatcher:
 
     def poll(self) -> PollResult:
         t0 = self._clock()
+        began = self._wall()        # every job Slurm allocated before this is in the poll
         result = PollResult()
         try:
             layout = self._nodes()
@@ -130,6 +131,10 @@ class ClusterWatcher:
                 self._published[name] = feed
                 result.nodes_written.append(name)
         result.wakes_sent = self._wake_agents(layout, result.nodes_written)
+        try:
+            self.store.write_polled(began)
+        except OSError as exc:
+            log.warning("poll time not published: %s", exc)
         try:
             result.usage_closed = self.close_usage(jobs)
         except OSError as exc:

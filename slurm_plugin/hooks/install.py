@@ -125,7 +125,8 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
     paths["ctld_event.sh"].write_text(_template("ctld_event.sh.tmpl").substitute(
         events_file=events))
     for hook in ("prolog.sh", "epilog.sh"):
-        paths[hook].write_text(render_hook(hook, python=python, config=paths["agent.json"]))
+        paths[hook].write_text(render_hook(hook, python=python, config=paths["agent.json"],
+                                           state_dir=config.state_dir))
     for hook in ("prolog.sh", "epilog.sh", "ctld_event.sh"):
         paths[hook].chmod(0o755)
     return paths
@@ -142,9 +143,11 @@ def render_job_submit(events_file: Path, *, max_cpus: int | None = None,
         ending=_MODULE_ENDING if module else _SCRIPT_ENDING)
 
 
-def render_hook(name: str, *, python: str, config: Path) -> str:
-    """The node's Prolog or Epilog (``prolog.sh``, ``epilog.sh``)."""
-    return _template(f"{name}.tmpl").substitute(python=python, config=config)
+def render_hook(name: str, *, python: str, config: Path, state_dir: Path) -> str:
+    """The node's Prolog or Epilog (``prolog.sh``, ``epilog.sh``); ``state_dir``: the agents'
+    state folder, where the Prolog's shell looks for the node's quiet file."""
+    return _template(f"{name}.tmpl").substitute(python=python, config=config,
+                                                state_dir=state_dir)
 
 
 def prepare_node_folders(config: AgentConfig) -> None:

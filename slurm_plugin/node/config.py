@@ -98,6 +98,16 @@ class AgentConfig:
         return self.state_dir / f"disabled-{self.node}"
 
     @property
+    def quiet_file(self) -> Path:
+        """Present while the node is quiet (``quiet.py``): the Prolog's shell reads it."""
+        return self.state_dir / f"quiet-{self.node}"
+
+    @property
+    def loud_file(self) -> Path:
+        """When the node stopped being quiet (``quiet.py``)."""
+        return self.state_dir / f"loud-{self.node}"
+
+    @property
     def pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.node}.pid"
 

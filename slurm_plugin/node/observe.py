@@ -59,6 +59,7 @@ class NodeObserver:
         self._base_refusal = refusal
         self.refusal: str | None = refusal     # this cycle's: the base one or the feed's
         self.site_switched_off: str | None = None   # the feed's: the site's kill switch
+        self.feed_malleable = False     # the node's feed lists a malleable job (node.quiet)
 
     def _refusal(self, feed: NodeFeed | None) -> str | None:
         """Why Slurm's CPU ids cannot be turned into this node's now, or None."""
@@ -113,6 +114,7 @@ class NodeObserver:
         """The node now. Updates ``ledger`` (first-seen allocations, start markers resolved)."""
         feed = self.feed.read_node(self.node)
         self.site_switched_off = feed.switched_off if feed is not None else None
+        self.feed_malleable = feed is not None and any(j.spec is not None for j in feed.jobs)
         self.refusal = self._refusal(feed)
         # Refused: the feed's CPU ids may name other CPUs here; only the cgroups' count.
         ids_feed = feed if self.refusal is None else None

@@ -36,6 +36,8 @@ from slurm_plugin.node.observe import NodeObserver
 from malleable_policy.decide import decide
 from malleable_policy.whole_cores import SplitCores, decide_whole_cores
 from slurm_plugin.node.ranks import RankReader
+from slurm_plugin.node.quiet import break_quiet, make_quiet, quiet_possible
+from slurm_plugin.node.quiet import gate as quiet_gate
 from slurm_plugin.node.switch import switched_off
 from slurm_plugin.node.step_gate import StepGate, gated_jobs
 
@@ -46,7 +48,8 @@ log = logging.getLogger(__name__)
 class Hold:
     """Why every job keeps Slurm's allocation on the node this cycle, and the event saying so:
     ``switched-off`` (the site's kill switch), ``cpu-numbering`` (Slurm's CPU ids cannot be
-    read as this node's, or Slurm split a core)."""
+    read as this node's, or Slurm split a core), ``feed-catching-up`` (the node was quiet until
+    just now: ``quiet.gate``)."""
     event: str
     why: str
 
@@ -168,10 +171,18 @@ class Reconciler:
         self.ledger.save(ledger)
         if self.gate is not None:
             self.gate.remove_fences(fence_files)
+        quiet = quiet_possible(result.snapshot, ledger, self.observer.feed_malleable)
+        if not quiet:
+            break_quiet(self.config.quiet_file, self.config.loud_file, self._wall(),
+                        self.store.poke_watcher)
         result.refusal, result.plan = self._decide(result.snapshot)
         if self.gate is not None:
             self.gate.close(a.job_id for a in result.plan.actions)
         result.outcomes = self.executor.execute(result.plan, result.snapshot)
+        if quiet and not result.action_failures and all(
+                result.plan.targets.get(j.job_id, j.current) == j.allocation
+                for j in result.snapshot.jobs):
+            make_quiet(self.config.quiet_file, self.config.loud_file)
         if self.gate is not None:
             self.gate.publish(gated_jobs(result.snapshot, result.outcomes))
         result.usage = record_cycle(self.ledger, ledger, result, self._wall(), self._log_event)
@@ -189,6 +200,10 @@ class Reconciler:
         refusal, numbering = self.observer.refusal, self.observer.numbering
         if refusal is not None:
             return Hold("cpu-numbering", refusal), decide(snapshot, Policy.STATIC)
+        waiting = quiet_gate(self.config.loud_file, self.store.polled_at, self._wall(),
+                             self.store.poke_watcher)
+        if waiting is not None:
+            return Hold("feed-catching-up", waiting), decide(snapshot, Policy.STATIC)
         if numbering is not None and numbering.layout.threads_per_core > 1:
             try:
                 return None, decide_whole_cores(snapshot, self.config.policy, numbering.cores)
@@ -226,8 +241,11 @@ class Reconciler:
         if result.snapshot is not None and result.refusal != self._refusal:
             self._refusal = result.refusal
             if result.refusal is not None:
-                log.error("node %s: jobs keep Slurm's allocation: %s", self.config.node,
-                          result.refusal.why)
+                # Waiting for the feed is a second's ordinary business; the others need a look.
+                level = logging.INFO if result.refusal.event == "feed-catching-up" \
+                    else logging.ERROR
+                log.log(level, "node %s: jobs keep Slurm's allocation: %s", self.config.node,
+                        result.refusal.why)
                 lines.append({"time": now, "node": self.config.node,
                               "event": result.refusal.event, "error": result.refusal.why})
         if result.snapshot is not None and result.snapshot.faults != self._faults:

@@ -386,9 +386,10 @@ def test_a_rigid_job_pays_nothing_with_every_agent_and_the_watcher_stopped(agent
                                                                             tmp_path):
     """Issue 40: jobs that did not ask for malleability pay nothing for it, not when the
     co-scheduler is down. With both nodes' agents and the watcher stopped (the feed going
-    stale), a rigid job starts (its Prolog runs the cycle itself), its three steps launch with
-    no process started for them (nothing of theirs in the hooks log: the plugin decided in
-    C), it completes, and no node drains. The agents and the watcher are started again."""
+    stale), a rigid job starts (its Prolog runs the cycle itself, or, on a quiet node, exits
+    in its shell), its three steps launch with no process started for them (nothing of theirs
+    in the hooks log: the plugin decided in C), it completes, and no node drains. The agents
+    and the watcher are started again."""
     c, node = agent_cluster, "an1"
     config = dataclasses.replace(c.agent_config(), node=node)
     hooks_log = config.state_dir / f"hooks-{node}.log"
@@ -401,13 +402,15 @@ def test_a_rigid_job_pays_nothing_with_every_agent_and_the_watcher_stopped(agent
     try:
         wait_for(lambda: not config.step_socket.exists(), timeout=20,
                  what="the agent gone (its socket removed)")
+        quiet = config.quiet_file.exists()       # no agent left to change it
         rigid = client.submit(script, ["-N1", "-c1", f"-w{node}", f"-o{tmp_path}/rigid.out"])
         assert finish(client, rigid) is JobState.COMPLETED, \
             (tmp_path / "rigid.out").read_text()[-1500:]
         out = (tmp_path / "rigid.out").read_text()
         assert [f"step {i} rc=0" in out for i in (1, 2, 3)] == [True] * 3, out
         logged = hooks_log.read_text().splitlines() if hooks_log.exists() else []
-        assert any(f"prolog job {rigid}:" in x for x in logged), logged[-5:]
+        assert any(f"prolog job {rigid}:" in x for x in logged) is not quiet, logged[-5:]
+        print(f"\nnode {node} {'quiet: the Prolog skipped Python' if quiet else 'not quiet'}")
         assert not [x for x in logged if f"job {rigid} step_" in x], logged[-5:]
         for n in client.nodes():
             assert "DRAIN" not in n.state_flags and not n.state.startswith("drain"), n
@@ -477,3 +480,53 @@ def test_the_kill_switch_returns_every_job_to_its_allocation_in_one_cycle(agent_
                        timeout=60)
         stop.touch()
         client.cancel(job_id)
+
+
+def test_a_quiet_node_starts_rigid_jobs_without_python_and_lends_after_a_fresh_poll(
+        agent_cluster, tmp_path):
+    """Issue 40, jobs that did not ask pay nothing: on a node with no malleable job and
+    nothing lent (its quiet file), a rigid job's Prolog exits in its shell (no line of the
+    Python Prolog in the hooks log) and the job runs. A malleable job then ends the quiet: the
+    agent lends nothing until the watcher has published a poll made after that (a rigid job
+    started meanwhile without a Prolog is in it), then grows the job; no core is in two jobs.
+    When it has ended, the node is quiet again."""
+    import time
+    c, node = agent_cluster, "an2"
+    client = c.client()
+    env = {**os.environ, **c.env()}
+    config = dataclasses.replace(c.agent_config(), node=node)
+    hooks_log = config.state_dir / f"hooks-{node}.log"
+    wait_for(config.quiet_file.exists, timeout=60, what=f"{node} quiet",
+             show=lambda: timeline(c, node, 0))
+    tmp_path.chmod(0o777)
+    rigid = int(subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-c1", f"-w{node}", f"-o{tmp_path}/rigid",
+         "--wrap", "grep Cpus_allowed_list /proc/self/status"], check=True, env=env,
+        capture_output=True, text=True).stdout.split(";")[0])
+    assert finish(client, rigid) is JobState.COMPLETED
+    assert "Cpus_allowed_list" in (tmp_path / "rigid").read_text()
+    logged = hooks_log.read_text() if hooks_log.exists() else ""
+    assert f"prolog job {rigid}:" not in logged, logged[-1000:]
+    assert config.quiet_file.exists()
+    job_id, stop = training_job(c, node, tmp_path)
+    try:
+        wait_for(lambda: client.job(job_id).state is JobState.RUNNING, timeout=60,
+                 what="the malleable job running")
+        started = time.monotonic()
+        wait_for(lambda: cgroup_cpus(c, node, job_id) == {0, 1}, timeout=60,
+                 what="grown after the gate opened", show=lambda: timeline(c, node, job_id))
+        grew_after = time.monotonic() - started
+        assert not config.quiet_file.exists() and not config.loud_file.exists()
+        assert not violations(c, node), violations(c, node)
+        events = [json.loads(x) for x in config.event_log.read_text().splitlines()]
+        held = [e for e in events if e["event"] == "feed-catching-up"]
+        print(f"\nrigid job {rigid} started without the Python Prolog; the malleable job grew "
+              f"{grew_after:.1f} s after it ran ({len(held)} hold event(s) while the feed "
+              "caught up)")
+        assert f"prolog job {job_id}:" in hooks_log.read_text()     # a sign: the full Prolog
+    finally:
+        stop.touch()
+        client.cancel(job_id)
+    finish(client, job_id)
+    wait_for(config.quiet_file.exists, timeout=60, what=f"{node} quiet again",
+             show=lambda: timeline(c, node, job_id))

@@ -14,7 +14,8 @@
  *   1. Fast, no process: under the node's lock, if the agent's last cycle left a gate file for
  *      the job (it holds exactly its allocation, nobody holds its cores), write a fence file
  *      (the agent then neither grows nor lends the job until this slurmstepd has joined its
- *      step's cpuset) and go on. Rigid and ungrown jobs take this path.
+ *      step's cpuset) and go on. Rigid and ungrown jobs take this path, and every job of a
+ *      quiet node (its quiet file: no malleable job there, nothing lent).
  *   2. Else ask the node's running agent on its root-only socket to bring the job back to its
  *      allocation and fence it (one cycle in a warm process).
  *   3. Else (no agent, or no answer in time) run the Python step-start hook, which does the
@@ -265,6 +266,19 @@ static int gated(const char *state, const char *node, uint32_t job)
 	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0;
 }
 
+/* 1 if the node is quiet (slurm_plugin/node/quiet.py: no malleable job, every job on exactly
+ * its allocation, nothing lent; a regular file of root's): every job is as a gated one, and
+ * stays so, since a cycle ends the quiet, under this lock, before it lends or grows anything.
+ * A job whose Prolog skipped Python (on a quiet node) has no gate of the agent's yet. */
+static int quiet(const char *state, const char *node)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	if (snprintf(path, sizeof(path), "%s/quiet-%s", state, node) >= (int)sizeof(path))
+		return 0;
+	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0;
+}
+
 /* The fence the agent's next cycle takes in: "<slurmstepd pid> <wall time>". 0 if written. */
 static int write_fence(const char *state, const char *node, uint32_t job, const char *folder)
 {
@@ -367,7 +381,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	if (arg_value(ac, av, "state", &state) && valid_node(node) && roots_own_folder(state)) {
 		int lock = lock_node(state, node, LOCK_WAIT_S);
 		if (lock >= 0) {
-			int fenced = gated(state, node, job) && write_fence(state, node, job, folder) == 0;
+			int fenced = (gated(state, node, job) || quiet(state, node)) &&
+				     write_fence(state, node, job, folder) == 0;
 			flock(lock, LOCK_UN);
 			close(lock);
 			if (fenced) {

@@ -108,7 +108,8 @@ def test_a_prolog_glob_counts_when_one_of_its_programs_runs_ours(tmp_path):
     (folder / "10-site").write_text("#!/bin/sh\ntrue\n")
     ours = tmp_path / "malleable-prolog.sh"
     ours.write_text(render_hook("prolog.sh", python="/usr/bin/python3",
-                                config=Path("/etc/malleable/agent.json")))
+                                config=Path("/etc/malleable/agent.json"),
+                                state_dir=Path("/run/malleable/agent")))
     assert _hook_runs_ours([f"{folder}/*"]) == (f"{folder}/*", False)
     (folder / "50-malleable").symlink_to(ours)
     shown, found = _hook_runs_ours([str(tmp_path / "missing"), f"{folder}/*"])

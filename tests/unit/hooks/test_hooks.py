@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -152,7 +153,8 @@ def test_step_start_trusts_only_a_process_whose_every_uid_is_roots(config):
 
 def test_the_prolog_and_epilog_run_python_isolated(tmp_path):
     for hook in ("prolog.sh", "epilog.sh"):
-        text = render_hook(hook, python="/opt/venv/bin/python", config=tmp_path / "agent.json")
+        text = render_hook(hook, python="/opt/venv/bin/python", config=tmp_path / "agent.json",
+                           state_dir=tmp_path / "state")
         assert f"exec /opt/venv/bin/python -I -m slurm_plugin.hooks " \
                f"{hook[:-3]} --config {tmp_path / 'agent.json'}" in text
     assert '"-I", "-m", "slurm_plugin.hooks"' in \
@@ -192,3 +194,34 @@ def test_without_its_tmpfs_a_jobs_records_folder_stays_roots(config, monkeypatch
     finally:
         subprocess.run(["umount", "--lazy", str(config.layout.job_dir(42))], check=True)
     assert remove_job_folder(config.layout, 42, user).complete     # root's again, unmounted
+
+
+def test_on_a_quiet_node_the_prolog_of_a_job_without_a_sign_of_malleability_skips_python(
+        tmp_path):
+    """Issue 40, jobs that did not ask pay nothing: the rendered Prolog, run by sh with the
+    environment slurmd gives it. Its interpreter here is /bin/false, so exit 0 means it was not
+    started. On a quiet node a job without a sign skips it; the SPANK option (but off), a
+    comment naming malleability (any case, or misspelt), a node that is not quiet, and a
+    missing node name each start it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    prolog = tmp_path / "prolog.sh"
+    prolog.write_text(render_hook("prolog.sh", python="/bin/false", config=tmp_path / "a.json",
+                                  state_dir=state))
+
+    def run(**env: str) -> int:
+        base = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "5"}
+        return subprocess.run(["sh", str(prolog)], env={**base, **env}).returncode
+    assert run() == 1                                      # not quiet: Python runs
+    (state / "quiet-n1").write_text("")
+    assert run() == 0
+    assert run(SPANK_MALLEABLE="off", SLURM_JOB_COMMENT="nightly build") == 0
+    assert run(SPANK_MALLEABLE="2:8") == 1
+    for comment in ("malleable:min=1", "MALLEABLE:min=1", "maleable:max=2", "x Malleable"):
+        assert run(SLURM_JOB_COMMENT=comment) == 1, comment
+    assert run(SLURMD_NODENAME="") == 1
+    assert run(SLURMD_NODENAME="n2") == 1                  # another node's file: not quiet
+    started = time.monotonic()
+    for _ in range(20):
+        run()
+    print(f"\nfast path: {(time.monotonic() - started) / 20 * 1000:.1f} ms per Prolog (sh)")

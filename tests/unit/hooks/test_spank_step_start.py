@@ -138,3 +138,17 @@ def test_a_timeout_that_is_not_a_number_of_seconds_means_the_default(host, tmp_p
     for value, run in runs.items():
         _, err = run.communicate(timeout=45)
         assert run.returncode == 1 and "no answer in 20 s" in err, (value, err)
+
+
+def test_on_a_quiet_node_every_step_starts_with_a_fence_and_no_process(host, state, tmp_path):
+    """A job whose Prolog skipped Python on a quiet node has no gate of the agent's yet: the
+    node's quiet file (root's) stands for it; one that is not root's does not (the hook then
+    decides: here /bin/false, exit 1)."""
+    (state / "quiet-n1").write_text("")
+    got = start(host, "python=/bin/false", "config=/nonexistent", f"state={state}")
+    assert got.returncode == 0, got.stderr
+    assert (state / "fences-n1" / f"{JOB}.step_{STEP}").read_text().split()[0].isdigit()
+    (state / "fences-n1" / f"{JOB}.step_{STEP}").unlink()
+    os.chown(state / "quiet-n1", 4242, 4242)
+    got = start(host, "python=/bin/false", "config=/nonexistent", f"state={state}")
+    assert got.returncode == 1 and not (state / "fences-n1" / f"{JOB}.step_{STEP}").exists()

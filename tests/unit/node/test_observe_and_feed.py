@@ -138,6 +138,7 @@ def test_watcher_asks_once_per_poll_and_writes_only_changes(tmp_path):
     assert client.calls == ["sinfo", "squeue", "squeue"]      # the layout is cached
     assert first.nodes_written and second.nodes_written == []
     assert store.read_node(first.nodes_written[0]).updated == 5.0
+    assert store.polled_at() == 5.0        # every poll's time, changed or not (node.quiet)
 
 
 def test_watcher_polls_on_events_and_on_resync_only(tmp_path):

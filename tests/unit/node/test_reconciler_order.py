@@ -83,6 +83,7 @@ class OneGrowingJob:
     refusal = None      # the node's CPU numbering is never in question here
     numbering = None    # Slurm's CPU ids are Linux's
     site_switched_off = None   # the site never switched malleability off here
+    feed_malleable = True      # its feed lists a malleable job (the node is never quiet)
 
     def __init__(self, journal: Journal):
         self.journal = journal

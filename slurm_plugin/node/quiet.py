@@ -1,0 +1,106 @@
+"""A quiet node: no malleable job on it and every job on exactly its allocation, so the Prolog
+of a job that did not ask for malleability has nothing to do there and exits in its shell,
+without starting Python (``prolog.sh``: about 90 ms of imports and a cycle under the node's
+lock otherwise, for every job that starts).
+
+Two files in the node's state folder (root's alone), written only under the node's lock:
+
+- ``quiet-<node>`` (``AgentConfig.quiet_file``): the node is quiet. The Prolog's shell reads
+  it, and skips Python for a job whose environment does not hint at malleability.
+- ``loud-<node>`` (``AgentConfig.loud_file``): the wall time the node stopped being quiet. A job
+  whose Prolog was skipped left no starting mark in the ledger: until its cgroup folder is
+  made, only Slurm's feed shows its cores. Slurm allocated it before its Prolog read the quiet
+  file, so any watcher poll after the node stopped being quiet lists it. Until the watcher has
+  published such a poll (``FeedStore.polled_at``), no core is lent on the node (``gate``); the
+  agent tells the watcher to poll (its event file). The margin covers the controller's clock
+  against the node's.
+
+Nothing else changes: a node that is not quiet runs every hook as before.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from malleable_policy.model import NodeSnapshot
+from slurm_plugin.node.ledger import Ledger
+
+QUIET_SKEW_S = 1.0        # the controller's clock may be this far behind the node's
+
+
+def quiet_possible(snapshot: NodeSnapshot, ledger: Ledger, feed_malleable: bool) -> bool:
+    """Whether nothing on the node may borrow or lend: no malleable job in the node's feed or
+    among the jobs seen, no job starting (a Prolog's mark), nothing unverified. Fences do not
+    count: the SPANK plugin fences every step of a job on its allocation, rigid ones too, and
+    they keep a job where a quiet node holds every job anyway."""
+    return not (feed_malleable or ledger.starting or snapshot.problems
+                or any(j.spec is not None for j in snapshot.jobs))
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _loud_since(loud: Path) -> tuple[float, bool] | None:
+    """The loud file's time and whether the watcher was told again after the margin."""
+    try:
+        with open(loud, "rb") as f:
+            fields = f.read(64).split()
+        return float(fields[0]), len(fields) > 1
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):
+        return 0.0, True      # unreadable: no lending until a poll after the epoch: any poll
+
+
+def break_quiet(quiet: Path, loud: Path, now: float, tell_watcher: Callable[[], None]) -> bool:
+    """The node is no longer quiet (a malleable job, a start, a fence): the time is written
+    before the quiet file goes, and the watcher is told to poll. True when it was quiet."""
+    if not quiet.exists():
+        return False
+    _write(loud, f"{now!r}\n")
+    _unlink(quiet)
+    tell_watcher()
+    return True
+
+
+def make_quiet(quiet: Path, loud: Path) -> None:
+    """The node is quiet (nothing malleable, every job on its allocation): Prologs may skip."""
+    if not quiet.exists():
+        _write(quiet, "")
+    _unlink(loud)
+
+
+def gate(loud: Path, polled_at: Callable[[], float | None], now: float,
+         tell_watcher: Callable[[], None]) -> str | None:
+    """Why no core may be lent on the node yet, or None. Open once the watcher has published
+    a poll made ``QUIET_SKEW_S`` after the node stopped being quiet (the loud file is then
+    removed: open until the node is quiet again)."""
+    since = _loud_since(loud)
+    if since is None:
+        return None
+    at, told_again = since
+    polled = polled_at()
+    if polled is not None and polled >= at + QUIET_SKEW_S:
+        _unlink(loud)
+        return None
+    if now >= at + QUIET_SKEW_S and not told_again:
+        _write(loud, f"{at!r} told\n")
+        tell_watcher()          # a poll after the margin
+    return ("the node was quiet until just now (jobs may have started without a Prolog): "
+            "nothing is lent until the watcher publishes a poll made after that")
