@@ -176,7 +176,10 @@ class ClusterWatcher:
                 log.warning("%s", exc)
                 usage = None
             if usage is not None:
-                sacct = self._write_sacct(usage)
+                # A job that neither borrowed nor lent (every rigid one) has nothing for the
+                # database: no sacct and sacctmgr round trip for it, only its line in the log.
+                sacct = self._write_sacct(usage) \
+                    if usage.borrowed_core_s or usage.lent_core_s else False
                 if sacct is None and self._wall() - max(u.end for u in usage.nodes) < \
                         self.config.usage_retry_s:
                     continue            # the database may take it at the next poll

@@ -278,3 +278,22 @@ def test_usage_file_names_from_the_store_are_checked(tmp_path):
             store.remove_usage(bad)
     with pytest.raises(ValueError):
         store.write_usage(7, "../n1", raw())
+
+
+def test_a_job_that_neither_borrowed_nor_lent_costs_the_database_nothing(tmp_path):
+    """Issue 40: every job, rigid ones included, had a sacct and a sacctmgr round trip at its
+    end. One with nothing borrowed or lent on any node is logged only."""
+    class Counting(FakeAccounting):
+        asked = 0
+
+        def system_comment(self, job_id):
+            Counting.asked += 1
+            return super().system_comment(job_id)
+    db = Counting(known=[7, 8])
+    store, w = watcher(tmp_path, [job(7, "COMPLETED"), job(8, "COMPLETED")], db)
+    store.write_usage(7, "n1", raw(node="n1", borrowed=0.0, lent=0.0))
+    store.write_usage(8, "n1", raw(job=8, node="n1", borrowed=0.5))
+    assert sorted(w.poll().usage_closed) == [7, 8]
+    assert Counting.asked == 1 and db.comments[7] == "" and db.comments[8]
+    logged = {json.loads(s)["job"]: json.loads(s) for s in store.usage_log.read_text().splitlines()}
+    assert logged[7]["sacct"] is False and logged[8]["sacct"] is True
