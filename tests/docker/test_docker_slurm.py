@@ -157,7 +157,7 @@ def test_coscheduler_grows_reclaims_resizes_and_threads_follow(docker_slurm, job
         # Every resize is in the node's event log.
         events = [json.loads(line) for line in
                   (c.host_dir / "agent" / f"events-{node}.jsonl").read_text().splitlines()]
-        mine = [e for e in events if e["job"] == a]
+        mine = [e for e in events if e.get("job") == a]     # node events name no job
         assert len(mine) >= 4, mine
     finally:
         stop.touch()
