@@ -185,6 +185,18 @@ def share_read_with(fd: int, uid: int, *,
     return "group"
 
 
+def others_may_change(st: os.stat_result, *, sticky_ok: bool = False) -> str | None:
+    """Why a file or folder with this status is not root's alone (another owner, write access
+    for others or for a group other than root's), or None. ``sticky_ok``: a folder anyone may
+    write is fine when sticky (only an entry's owner may rename it)."""
+    if st.st_uid != 0:
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o002 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return f"anyone may write it (mode {st.st_mode & 0o7777:o})"
+    if st.st_mode & 0o020 and st.st_gid != 0:
+        return f"its group {st.st_gid} may write it"
+    return None
+
 
 def not_roots_alone(path: Path, *, lstat: Callable[[str], os.stat_result] = os.lstat
                     ) -> list[str]:
@@ -205,12 +217,9 @@ def not_roots_alone(path: Path, *, lstat: Callable[[str], os.stat_result] = os.l
                 break
             if stat.S_ISLNK(st.st_mode):
                 break         # its parent is checked; what it names is the resolved chain's
-            if st.st_uid != 0:
-                problems.append(f"{prefix}: owned by uid {st.st_uid}")
-            elif st.st_mode & 0o002 and (last or not st.st_mode & stat.S_ISVTX):
-                problems.append(f"{prefix}: anyone may write it (mode {st.st_mode & 0o7777:o})")
-            elif st.st_mode & 0o020 and st.st_gid != 0:
-                problems.append(f"{prefix}: its group {st.st_gid} may write it")
+            why = others_may_change(st, sticky_ok=not last)
+            if why is not None:
+                problems.append(f"{prefix}: {why}")
     return list(dict.fromkeys(problems))
 
 

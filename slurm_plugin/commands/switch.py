@@ -49,11 +49,9 @@ def _wake_agent(config) -> bool:
     return pid is not None and signal_verified(pid, signal.SIGUSR1, is_agent)
 
 
-def _await_site(config, *, off: bool, wait_s: float) -> tuple[list[str], list[str]]:
+def _await_site(store, *, off: bool, wait_s: float) -> tuple[list[str], list[str]]:
     """Nodes of the feed whose agents report the site's switch as ``off`` wants, and those
     that do not yet after ``wait_s``."""
-    from slurm_plugin.feed.store import FeedStore
-    store = FeedStore(config.feed_dir)
     deadline = time.monotonic() + wait_s
 
     def agrees(node: str) -> bool:
@@ -76,7 +74,7 @@ def _site(args: argparse.Namespace, config, *, off: bool) -> int:
         store.switch_site_off(args.reason)
     elif not store.switch_site_on():
         print("the site's switch was not thrown")
-    done, late = _await_site(config, off=off, wait_s=args.wait)
+    done, late = _await_site(store, off=off, wait_s=args.wait)
     what = "hold every job to its allocation" if off else "are malleable again"
     print(f"site: {len(done)} node(s) {what}" + (f"; not (yet) reported by: {', '.join(late)}"
                                                  if late else ""))

@@ -121,11 +121,14 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
     the Python hook's; at most ``MAX_STARTS_PER_USER`` of one user's (his jobs' owner as the
     ledger knows it), the rest in the next turns. The lock is waited for as long as a hook
     would: anyone else holding it longer is refused."""
+    pending = server.take()
+    if not pending:
+        return                # the loop's every turn: no ledger read for nothing
     try:
         owners = LedgerFile(config.state_dir, config.node).load().allocations
     except (LedgerCorrupt, OSError):
         owners = {}           # the cycle refuses then anyway; all in one turn of unknowns
-    turn, later = per_user_turn(server.take(), lambda p: getattr(
+    turn, later = per_user_turn(pending, lambda p: getattr(
         owners.get(p.request.job_id), "uid", None))
     server.defer(later)
     checked = []
@@ -156,7 +159,8 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
 
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
               metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
-              metrics_per_job: bool = False, layout_wait_s: float = 30.0, before_write: WriteHook | None = None) -> int:
+              metrics_per_job: bool = False, layout_wait_s: float = 30.0,
+              before_write: WriteHook | None = None) -> int:
     """Refuses to start (``LayoutUnknown``) on a node whose cgroup layout cannot be told. Logs
     through ``logging`` as set up by the caller (``malleable agent``: ``logs.setup_logging``).
     ``before_write``: a test's fault hook before each cpuset write (never the command's)."""

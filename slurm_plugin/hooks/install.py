@@ -13,7 +13,7 @@ from pathlib import Path
 from malleable_protocol.errors import FixableError
 from malleable_protocol.layout import ENTRY_DIR_MODE
 from malleable_protocol.runner import CommandRunner, run_command
-from malleable_protocol.safe_io import ensure_private_dir, not_roots_alone
+from malleable_protocol.safe_io import ensure_private_dir, not_roots_alone, others_may_change
 
 from slurm_plugin.hooks import spank
 from slurm_plugin.feed.store import FeedStore
@@ -72,10 +72,9 @@ def interpreter_problems(python: str, *, runner: CommandRunner = run_command) ->
             if n > MAX_PACKAGE_FILES:
                 break
             for name in dirs + files:
-                st = os.lstat(os.path.join(folder, name))
-                if st.st_uid != 0 or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid):
-                    problems.append(f"{os.path.join(folder, name)}: not root's alone "
-                                    f"(uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+                why = others_may_change(os.lstat(os.path.join(folder, name)))
+                if why is not None:
+                    problems.append(f"{os.path.join(folder, name)}: {why}")
     return list(dict.fromkeys(problems))
 
 

@@ -108,14 +108,7 @@ def _walk(layout: SlurmCgroupLayout, top: str) -> tuple[list[tuple[str, int]], t
         for rel, nlink in level:
             if nlink == 2:
                 continue             # no folder in it
-            folder = f"{top}/{rel}" if rel else top
-            try:
-                with os.scandir(folder) as it:
-                    entries = sorted((e for e in islice(it, 64 + MAX_FOLDERS)
-                                      if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
-            except OSError:
-                continue
-            for entry in entries:
+            for entry in _subfolders(f"{top}/{rel}" if rel else top):
                 child = f"{rel}/{entry.name}" if rel else entry.name
                 if layout.slurm_child(rel, entry.name) and len(out) < MAX_FOLDERS:
                     est = _lstat(entry)
@@ -152,11 +145,13 @@ def _files_are_roots(folder: str) -> bool:
         return True
 
 
-def _subfolders(folder: str) -> list[str]:
+def _subfolders(folder: str) -> list[os.DirEntry]:
+    """The folders in ``folder`` (no link), by name, among its first entries only: none when
+    it cannot be listed (gone meanwhile)."""
     try:
         with os.scandir(folder) as it:
-            return [e.name for e in islice(it, 64 + MAX_FOLDERS)
-                    if e.is_dir(follow_symlinks=False)]
+            return sorted((e for e in islice(it, 64 + MAX_FOLDERS)
+                           if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
     except OSError:
         return []
 
@@ -269,28 +264,29 @@ class CpusetActuator:
                     # (EBUSY). It is taken from him, its processes moved up here; once.
                     if not foreign or self.layout.version is not CgroupVersion.V1:
                         raise
-                    self.evict_foreign(top)
+                    self.evict_foreign(folders)
                     self._write(f, desired[f])
         if old[top] < cpus:
             self._widen_masks(folders, old[top], desired)
 
-    def evict_foreign(self, top: str) -> int:
+    def evict_foreign(self, slurm: list[str]) -> int:
         """Remove what the job's user made below its Slurm folders (v1, where slurmstepd gives
         him the step and task folders, so a task folder made after the job was sealed is his
         for a while): every such folder, and all below it, is made root's first (files too:
         he can neither make folders in it nor open its files again), then, deepest first,
         its processes are moved up into the Slurm folder it is in and it is removed. At most
-        ``MAX_FOLDERS`` are taken; ActuatorError when more remain. Returns how many were
+        ``MAX_FOLDERS`` are taken; ActuatorError when more remain. ``slurm``: the job folder
+        and Slurm's folders below it (``walk_job``), parents first. Returns how many were
         removed."""
-        slurm = [top] + walk_job(self.layout, top)[0]
+        top = slurm[0]
         mine = set(slurm)
         taken: list[tuple[str, str]] = []            # (folder, the Slurm folder it is in)
         level = [(f, f) for f in slurm]
         while level:
             nxt = []
             for folder, home in level:
-                for name in _subfolders(folder):
-                    child = os.path.join(folder, name)
+                for entry in _subfolders(folder):
+                    child = os.path.join(folder, entry.name)
                     if child in mine:
                         continue
                     if len(taken) >= MAX_FOLDERS:
@@ -355,7 +351,7 @@ class CpusetActuator:
                     return seen
                 try:
                     tids = os.listdir(f"/proc/{pid}/task")
-                except (OSError, ValueError):
+                except OSError:
                     continue
                 for tid in tids[:MAX_WIDEN_THREADS - seen]:
                     seen += 1

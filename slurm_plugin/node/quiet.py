@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from malleable_policy.model import NodeSnapshot
+from malleable_protocol.safe_io import write_atomic
 from slurm_plugin.node.ledger import Ledger
 
 QUIET_SKEW_S = 1.0        # the controller's clock may be this far behind the node's
@@ -39,14 +40,7 @@ def quiet_possible(snapshot: NodeSnapshot, ledger: Ledger, feed_malleable: bool)
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path.parent, path.name, text.encode(), 0o600)
 
 
 def _unlink(path: Path) -> None:
@@ -69,7 +63,7 @@ def _loud_since(loud: Path) -> tuple[float, bool] | None:
 
 
 def break_quiet(quiet: Path, loud: Path, now: float, tell_watcher: Callable[[], None]) -> bool:
-    """The node is no longer quiet (a malleable job, a start, a fence): the time is written
+    """The node is no longer quiet (a malleable job, a start, an unverified job): the time is written
     before the quiet file goes, and the watcher is told to poll. True when it was quiet."""
     if not quiet.exists():
         return False

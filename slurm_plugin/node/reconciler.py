@@ -191,9 +191,11 @@ class Reconciler:
 
     def _decide(self, snapshot: NodeSnapshot) -> tuple[Hold | None, Plan]:
         """The plan, and why jobs keep Slurm's allocation if they must: where the site switched
-        malleability off (``switch``: on this node, or for the site through the feed), or Slurm's CPU ids cannot be turned into this node's,
-        nothing is lent (every job is held to what its cgroup shows); where cores have several
-        threads, whole cores are lent, or none if Slurm gave a job part of one."""
+        malleability off (``switch``: on this node, or for the site through the feed), Slurm's
+        CPU ids cannot be turned into this node's, or the node was quiet until just now
+        (``quiet.gate``), nothing is lent (every job is held to what its cgroup shows); where
+        cores have several threads, whole cores are lent, or none if Slurm gave a job part of
+        one."""
         off = switched_off(self.config) or self.observer.site_switched_off
         if off is not None:
             return Hold("switched-off", off), decide(snapshot, Policy.STATIC)
