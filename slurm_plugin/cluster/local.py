@@ -12,7 +12,7 @@ import shutil
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -136,13 +136,18 @@ def install_cluster_hooks(spec: ClusterSpec, policy: Policy, *,
     """What `malleable install-slurm-hooks` does on a real cluster, below the cluster folder
     (with ``spank_library``, the Debian package's plugin instead of one built here): returns
     the spec with its hook slots filled."""
-    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.node.config import NODE_PATTERN, AgentConfig
     from slurm_plugin.hooks.install import install, prepare_node_folders
     from slurm_plugin.feed.store import FeedStore
     config = AgentConfig.under(spec.paths.root, policy=policy, slurm_conf=spec.paths.slurm_conf)
+    if spec.feed_link:
+        config = replace(config, feed_dir=spec.paths.root / "node-feed" / NODE_PATTERN,
+                         watcher_dir=config.feed_dir, feed_link_hosts=(spec.address,),
+                         feed_link_port=spec.feed_link_port,
+                         munge_socket=spec.munge_socket or spec.paths.munge_socket)
     paths = install(hooks_dir(spec), config, spank_library=spank_library)
     prepare_node_folders(config)
-    FeedStore(config.feed_dir).prepare()
+    FeedStore(config.watcher_feed_dir).prepare()
     return spec.with_hooks(prolog=paths["prolog.sh"], epilog=paths["epilog.sh"],
                            job_submit_lua=paths["job_submit.lua"],
                            ctld_event=paths["ctld_event.sh"], plugstack=paths["plugstack.conf"])
@@ -403,10 +408,12 @@ class LocalCluster:
         return rec
 
     def _watcher_argv(self) -> list[str]:
+        link = ["--config", str(self.hooks_dir / "agent.json"),
+                "--link-address", self.spec.address] if self.spec.feed_link else []
         return [sys.executable, "-m", "slurm_plugin.commands.main", "watcher",
                 "--feed-dir", str(self.paths.root / "feed"),
                 "--slurm-conf", str(self.paths.slurm_conf),
-                "--metrics-port", str(self.spec.watcher_metrics_port)]
+                "--metrics-port", str(self.spec.watcher_metrics_port), *link]
 
     def _munge_ok(self) -> bool:
         try:

@@ -140,6 +140,9 @@ class ClusterSpec:
     # Slurm's SchedulerParameters line as given ("bf_interval=1,bf_resolution=1"), None: Slurm's
     # defaults. The backfill parameters a replay of a trace compares the simulator with.
     scheduler_parameters: str | None = None
+    # True: each node's agent keeps a folder of its own, filled by the feed link from the
+    # watcher (TCP on feed_link_port, munge), as on a site without a shared file system.
+    feed_link: bool = False
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -184,7 +187,13 @@ class ClusterSpec:
         out["watcher metrics"] = self.watcher_metrics_port
         if self.accounting:
             out.update({"slurmdbd": self.slurmdbd_port, "mariadb": self.mariadb_port})
+        if self.feed_link:
+            out["feed link"] = self.feed_link_port
         return out
+
+    @property
+    def feed_link_port(self) -> int:
+        return self.port_base + 96
 
     @property
     def watcher_metrics_port(self) -> int:

@@ -25,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
                     help="serve the watcher's Prometheus metrics on this port")
     wa.add_argument("--metrics-address", type=ip_address, default="127.0.0.1",
                     help="address of the metrics port (default %(default)s)")
+    wa.add_argument("--link-address", type=ip_address, default="0.0.0.0",
+                    help="address the feed link listens on, when --config names its hosts "
+                         "(default %(default)s: every interface; the port is --config's)")
     add_log_level_option(wa)
     wa.set_defaults(func=run)
 
@@ -38,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
     from slurm_plugin.slurm import CliSlurmClient
     setup_logging("watcher", args.log_level)
-    feed_dir, slurm_conf = args.feed_dir, args.slurm_conf
+    feed_dir, slurm_conf, agent = args.feed_dir, args.slurm_conf, None
     if args.config:   # the nodes' agent.json says where the feed is (the systemd unit's way)
         agent = load_agent_config(args.config)
-        feed_dir = feed_dir or agent.feed_dir
+        feed_dir = feed_dir or agent.watcher_feed_dir
         slurm_conf = slurm_conf or agent.slurm_conf
     config = WatcherConfig(
         feed_dir=Path(feed_dir) if feed_dir else root_settings().feed_dir,
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if result.error:
             raise CliError(f"the poll failed: {result.error}")
         return 0
+    link = start_link_server(agent, watcher.store, args.link_address)
+    watcher.link = link
     server = None
     if args.metrics_port is not None:
         from slurm_plugin.daemon.metrics import MetricsServer
@@ -94,4 +99,30 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
+        if link is not None:
+            link.stop()
     return 0
+
+
+def start_link_server(agent, store, address: str):
+    """The feed link's listening end (feed/link_server.py) when agent.json names the link's
+    hosts; None otherwise (the nodes read the watcher's folder itself)."""
+    if agent is None or not agent.feed_link_hosts:
+        return None
+    import logging
+
+    from slurm_plugin.feed import FeedStore
+    from slurm_plugin.feed.link import link_auth
+    from slurm_plugin.feed.link_server import LinkServer
+    auth = link_auth(agent.feed_link_auth,
+                     None if agent.munge_socket is None else str(agent.munge_socket))
+    server = LinkServer(FeedStore(store.feed_dir), auth, port=agent.feed_link_port,
+                        address=address, on_poke=store.poke_watcher)
+    try:
+        server.start()
+    except OSError as exc:
+        raise CliError(f"the feed link cannot listen on {address}:{agent.feed_link_port}: "
+                       f"{exc.strerror or exc}") from None
+    logging.getLogger(__name__).info("feed link: listening on %s:%d (%s)", address,
+                                     server.port, agent.feed_link_auth.split(":")[0])
+    return server

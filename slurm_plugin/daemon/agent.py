@@ -157,6 +157,25 @@ def serve_step_starts(config: AgentConfig, rec: Reconciler, server: StepStartSer
         pending.answer(encode_answer(verdict))
 
 
+def start_feed_link(config: AgentConfig):
+    """The feed link to the watcher (feed/link_client.py) when the config names its hosts: it
+    keeps the node's local feed folder in step with the watcher's. None without."""
+    if not config.feed_link_hosts:
+        return None
+    from slurm_plugin.feed.link import link_auth
+    from slurm_plugin.feed.link_client import LinkClient
+    from slurm_plugin.feed.store import FeedStore
+    auth = link_auth(config.feed_link_auth,
+                     None if config.munge_socket is None else str(config.munge_socket))
+    client = LinkClient(config.node, config.feed_link_hosts, config.feed_link_port, auth,
+                        FeedStore(config.feed_dir))
+    client.start()
+    log.info("feed link to %s port %d (%s); the node's feed folder: %s",
+             ", ".join(config.feed_link_hosts), config.feed_link_port,
+             config.feed_link_auth.split(":")[0], config.feed_dir)
+    return client
+
+
 def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | None = None,
               metrics_addr: str = "127.0.0.1", metrics_retry_s: float = 5.0,
               metrics_per_job: bool = False, layout_wait_s: float = 30.0,
@@ -188,6 +207,7 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), wake.set()))
     signal.signal(signal.SIGUSR1, lambda *_: wake.set())
     feed_changed = threading.Event()
+    link = start_feed_link(config)
     feed_watch = watch_feed(config, rec.store, lambda *_: (feed_changed.set(), wake.set()))
     step_starts = StepStartServer(config.step_socket, wake)
     step_starts.start()
@@ -197,6 +217,8 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     finally:
         step_starts.stop()
         feed_watch.stop()
+        if link is not None:
+            link.stop()
         if server is not None:
             server.stop()
         try:

@@ -16,7 +16,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from malleable_protocol.runner import CommandError
 from slurm_plugin.slurm import JobAccounting, Node, SlurmClient, SlurmClientError
@@ -27,6 +27,9 @@ from slurm_plugin.topology import SlurmLayout
 from slurm_plugin.feed.notify import send_wake
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
+
+if TYPE_CHECKING:
+    from slurm_plugin.feed.link_server import LinkServer
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class ClusterWatcher:
     def __init__(self, config: WatcherConfig, client: SlurmClient, store: FeedStore, *,
                  accounting: JobAccounting | None = None,
                  send_wake: Callable[[str, int, str], None] = send_wake,
+                 link: "LinkServer | None" = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep):
@@ -93,6 +97,7 @@ class ClusterWatcher:
         self.store = store
         self.accounting = accounting    # None: no slurmdbd, usage goes to usage.jsonl only
         self._send_wake = send_wake
+        self.link = link                # the feed link's server: nodes with local folders
         # Called after every poll of run() with the result, the wall time and the lag behind
         # the event that caused it (None for a resync): the metrics' (feed/metrics.py).
         self.on_poll: Callable[..., None] | None = None
@@ -131,10 +136,14 @@ class ClusterWatcher:
                 self._published[name] = feed
                 result.nodes_written.append(name)
         result.wakes_sent = self._wake_agents(layout, result.nodes_written)
+        if self.link is not None:
+            self.link.publish(self._published)
         try:
             self.store.write_polled(began)
         except OSError as exc:
             log.warning("poll time not published: %s", exc)
+        if self.link is not None:
+            self.link.polled(began)
         try:
             result.usage_closed = self.close_usage(jobs)
         except OSError as exc:

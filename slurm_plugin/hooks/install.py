@@ -116,7 +116,7 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
     paths["plugstack.conf"].write_text(spank.plugstack_line(
         paths[spank.LIBRARY], python=python, config=paths["agent.json"],
         state_dir=config.state_dir))
-    events = FeedStore(config.feed_dir).events_file
+    events = FeedStore(config.watcher_feed_dir).events_file
     paths["agent.json"].write_text(config.to_json())
     paths["job_submit.lua"].write_text(render_job_submit(events, max_cpus=config.max_cpus or None))
     paths[LUA_MODULE].write_text(render_job_submit(events, max_cpus=config.max_cpus or None,

@@ -15,7 +15,6 @@ Epilog); a removal that fails is reported, and the job stays ended.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -26,9 +25,8 @@ from malleable_protocol import check_job_id
 from malleable_protocol.runner import CommandError
 
 from slurm_plugin.cgroups import process_cpuset, remove_cgroup_tree
-from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.logs import add_log_level_option, setup_logging
-from slurm_plugin.node.accounting import close_job
+from slurm_plugin.node.accounting import close_job, hand_to_watcher
 from slurm_plugin.node.cgroup_actuator import walk_job
 from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.hooks.job_folder import REMOVE_BUDGET, make_job_folder, remove_job_folder, sweep_leftovers
@@ -167,16 +165,6 @@ def _remove_users_cgroups(config: AgentConfig, job_id: int, uid: int) -> list[st
         return [f"cgroup folders: {type(exc).__name__}: {exc}"]
 
 
-def _hand_usage_to_watcher(config: AgentConfig, job_id: int, usage: dict) -> None:
-    """The job's usage on this node into the shared feed folder, where the watcher sums the
-    nodes' once the job has ended everywhere and writes it into Slurm's accounting."""
-    try:
-        FeedStore(config.feed_dir).write_usage(
-            job_id, config.node, json.dumps(usage, sort_keys=True).encode())
-    except (OSError, ValueError) as exc:
-        note(config, f"epilog job {job_id}: usage not handed to the watcher: {exc}")
-
-
 def epilog(config: AgentConfig) -> int:
     """The job marked ended first (its cores free now, whatever its folder holds), the agent
     woken, then the job's files removed (bounded)."""
@@ -193,8 +181,9 @@ def epilog(config: AgentConfig) -> int:
         pid = agent_pid(config.pid_file)
         if pid is not None:
             signal_verified(pid, signal.SIGUSR1, is_agent)   # lend the freed cores now
-        if usage is not None:
-            _hand_usage_to_watcher(config, job_id, usage)
+        problem = None if usage is None else hand_to_watcher(config.feed_dir, job_id, usage)
+        if problem is not None:
+            note(config, f"epilog {problem}")
     finally:
         for problem in _remove_job_files(config, job_id, uid):
             note(config, f"epilog job {job_id}: {problem}")

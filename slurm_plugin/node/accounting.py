@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from malleable_policy.model import NodeSnapshot, Outcome, OutcomeStatus
+from slurm_plugin.feed.store import FeedStore
 
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.events import append_event
@@ -79,6 +80,18 @@ def account_cycle(usage: Mapping[int, CoreUsage], held: Mapping[int, tuple[int, 
     return running, gone
 
 
+def hand_to_watcher(feed_dir: Path, job_id: int, line: dict[str, Any]) -> str | None:
+    """A job's usage line on this node into the node's feed folder, for the watcher (which sums
+    the nodes' once the job ended everywhere and writes it into Slurm's accounting); on a
+    feed link the link takes it from there. Returns what went wrong, or None."""
+    try:
+        FeedStore(feed_dir).write_usage(job_id, line["node"],
+                                        json.dumps(line, sort_keys=True).encode())
+    except (OSError, ValueError) as exc:
+        return f"job {job_id}: usage not handed to the watcher: {exc}"
+    return None
+
+
 def usage_line(job_id: int, node: str, usage: CoreUsage, *, end: float, closed_by: str,
                now: float | None = None) -> dict[str, Any]:
     """The job's ``job-usage`` event line (the site's accounting reads these)."""
@@ -90,19 +103,25 @@ def usage_line(job_id: int, node: str, usage: CoreUsage, *, end: float, closed_b
 
 
 def record_cycle(ledger_file: "LedgerFile", ledger: "Ledger", result, now: float,
-                 log_event: Callable[[dict], None]) -> dict[int, CoreUsage]:
+                 log_event: Callable[[dict], None],
+                 hand_over: Callable[[int, dict], None] = lambda job_id, line: None,
+                 ) -> dict[int, CoreUsage]:
     """The reconciler's accounting, once a cycle after the executor ran, under the node's lock:
     every job's usage integrated up to ``now`` with the width it held since the last cycle and
     recording the width it holds now, the ledger saved, a ``job-usage`` line logged for every
     job gone without an Epilog closing its usage (its folder went: the Epilog failed or never
-    ran). Returns the running jobs' usage (the metrics')."""
+    ran, or the job's folder went first, as after scancel), and that line handed to the
+    watcher (``hand_over``), as the Epilog does. Returns the running jobs' usage (the
+    metrics')."""
     running, gone = account_cycle(ledger.usage, held_after(result.snapshot, result.outcomes),
                                   now)
     ledger.usage = running
     ledger_file.save(ledger)
     for job_id, u in sorted(gone.items()):
-        log_event(usage_line(job_id, result.snapshot.node, u, end=u.since, closed_by="agent",
-                             now=now))
+        line = usage_line(job_id, result.snapshot.node, u, end=u.since, closed_by="agent",
+                          now=now)
+        log_event(line)
+        hand_over(job_id, line)
     return running
 
 

@@ -6,12 +6,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
-from malleable_protocol import RunLayout
+from malleable_protocol import RunLayout, check_node_name
 from malleable_protocol.errors import FixableError
 
 from malleable_policy.model import Policy, SiteLimits
 
-_PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount", "slurm_conf")
+_PATHS = ("run_dir", "state_dir", "feed_dir", "cgroup_mount", "slurm_conf", "watcher_dir",
+          "munge_socket")
+NODE_PATTERN = "%n"        # in feed_dir: the node's name (several slurmd on one host)
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,9 @@ class AgentConfig:
     policy: Policy = Policy.LEND_IDLE
     run_dir: Path = Path("/run/malleable")            # the protocol's folders (RunLayout)
     state_dir: Path = Path("/run/malleable/agent")    # root only: lock, pid, ledger, events
-    feed_dir: Path = Path("/run/malleable/feed")      # the watcher's feed (a shared folder)
+    # The node's feed: a local folder the feed link fills (``feed_link_hosts``), else the
+    # watcher's own folder (one host) or one every node mounts. "%n": the node's name.
+    feed_dir: Path = Path("/run/malleable/feed")
     cgroup_mount: Path | None = None  # None: CgroupMountpoint of cgroup.conf, else /sys/fs/cgroup
     slurm_conf: Path | None = None    # None: $SLURM_CONF, else Slurm's default (/etc/slurm)
     interval_s: float = 0.5       # a reconcile cycle at least this often
@@ -46,6 +50,17 @@ class AgentConfig:
     partition_max_weight: Mapping[str, int] = field(default_factory=dict)
     # The site's kill switch (``switch.py``): false holds every job to its allocation.
     enabled: bool = True
+    # The feed link (feed/link.py): the hosts whose watcher the agent connects to, in order
+    # (the controller's, then its backups'); empty: no link (feed_dir is the watcher's folder).
+    feed_link_hosts: tuple[str, ...] = ()
+    feed_link_port: int = 6826
+    # "munge" (the site's munged proves both ends are root), or "key:PATH" (a key file only
+    # root reads, the same on every host).
+    feed_link_auth: str = "munge"
+    munge_socket: Path | None = None   # None: munge's default
+    # The watcher's own folder, on its host (the events slurmctld's hooks append to, what the
+    # nodes send back); None: feed_dir.
+    watcher_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.feed_mode not in ("auto", "local", "shared"):
@@ -57,6 +72,16 @@ class AgentConfig:
             raise ValueError(f"feed_refresh_s must be in (0, 3600], not {self.feed_refresh_s!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"enabled must be true or false, not {self.enabled!r}")
+        if not isinstance(self.feed_link_hosts, tuple) or not all(
+                isinstance(h, str) and h and len(h) < 256 for h in self.feed_link_hosts):
+            raise ValueError("feed_link_hosts must be a list of host names")
+        if isinstance(self.feed_link_port, bool) or not isinstance(self.feed_link_port, int) \
+                or not 0 < self.feed_link_port < 65536:
+            raise ValueError(f"feed_link_port must be a port, not {self.feed_link_port!r}")
+        if self.feed_link_auth != "munge" and not (
+                isinstance(self.feed_link_auth, str) and self.feed_link_auth.startswith("key:/")):
+            raise ValueError("feed_link_auth must be munge or key:/absolute/path, not "
+                             f"{self.feed_link_auth!r}")
 
         def bad_weight(w: object) -> bool:
             return isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100
@@ -83,6 +108,11 @@ class AgentConfig:
         base = Path(base)
         return cls(node=node, policy=policy, run_dir=base / "malleable",
                    state_dir=base / "agent", feed_dir=base / "feed", slurm_conf=slurm_conf)
+
+    @property
+    def watcher_feed_dir(self) -> Path:
+        """The watcher's folder: where slurmctld's hooks append their events (its host's)."""
+        return self.watcher_dir or self.feed_dir
 
     @property
     def layout(self) -> RunLayout:
@@ -139,7 +169,20 @@ class AgentConfig:
         for k in _PATHS:
             if d.get(k) is not None:
                 d[k] = Path(d[k])
+        if isinstance(d.get("feed_link_hosts"), list):
+            d["feed_link_hosts"] = tuple(d["feed_link_hosts"])
+        if NODE_PATTERN in str(d.get("feed_dir", "")) and _is_node_name(d.get("node")):
+            d["feed_dir"] = Path(str(d["feed_dir"]).replace(NODE_PATTERN, d["node"]))
         return cls(**d)
+
+
+def _is_node_name(name: object) -> bool:
+    """False for the placeholder of a config loaded without its node (the watcher's)."""
+    try:
+        check_node_name(name)
+    except ValueError:
+        return False
+    return True
 
 
 class AgentConfigError(FixableError):

@@ -23,7 +23,7 @@ from malleable_protocol import format_cpu_list
 
 from slurm_plugin.feed.model import JobReport, NodeReport, Offers
 from slurm_plugin.feed.store import FeedStore
-from slurm_plugin.node.accounting import record_cycle
+from slurm_plugin.node.accounting import hand_to_watcher, record_cycle
 from slurm_plugin.node.config import AgentConfig
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.events import append_event
@@ -185,7 +185,8 @@ class Reconciler:
             make_quiet(self.config.quiet_file, self.config.loud_file)
         if self.gate is not None:
             self.gate.publish(gated_jobs(result.snapshot, result.outcomes))
-        result.usage = record_cycle(self.ledger, ledger, result, self._wall(), self._log_event)
+        result.usage = record_cycle(self.ledger, ledger, result, self._wall(), self._log_event,
+                                    self._hand_usage)
         self._publish_offers(result.plan)
         self._publish_report(result)
 
@@ -213,6 +214,11 @@ class Reconciler:
                 return Hold("cpu-numbering", f"{exc}: malleable jobs need whole-core allocation "
                             "(CR_Core or CR_Core_Memory)"), decide(snapshot, Policy.STATIC)
         return None, decide(snapshot, self.config.policy)
+
+    def _hand_usage(self, job_id: int, line: dict) -> None:
+        problem = hand_to_watcher(self.store.feed_dir, job_id, line)
+        if problem is not None:
+            log.warning("%s", problem)
 
     def _publish_report(self, result: CycleResult) -> None:
         held = {o.action.job_id: o.action.after for o in result.applied}
