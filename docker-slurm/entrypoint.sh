@@ -1,6 +1,7 @@
 #!/bin/bash
 # A container of docker-slurm: `controller` (munged, slurmctld, the co-scheduler's watcher) or
-# `node NAME` (munged, slurmd, the node's agent); `prepare ARGS` writes the cluster folder.
+# `node NAME` (munged, slurmd, the node's agent, its feed in the container's own
+# /run/malleable/feed, over the feed link); `prepare ARGS` writes the cluster folder.
 # The container stops when any of its daemons does, so compose and the healthcheck see it.
 set -euo pipefail
 ROOT=/cluster
@@ -25,8 +26,9 @@ case "${1:-}" in
   controller)
     slurmctld -D -f "$SLURM_CONF" &
     if [ -f "$HOOKS/agent.json" ]; then
+      # The nodes' agents connect to it over the feed link (agent.json: port, munge).
       /usr/bin/malleable watcher --feed-dir "$MALLEABLE_FEED_DIR" --slurm-conf "$SLURM_CONF" \
-        >> "$ROOT/log/watcher.out" 2>&1 &
+        --config "$HOOKS/agent.json" --link-address 0.0.0.0 >> "$ROOT/log/watcher.out" 2>&1 &
     fi
     ;;
   node)

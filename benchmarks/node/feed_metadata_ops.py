@@ -51,7 +51,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="malleable-feedops-", dir="/tmp"))
     base.chmod(0o755)
     c = LocalCluster(default_spec(base, nodes=2, port_base=45817, node_prefix="fo",
-                                  name="malleablefo"))
+                                  name="malleablefo", feed_link=False))
     rows = {}
     try:
         c.up(agents=Policy.LEND_IDLE)

@@ -80,7 +80,7 @@ Version: $version
 Architecture: $arch
 Maintainer: malleable-hpc developers <malleable-hpc@localhost>
 Installed-Size: $size
-Depends: python3 (>= 3.11), python3-prometheus-client, slurm-client (>= $release), slurm-client (<< $next)
+Depends: python3 (>= 3.11), python3-prometheus-client, libmunge2, slurm-client (>= $release), slurm-client (<< $next)
 Section: admin
 Priority: optional
 Description: malleable Slurm jobs: the node side (co-scheduler agent, watcher, hooks)

@@ -57,7 +57,7 @@ class DockerCluster:
         return ClusterSpec(root=CLUSTER_ROOT, name=self.project, nodes=self.nodes,
                            node_prefix=self.node_prefix, hostname=self.controller,
                            address=self.controller, topology=topology, own_hosts=True,
-                           munge_socket=MUNGE_SOCKET)
+                           munge_socket=MUNGE_SOCKET, feed_link=True)
 
     def container(self, host: str) -> str:
         return f"{self.project}-{host}"

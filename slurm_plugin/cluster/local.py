@@ -66,7 +66,10 @@ def host_topology(runner: CommandRunner = run_command) -> HostTopology:
 
 def default_spec(root: Path = DEFAULT_ROOT, *, runner: CommandRunner = run_command,
                  **overrides) -> ClusterSpec:
-    """A spec for this machine: its hostname and real CPU layout."""
+    """A spec for this machine: its hostname and real CPU layout; the nodes' agents on the
+    feed link (each its own feed folder), as a site without a shared file system runs them,
+    unless ``feed_link=False`` (one feed folder for the watcher and every agent)."""
+    overrides.setdefault("feed_link", True)
     return ClusterSpec(root=Path(root).absolute(), hostname=socket.gethostname().split(".")[0],
                        topology=host_topology(runner), **overrides)
 
@@ -141,7 +144,11 @@ def install_cluster_hooks(spec: ClusterSpec, policy: Policy, *,
     from slurm_plugin.feed.store import FeedStore
     config = AgentConfig.under(spec.paths.root, policy=policy, slurm_conf=spec.paths.slurm_conf)
     if spec.feed_link:
-        config = replace(config, feed_dir=spec.paths.root / "node-feed" / NODE_PATTERN,
+        # Each node's copy of its feed: its own host's folder where nodes are hosts (docker),
+        # else one per node beside the cluster's folders.
+        node_feed = Path("/run/malleable/feed") if spec.own_hosts else \
+            spec.paths.root / "node-feed" / NODE_PATTERN
+        config = replace(config, feed_dir=node_feed,
                          watcher_dir=config.feed_dir, feed_link_hosts=(spec.address,),
                          feed_link_port=spec.feed_link_port,
                          munge_socket=spec.munge_socket or spec.paths.munge_socket)
@@ -264,10 +271,12 @@ class LocalCluster:
     def hooks_dir(self) -> Path:
         return hooks_dir(self.spec)
 
-    def agent_config(self):
-        """The agent settings the hooks were installed with (hooks/agent.json)."""
+    def agent_config(self, node: str | None = None):
+        """The agent settings the hooks were installed with (hooks/agent.json), as ``node``'s
+        agent reads them (its own feed folder on the feed link)."""
         from slurm_plugin.node.config import AgentConfig
-        return AgentConfig.from_json((self.hooks_dir / "agent.json").read_text())
+        return AgentConfig.from_json((self.hooks_dir / "agent.json").read_text(),
+                                     **({} if node is None else {"node": node}))
 
     def up(self, *, timeout_s: float = 90.0, log: Callable[[str], None] = lambda s: None,
            agents: Policy | None = None) -> None:

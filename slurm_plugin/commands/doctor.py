@@ -245,6 +245,9 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
         mode, fstype = discover_feed_mode(config.feed_dir) \
             if config.feed_mode == "auto" else (FeedMode(config.feed_mode), "configured")
         f.feed_mode = f"{mode.value} ({fstype})"
+        if config.feed_link_hosts:
+            f.feed_mode += (f", the node's copy, filled by the feed link from "
+                            f"{','.join(config.feed_link_hosts)} port {config.feed_link_port}")
     except OSError as exc:
         f.errors["feed mode"] = str(exc)
     f.wake_port = store.agent_wake_port(config.node)

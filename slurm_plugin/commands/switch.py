@@ -69,7 +69,7 @@ def _await_site(store, *, off: bool, wait_s: float) -> tuple[list[str], list[str
 
 def _site(args: argparse.Namespace, config, *, off: bool) -> int:
     from slurm_plugin.feed.store import FeedStore
-    store = FeedStore(config.feed_dir)
+    store = FeedStore(config.watcher_feed_dir)      # the watcher's folder, on its host
     if off:
         store.switch_site_off(args.reason)
     elif not store.switch_site_on():

@@ -77,8 +77,14 @@ def run(args: argparse.Namespace) -> int:
         "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
         else f"usage.jsonl only (AccountingStorageType={storage})")
     watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting)
+    # slurmctld's hooks (job_submit.lua, PrologSlurmctld) append to the event file as SlurmUser.
+    try:
+        writer = client.slurm_user_uid()
+    except CommandError:
+        writer = None
+    watcher.store.prepare()
+    watcher.store.prepare_events(writer)
     if args.once:
-        watcher.store.prepare()
         result = watcher.poll()
         print(f"{result.jobs} jobs, published {len(result.nodes_written)} node(s)")
         if result.error:

@@ -188,6 +188,12 @@ def run_agent(config: AgentConfig, *, once: bool = False, metrics_port: int | No
     rec = make_reconciler(config, layout, feed_refresh_s=None if once else config.feed_refresh_s,
                           before_write=before_write)
     if once:
+        link = start_feed_link(config)
+        if link is not None:       # the node's feed as the watcher has it now, first
+            if not link.synced.wait(config.feed_link_sync_s):
+                log.warning("no feed from the watcher within %g s: the cycle uses the "
+                            "node's last one", config.feed_link_sync_s)
+            link.stop()
         result = rec.cycle()
         for o in result.outcomes:
             a = o.action

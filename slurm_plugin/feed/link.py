@@ -14,7 +14,8 @@ changed, replayed or reordered. Two ways to prove it (``LinkAuth``):
   HMACs of the nonces under the key.
 
 Frames: a 4-byte big-endian length, then the body. The handshake's bodies are JSON; after
-it, a body is the 32-byte HMAC then a JSON object (``encode_message``). Pure: no sockets here.
+it, a body is the 32-byte HMAC then a JSON object (``Session.seal``). Pure, but for the socket
+options both ends set (``keepalive``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Iterator, Protocol
@@ -49,6 +51,16 @@ class LinkError(ProtocolError):
 
 class LinkAuthError(LinkError):
     """The other end did not prove it is root on a host of the site."""
+
+
+def keepalive(sock: "socket.socket") -> None:
+    """A peer whose host went away is noticed within about 30 s, idle (the kernel's probes) or
+    not (unacknowledged data: TCP_USER_TIMEOUT), not after the kernel's 15 minutes."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", 30_000)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def frame(body: bytes) -> bytes:

@@ -26,7 +26,7 @@ from malleable_protocol import ProtocolError
 from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
 
 from slurm_plugin.feed.link import (ClientHandshake, FrameReader, LinkAuth, LinkError,
-                                    MAX_HANDSHAKE_BYTES, Session)
+                                    MAX_HANDSHAKE_BYTES, Session, keepalive)
 from slurm_plugin.feed.model import MAX_FEED_BYTES, NodeFeed, Offers
 from slurm_plugin.feed.notify import InotifyWatch
 from slurm_plugin.feed.store import FeedStore
@@ -50,6 +50,7 @@ class LinkClient:
         self._clock = clock
         self.connected_to: str | None = None
         self.connects = 0
+        self.synced = threading.Event()    # the node's feed came down since the last connect
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -92,6 +93,7 @@ class LinkClient:
                     log.warning("feed link to %s:%d: %s", host, self.port, exc)
                     continue
                 self.connected_to, self.connects = host, self.connects + 1
+                self.synced.clear()
                 log.info("feed link to %s:%d open", host, self.port)
                 try:
                     _Stream(self, sock, session).serve(first)
@@ -109,7 +111,7 @@ class LinkClient:
         sock = socket.create_connection((host, self.port), timeout=self.connect_timeout_s)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            keepalive(sock)
             hand = ClientHandshake(self.node, self.auth)
             sock.sendall(hand.hello())
             reader = FrameReader(MAX_HANDSHAKE_BYTES)
@@ -217,6 +219,7 @@ class _Stream:
                 if feed.node != self.c.node:
                     raise LinkError(f"the feed of {feed.node}, not of {self.c.node}")
                 self.store.write_node(feed)
+                self.c.synced.set()
             elif kind == "offers":
                 self.store.write_offers(Offers.decode(_data(m)))
             elif kind == "polled":

@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 from malleable_protocol import ProtocolError
 
 from slurm_plugin.feed.link import (FrameReader, LinkAuth, LinkError, MAX_HANDSHAKE_BYTES,
-                                    Session, refusal, server_handshake)
+                                    Session, keepalive, refusal, server_handshake)
 from slurm_plugin.feed.model import NodeFeed, NodeReport, Offers
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.feed.usage import MAX_USAGE_BYTES, parse_usage_file_name
@@ -186,7 +186,7 @@ class LinkServer:
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _keepalive(sock)
+        keepalive(sock)
         conn = _Conn(sock, f"{addr[0]}:{addr[1]}", self._clock())
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
@@ -359,14 +359,6 @@ def _text(m: dict) -> bytes:
     if not isinstance(data, str):
         raise LinkError("a message without its data")
     return data.encode()
-
-
-def _keepalive(sock: socket.socket) -> None:
-    """A peer whose host went away is noticed within about 30 s (the kernel's probes)."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def _send_now(sock: socket.socket, data: bytes) -> None:

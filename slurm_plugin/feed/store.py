@@ -1,5 +1,7 @@
-"""The feed folder: written by root (the watcher, the node agents), read by root. On one host
-(the local cluster) or a folder every node mounts (a real cluster, docker-slurm's volume).
+"""A feed folder: written by root (the watcher, the node agents), read by root. The watcher's
+own, local to its host; each node's own, local to it, which the feed link keeps in step with
+the watcher's (``link_client.py``); or, without the link, one folder the watcher and every agent
+share (one host, or a folder every node mounts). The same layout everywhere:
 
     <feed_dir>/nodes/<node>.json    NodeFeed, written by the watcher when its content changes
     <feed_dir>/offers/<node>.json   Offers, written by the node's agent when they change
@@ -140,15 +142,20 @@ class FeedStore:
             _private_dir(d)
         self.prepare_events()
 
-    def prepare_events(self) -> None:
+    def prepare_events(self, writer_uid: int | None = None) -> None:
         """The event file: made 0600 if missing; one that exists keeps its owner and group (a
-        site gives it to SlurmUser) and loses any access for others."""
+        site gives it to SlurmUser) and loses any access for others. ``writer_uid``: the
+        SlurmUser slurmctld's hooks run as (the watcher asks slurmctld), given a root-owned
+        file, so they can append to it."""
         fd = os.open(self.events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
                      os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
         try:
-            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            st = os.fstat(fd)
+            mode = stat.S_IMODE(st.st_mode)
             if mode & 0o007:
                 os.fchmod(fd, mode & 0o770)
+            if writer_uid is not None and st.st_uid == 0 and writer_uid != 0:
+                os.fchown(fd, writer_uid, -1)
         finally:
             os.close(fd)
 

@@ -58,6 +58,7 @@ class AgentConfig:
     # root reads, the same on every host).
     feed_link_auth: str = "munge"
     munge_socket: Path | None = None   # None: munge's default
+    feed_link_sync_s: float = 5.0      # ``agent --once``: how long it waits for the feed
     # The watcher's own folder, on its host (the events slurmctld's hooks append to, what the
     # nodes send back); None: feed_dir.
     watcher_dir: Path | None = None

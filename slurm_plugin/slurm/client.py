@@ -199,6 +199,12 @@ class CliSlurmClient:
         return parse_config_value(self._cmd(["scontrol", "show", "config"]),
                                   "AccountingStorageType")
 
+    def slurm_user_uid(self) -> int | None:
+        """SlurmUser's uid ("SlurmUser = slurm(64030)"): slurmctld's hooks run as it."""
+        value = parse_config_value(self._cmd(["scontrol", "show", "config"]), "SlurmUser")
+        m = re.fullmatch(r"[^()]*\((\d{1,10})\)", value or "")
+        return int(m.group(1)) if m else None
+
     def system_comment(self, job_id: int) -> str | None:
         """The job's SystemComment in the accounting database; None when it has no record of
         the job (yet)."""

@@ -1,5 +1,6 @@
-"""An agent whose feed folder is shared (NFS at a site) looks at the feed files only every
-feed_refresh_s; the watcher wakes it with a datagram when it writes the node's feed. Here the
+"""Without the feed link, an agent whose feed folder is shared (NFS at a site) looks at the feed
+files only every feed_refresh_s; the watcher wakes it with a datagram when it writes the node's
+feed. Here the agents and the watcher share one folder (a cluster without the link) and the
 agent is told its folder is shared, with a refresh of 60 s: a job that grows, and an
 ``scontrol update`` that takes effect in seconds, are the wake's doing."""
 from __future__ import annotations
@@ -12,15 +13,25 @@ import urllib.request
 
 import pytest
 
+from malleable_policy.model import Policy
 from slurm_plugin.feed.store import FeedStore
 
+from ..conftest import running_cluster
 from .helpers import cgroup_cpus, wait_for
 
 pytestmark = pytest.mark.cluster
 
 
-def test_an_agent_on_a_shared_feed_is_woken_by_the_watcher(agent_cluster, tmp_path):
-    c, node = agent_cluster, "an1"
+@pytest.fixture(scope="module")
+def shared_feed_cluster():
+    with running_cluster("malleable-shared-", agents=Policy.LEND_IDLE, nodes=2,
+                         port_base=44817, node_prefix="sf", name="malleableshared",
+                         feed_link=False) as c:
+        yield c
+
+
+def test_an_agent_on_a_shared_feed_is_woken_by_the_watcher(shared_feed_cluster, tmp_path):
+    c, node = shared_feed_cluster, "sf1"
     agent_json = c.hooks_dir / "agent.json"
     original = agent_json.read_text()
     settings = json.loads(original)

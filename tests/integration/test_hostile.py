@@ -249,8 +249,7 @@ def test_fake_records_and_stale_pid_files_never_signal_another_users_process(
         agent = next(r for r in c.records() if r.name == f"agent {NODE}")
         os.kill(agent.pid, signal.SIGKILL)
         daemons.reap_children()
-        import dataclasses
-        dataclasses.replace(c.agent_config(), node=NODE).pid_file.write_text(str(pid))
+        c.agent_config(NODE).pid_file.write_text(str(pid))
         env = {**os.environ, **c.env(), "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "990101",
                "SLURM_JOB_UID": str(uid_of(BOB)), "SLURM_JOB_GID": str(uid_of(BOB))}
         assert subprocess.run([str(c.hooks_dir / "epilog.sh")], env=env,
@@ -444,11 +443,10 @@ def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
     """Fail closed, and what Slurm then does: the node's lock is held by a process that is not
     the agent (nothing the Prolog may kill), so the Prolog exits 1; slurmd drains the node and
     slurmctld requeues the job held. Nothing runs on a core another job holds."""
-    import dataclasses
     import fcntl
     c = agent_cluster
     env = {**os.environ, **c.env()}
-    with open(dataclasses.replace(c.agent_config(), node=NODE).lock_file, "a") as lock:
+    with open(c.agent_config(NODE).lock_file, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         b = submit_as(c, BOB, work, "bobclosed", "echo ran\n",
                       ["-N1", "-n1", f"-w{NODE}", f"--output={work}/bobclosed-%j.out"])
@@ -560,7 +558,6 @@ for n in os.listdir(d):
 def test_a_sealed_job_user_cannot_make_cpusets(agent_cluster, alice_job):
     """Alice's grown job: Slurm's step folders below it are root's now (v1 gave them to her),
     so she cannot make a cpuset that holds a borrowed core; nor can she open the node's lock."""
-    import dataclasses
     c, (a, uid) = agent_cluster, alice_job
     assert resize_as(c, ALICE, a, "max=node").returncode == 0
     wait_for(lambda: len(cores(c, a, uid)) == os.cpu_count(), timeout=20, what="alice grown")
@@ -570,7 +567,7 @@ def test_a_sealed_job_user_cannot_make_cpusets(agent_cluster, alice_job):
     for d in steps:
         got = run_as(ALICE, ["mkdir", str(d / "mine")], os.environ)
         assert got.returncode != 0 and "Permission denied" in got.stderr, (d, got)
-    lock = dataclasses.replace(c.agent_config(), node=NODE).lock_file
+    lock = c.agent_config(NODE).lock_file
     got = run_as(ALICE, ["/usr/bin/python3", "-c", f"open({str(lock)!r})"], os.environ)
     assert got.returncode != 0 and "PermissionError" in got.stderr, got
     settle(c)

@@ -164,7 +164,7 @@ def test_a_step_that_cannot_be_made_safe_does_not_start(agent_cluster, tmp_path)
     step-start hook cannot fence the job; the SPANK plugin then refuses the step (slurmd's log
     says why) and the job goes on; the next step starts once the lock is free."""
     c, node = agent_cluster, "an2"
-    config = dataclasses.replace(c.agent_config(), node=node)
+    config = c.agent_config(node)
     tmp_path.chmod(0o777)
     go1, go2, out = tmp_path / "go1", tmp_path / "go2", tmp_path / "out"
     script = tmp_path / "job.sh"
@@ -223,7 +223,7 @@ def test_each_step_start_takes_the_path_its_job_needs(agent_cluster, tmp_path):
     hook ("(hook)"). Every step launches, and the grown job grows again after each."""
     c = agent_cluster
     rigid_node, grown_node = "an1", "an2"
-    config = dataclasses.replace(c.agent_config(), node=grown_node)
+    config = c.agent_config(grown_node)
     tmp_path.chmod(0o777)
     script = tmp_path / "job.sh"
     script.write_text(f"""#!/bin/bash
@@ -303,7 +303,7 @@ def test_borrowed_core_seconds_match_the_cgroup_timeline(agent_cluster, tmp_path
     import threading
     import time
     c, node = agent_cluster, "an1"
-    config = dataclasses.replace(c.agent_config(), node=node)
+    config = c.agent_config(node)
     tmp_path.chmod(0o777)
     go = tmp_path / "go"
     client = c.client()
@@ -362,7 +362,7 @@ def test_borrowed_core_seconds_match_the_cgroup_timeline(agent_cluster, tmp_path
             return out if out.endswith(want) else None
         row = wait_for(in_sacct, timeout=40, what=f"sacct showing {want}")
         assert row == f"{job_id}|COMPLETED|{want}", row
-        store = FeedStore(config.feed_dir)
+        store = FeedStore(config.watcher_feed_dir)
 
         def closed():
             """The job's lines in usage.jsonl once its nodes' files are gone: the watcher
@@ -391,7 +391,7 @@ def test_a_rigid_job_pays_nothing_with_every_agent_and_the_watcher_stopped(agent
     in the hooks log: the plugin decided in C), it completes, and no node drains. The agents
     and the watcher are started again."""
     c, node = agent_cluster, "an1"
-    config = dataclasses.replace(c.agent_config(), node=node)
+    config = c.agent_config(node)
     hooks_log = config.state_dir / f"hooks-{node}.log"
     tmp_path.chmod(0o777)
     script = tmp_path / "rigid.sh"
@@ -449,7 +449,7 @@ def test_the_kill_switch_returns_every_job_to_its_allocation_in_one_cycle(agent_
         time.sleep(3)          # the agent's cycles go on: it stays there
         assert len(cgroup_cpus(c, node, job_id)) == 1
         assert not violations(c, node), violations(c, node)
-        config = dataclasses.replace(c.agent_config(), node=node)
+        config = c.agent_config(node)
         events = [json.loads(x) for x in config.event_log.read_text().splitlines()]
         assert any(e["event"] == "switched-off" and "test" in e["error"] for e in events)
         on = subprocess.run([*switch, "enable", *where], capture_output=True, text=True,
@@ -494,7 +494,7 @@ def test_a_quiet_node_starts_rigid_jobs_without_python_and_lends_after_a_fresh_p
     c, node = agent_cluster, "an2"
     client = c.client()
     env = {**os.environ, **c.env()}
-    config = dataclasses.replace(c.agent_config(), node=node)
+    config = c.agent_config(node)
     hooks_log = config.state_dir / f"hooks-{node}.log"
     wait_for(config.quiet_file.exists, timeout=60, what=f"{node} quiet",
              show=lambda: timeline(c, node, 0))

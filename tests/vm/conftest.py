@@ -5,7 +5,7 @@ VM_SLURM_STATE, VM_SLURM_NODES and VM_SLURM_VMCTL. Without them every test here 
 (the main suite leaves this folder out, as it does tests/docker).
 
 The install (the `cosched` fixture, once per session) is docs/install.md's, its steps run as
-written by packaging/guide.py (MALLEABLE_FEED_DIR=/shared/feed, the rest the guide's defaults):
+written by packaging/guide.py (the guide's defaults: the feed link, nothing shared):
 - the project copied into /opt/malleable/src on every VM (tar over ssh; no image rebuild for a
   code change); the user side (malleable_tf) on the jobs' Python path with a .pth file, as a
   site's user environment would have it;
@@ -14,8 +14,11 @@ written by packaging/guide.py (MALLEABLE_FEED_DIR=/shared/feed, the rest the gui
   and job-submit on every VM; restart-slurm (vm1 first); services (the watcher on vm1, the
   agent malleable-agent@<node> on each node, both systemd units of the package; `journalctl
   -u` shows their logs); check (`malleable doctor` on every node);
-- the run dir /run/malleable (agent state in /run/malleable/agent) on each VM's own tmpfs;
-  the feed in /shared/feed, a host folder every VM mounts over virtio-9p (vmctl.py).
+- the run dir /run/malleable (agent state in /run/malleable/agent, each node's copy of its
+  feed in /run/malleable/feed) on each VM's own tmpfs; the watcher's folder
+  /var/lib/malleable/watcher on vm1; the agents reach it over the feed link (TCP 6826 to
+  vm1, munge). The 9p share (a host folder every VM mounts, vmctl.py) carries only the package:
+  the test checks nothing of the co-scheduler's is on it.
 """
 from __future__ import annotations
 
@@ -40,10 +43,11 @@ DIST = "/shared/dist"                 # the package, built on vm1, for every VM
 GUIDE = f"python3 {SRC}/packaging/guide.py"
 RUN_DIR = "/run/malleable"
 STATE_DIR = "/run/malleable/agent"
-FEED_DIR = "/shared/feed"
+WATCHER_DIR = "/var/lib/malleable/watcher"   # the guide's MALLEABLE_WATCHER_DIR (on vm1)
+NODE_FEED = "/run/malleable/feed"            # the guide's MALLEABLE_FEED_DIR (each node's)
 SLURM_CONF = "/etc/slurm/slurm.conf"
-# The guide's settings for this cluster (docs/install.md, step settings).
-GUIDE_ENV = f"MALLEABLE_FEED_DIR={FEED_DIR}"
+# The guide's settings for this cluster (docs/install.md, step settings): its defaults.
+GUIDE_ENV = ""
 TIMES: list[tuple[str, float]] = []
 NOTES: list[str] = []    # what was observed, printed in the summary
 
@@ -184,7 +188,8 @@ def cosched(vms: VMs) -> VMs:
                           f"chmod -R a+rX /opt/malleable && "
                           f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
                           f" && mkdir -p $d && echo {USER_SIDE} > $d/malleable-user.pth", data=data)
-    with Stage("install: the shared feed folder (9p) is mounted in every VM"):
+    vms.run("vm1", "touch /run/malleable-install-start")
+    with Stage("install: the package's share (9p) is mounted in every VM"):
         for node in vms.nodes:
             fs = vms.out(node, "findmnt -n -o FSTYPE /shared || true").strip()
             assert fs == "9p", (f"{node}: /shared is not the 9p share (findmnt says {fs!r}); "
@@ -222,12 +227,24 @@ def cosched(vms: VMs) -> VMs:
         vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run services 2>&1")
 
         def published():
-            out = vms.out("vm1", f"ls {FEED_DIR}/nodes {FEED_DIR}/reports 2>/dev/null",
+            out = vms.out("vm1", f"ls {WATCHER_DIR}/nodes {WATCHER_DIR}/reports 2>/dev/null",
                           check=False)
             return all(out.split().count(f"{n}.json") == 2 for n in vms.nodes)
         wait_for(published, timeout=180, interval=2,
                  what="the feed of every node (watcher) and every agent's report",
                  show=lambda: diagnostics(vms))
+        # Each node's feed came over the link into its own folder, and nothing of ours is on
+        # the share every VM mounts (the package aside).
+        for node in vms.nodes:
+            wait_for(lambda: vms.out(node, f"test -s {NODE_FEED}/nodes/{node}.json && echo ok",
+                                     check=False).strip() == "ok", timeout=60, interval=1,
+                     what=f"{node}'s feed in its own folder {NODE_FEED}")
+        written = vms.out("vm1", "find /shared -mindepth 1 -newer /run/malleable-install-start "
+                                 "-not -path '/shared/dist*'").split()
+        assert written == [], written
+        NOTES.append("feed link: " + vms.out("vm1", "journalctl -u malleable-watcher -b | "
+                                                    "grep -c 'link .* open' || true",
+                                             check=False).strip() + " link(s) opened on vm1")
     with Stage("install: guide step check (malleable doctor on every node)"):
         outs = vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run check 2>&1", timeout=180)
         NOTES.append("doctor on vm1:\n" + outs["vm1"].strip())
@@ -244,5 +261,5 @@ def diagnostics(vms: VMs, job: int | None = None) -> str:
             f"tail -15 {STATE_DIR}/hooks-{node}.log 2>/dev/null; "
             "tail -15 /var/log/slurm/slurmd.log; "
             + (f"tail -15 {STATE_DIR}/events-{node}.jsonl 2>/dev/null; " if job else "")
-            + f"ls -la {FEED_DIR} {FEED_DIR}/* 2>&1 | tail -20"), check=False, timeout=60))
+            + f"ls -la {WATCHER_DIR} {WATCHER_DIR}/* 2>&1 | tail -20"), check=False, timeout=60))
     return "\n".join(parts)

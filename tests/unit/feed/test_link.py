@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,44 @@ def test_key_files_must_be_roots_alone_and_long(tmp_path):
     path.write_bytes(b"short")
     with pytest.raises(LinkKeyError, match="fewer than 32"):
         load_key(str(path))
+
+
+# --- the settings that name the link (agent.json) ---------------------------------------------
+
+def test_agent_json_names_the_link_and_each_nodes_own_folder():
+    from slurm_plugin.node.config import AgentConfig
+    base = AgentConfig(node="(set by SLURMD_NODENAME or --node)", feed_dir=Path("/run/feed/%n"),
+                       feed_link_hosts=("ctl1", "ctl2"), feed_link_auth="key:/etc/k",
+                       watcher_dir=Path("/var/lib/w"))
+    text = base.to_json()
+    node = AgentConfig.from_json(text, node="n7")
+    assert str(node.feed_dir) == "/run/feed/n7" and node.feed_link_hosts == ("ctl1", "ctl2")
+    assert str(node.watcher_feed_dir) == "/var/lib/w"
+    # Loaded without a node (the watcher's way): the pattern stays, nothing is guessed.
+    assert str(AgentConfig.from_json(text).feed_dir) == "/run/feed/%n"
+    for bad in ({"feed_link_auth": "password"}, {"feed_link_auth": "key:relative"},
+                {"feed_link_port": 0}, {"feed_link_hosts": [""]}):
+        with pytest.raises(ValueError):
+            AgentConfig.from_json(text, **bad)
+
+
+def test_slurm_user_uid_is_read_from_slurmctlds_config():
+    from slurm_plugin.slurm.client import CliSlurmClient
+
+    def runner(argv, **kw):
+        class R:
+            stdout = ("Configuration data as of 2026-11-28T16:00:00\n"
+                      "SlurmUser               = slurm(64030)\nSlurmdUser = root(0)\n")
+        return R()
+    assert CliSlurmClient(runner).slurm_user_uid() == 64030
+
+
+def test_the_event_file_is_given_to_slurmuser_once(tmp_path):
+    from slurm_plugin.feed.store import FeedStore
+    store = FeedStore(tmp_path / "w")
+    store.prepare()
+    store.prepare_events(4242)
+    st = os.stat(store.events_file)
+    assert (st.st_uid, st.st_mode & 0o777) == (4242, 0o600)
+    store.prepare_events(0)              # one the site gave away stays the site's
+    assert os.stat(store.events_file).st_uid == 4242

@@ -378,6 +378,22 @@ def test_record_cycle_saves_the_ledger(tmp_path):
     assert [(e["job"], e["closed_by"]) for e in lines] == [(9, "agent")]
 
 
+def test_a_job_the_agent_closes_is_handed_to_the_watcher_too(tmp_path):
+    """Its folder went before its Epilog ran (scancel): the Epilog then finds nothing to close,
+    so the agent's line is the job's only one, and the watcher must get it (it once stayed in
+    the node's event log)."""
+    from slurm_plugin.node.accounting import hand_to_watcher
+    lf = LedgerFile(tmp_path, "n1")
+    led = Ledger(usage={9: CoreUsage(1, 2, 0.0, 0.0, 5.0, 0.0)})
+    snap = NodeSnapshot("n1", S(range(4)), ())
+    store = FeedStore(tmp_path / "feed")
+    record_cycle(lf, led, CycleResult(snapshot=snap, outcomes=[]), 3.0, lambda e: None,
+                 lambda job_id, line: hand_to_watcher(store.feed_dir, job_id, line))
+    assert store.usage_files() == {9: ["9.n1.json"]}
+    line = json.loads(store.read_usage("9.n1.json"))
+    assert (line["job"], line["borrowed_core_s"], line["closed_by"]) == (9, 5.0, "agent")
+
+
 # --- malleable status and the metrics -----------------------------------------------------------
 
 def test_status_shows_each_jobs_core_seconds_so_far_to_root_only(tmp_path):
