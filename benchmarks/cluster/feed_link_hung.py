@@ -53,7 +53,7 @@ def one_job(c: LocalCluster, folder: Path, name: str) -> dict:
                                                      if ln.startswith("step ")) if rc == "0"]
     if len(steps) != 3:
         raise RuntimeError(f"{name}: a step failed: {lines}")
-    while c.client().jobs():                 # the next job starts on an empty node
+    while any(j.state.holds_cores for j in c.client().jobs()):   # the next on an empty node
         time.sleep(0.05)
     return {"submit": submit, "start": first - t0, "step": steps}
 

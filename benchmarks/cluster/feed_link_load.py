@@ -38,7 +38,6 @@ from slurm_plugin.feed.link import (ClientHandshake, FrameReader, KeyAuth, Munge
 from slurm_plugin.feed.model import FeedJob, NodeFeed
 from slurm_plugin.feed.munge import Munge
 
-KEY = os.urandom(48)
 PING_S = 20.0
 
 
@@ -60,13 +59,13 @@ def feed_of(i: int, version: int) -> NodeFeed:
     return NodeFeed(node_name(i), 64, jobs, updated=time.time())
 
 
-def server_main(port_q, cmd_q, out_q, nodes: int) -> None:
+def server_main(port_q, cmd_q, out_q, nodes: int, key: bytes) -> None:
     """The watcher's side: the real LinkServer; publishes as the phases ask."""
     from slurm_plugin.feed.link_server import LinkServer
     from slurm_plugin.feed.store import FeedStore
     _raise_fd_limit()
     folder = Path(tempfile.mkdtemp(prefix="link-load-watcher-"))
-    server = LinkServer(FeedStore(folder), KeyAuth(KEY), port=0, address="127.0.0.1")
+    server = LinkServer(FeedStore(folder), KeyAuth(key), port=0, address="127.0.0.1")
     port_q.put(server.start())
     feeds = {node_name(i): feed_of(i, 0) for i in range(nodes)}
     versions = [0] * nodes
@@ -87,14 +86,14 @@ def server_main(port_q, cmd_q, out_q, nodes: int) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def clients_main(port: int, nodes: int, seconds_q, out_q) -> None:
+def clients_main(port: int, nodes: int, key: bytes, seconds_q, out_q) -> None:
     """1,000 agents' link ends in one selector; every feed's arrival time is noted."""
     _raise_fd_limit()
     sel = selectors.DefaultSelector()
     conns = {}
     for i in range(nodes):
         s = socket.create_connection(("127.0.0.1", port))
-        hand = ClientHandshake(node_name(i), KeyAuth(KEY))
+        hand = ClientHandshake(node_name(i), KeyAuth(key))
         s.sendall(hand.hello())
         reader = FrameReader()
         body = None
@@ -183,13 +182,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="per phase")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
+    key = os.urandom(48)
     port_q, cmd_q, out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    server = ctx.Process(target=server_main, args=(port_q, cmd_q, out_q, args.nodes))
+    server = ctx.Process(target=server_main, args=(port_q, cmd_q, out_q, args.nodes, key))
     server.start()
     port = port_q.get(timeout=30)
     cl_in, cl_out = ctx.Queue(), ctx.Queue()
     t0 = time.monotonic()
-    clients = ctx.Process(target=clients_main, args=(port, args.nodes, cl_in, cl_out))
+    clients = ctx.Process(target=clients_main, args=(port, args.nodes, key, cl_in, cl_out))
     clients.start()
     assert cl_out.get(timeout=300) == "connected"
     connect_s = time.monotonic() - t0
@@ -249,7 +249,7 @@ def main() -> None:
     cmd_q.put(("stop",))
     clients.join(30)
     server.join(30)
-    hs_key = handshake_cost(KeyAuth(KEY), 100)
+    hs_key = handshake_cost(KeyAuth(key), 100)
     hs_munge = munge_handshakes(100)
     data = {"machine": machine(), "nodes": args.nodes, "phases": rows,
             "connect_all_s": round(connect_s, 2),

@@ -71,6 +71,21 @@ def test_nodes_are_separate_hosts_on_the_suites_slurm(docker_slurm):
         assert f"Version={version}" in shown
 
 
+def test_each_nodes_feed_comes_over_the_link_into_its_own_container(docker_slurm):
+    """No folder of the co-scheduler's is shared: each node's agent keeps its feed in its
+    container's own /run/malleable/feed, from the controller's watcher over TCP (munge, each
+    container's own munged with the cluster's key)."""
+    c = docker_slurm
+    for node in c.node_names:
+        wait_for(lambda: c.exec(node, ["test", "-s", f"/run/malleable/feed/nodes/{node}.json"],
+                                check=False).returncode == 0, timeout=60,
+                 what=f"{node}'s feed in its container")
+        assert c.exec(c.controller, ["test", "-e", f"/run/malleable/feed/nodes/{node}.json"],
+                      check=False).returncode != 0       # not the controller's folder
+    log = (c.host_dir / "log" / "watcher.out").read_text()
+    assert all(f"link {node} open" in log for node in c.node_names), log[-2000:]
+
+
 def test_a_jobs_tasks_are_confined_to_its_cores_in_each_node(docker_slurm):
     """task/cgroup inside the node containers: a one-core job's task is held to one CPU by a
     cpuset folder of its own node's Slurm (its discovered layout), whatever the node has."""
