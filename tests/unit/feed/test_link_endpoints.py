@@ -21,17 +21,13 @@ from slurm_plugin.feed.model import FeedJob, NodeFeed, NodeReport, Offers
 from slurm_plugin.feed.munge import Munge
 from slurm_plugin.feed.store import FeedStore
 
+from ...integration.helpers import wait_for as wait_until
+
 KEY = b"k" * 40
 
 
-def wait_for(check, what, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(check, what):
+    return wait_until(check, timeout=10, what=what)
 
 
 def feed(node, *jobs):
