@@ -55,35 +55,17 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    # Jobs' borrowed cores go into Slurm's accounting where there is a database. The watcher
-    # may start before slurmctld (a service started beside it, docker-slurm's controller): it
-    # waits for it, saying so, except for --once.
-    wait_s = 1.0
-    while True:
-        try:
-            storage = client.accounting_storage()
-            break
-        except CommandError as exc:
-            if args.once:
-                raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
-                               "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
-            logging.getLogger(__name__).warning(
-                "slurmctld does not answer yet (%s): trying again in %g s", exc, wait_s)
-            if stop.wait(wait_s):
-                return 0
-            wait_s = min(wait_s * 2, 30.0)
-    accounting = client if storage == "accounting_storage/slurmdbd" else None
+    ctl = await_slurmctld(client, once=args.once, stop=stop)
+    if ctl is None:
+        return 0
+    accounting = client if ctl.accounting_storage == "accounting_storage/slurmdbd" else None
     logging.getLogger(__name__).info(
         "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
-        else f"usage.jsonl only (AccountingStorageType={storage})")
+        else f"usage.jsonl only (AccountingStorageType={ctl.accounting_storage})")
     watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting)
     # slurmctld's hooks (job_submit.lua, PrologSlurmctld) append to the event file as SlurmUser.
-    try:
-        writer = client.slurm_user_uid()
-    except CommandError:
-        writer = None
     watcher.store.prepare()
-    watcher.store.prepare_events(writer)
+    watcher.store.prepare_events(ctl.slurm_user_uid)
     if args.once:
         result = watcher.poll()
         print(f"{result.jobs} jobs, published {len(result.nodes_written)} node(s)")
@@ -92,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     link = start_link_server(agent, watcher.store, args.link_address)
     watcher.link = link
+    follow_controller(watcher, ctl, lambda: start_link_server(agent, watcher.store,
+                                                              args.link_address))
     server = None
     if args.metrics_port is not None:
         from slurm_plugin.daemon.metrics import MetricsServer
@@ -105,9 +89,54 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-        if link is not None:
-            link.stop()
+        if watcher.link is not None:
+            watcher.link.stop()
     return 0
+
+
+def await_slurmctld(client, *, once: bool, stop):
+    """slurmctld's configuration, once it answers: the watcher may start before slurmctld (a
+    service started beside it, docker-slurm's controller) and waits for it, saying so (not
+    with --once). None when stopped meanwhile."""
+    import logging
+    wait_s = 1.0
+    while True:
+        try:
+            return client.controller_config()
+        except CommandError as exc:
+            if once:
+                raise CliError(f"cannot read slurmctld's config ({exc}): is slurmctld up, and "
+                               "--slurm-conf (or SLURM_CONF) its slurm.conf?") from None
+            logging.getLogger(__name__).warning(
+                "slurmctld does not answer yet (%s): trying again in %g s", exc, wait_s)
+            if stop.wait(wait_s):
+                return None
+            wait_s = min(wait_s * 2, 30.0)
+
+
+def follow_controller(watcher, ctl, start_link) -> None:
+    """With backup controllers, the watcher beside the slurmctld in control is the active one
+    (feed/leader.py); the others stand by with their feed link closed, so the agents' links
+    go to the active one. One controller: nothing to follow."""
+    if len(ctl.controllers) <= 1:
+        return
+    import socket
+    import time
+    from pathlib import Path
+
+    from slurm_plugin.feed.leader import Role, controller_index, decide_role, read_heartbeat
+    mine = controller_index(ctl.controllers, socket.gethostname())
+    state_save = Path(ctl.state_save) if ctl.state_save else None
+    watcher.role_of = lambda: decide_role(
+        ctl, mine, read_heartbeat(state_save) if state_save else None, time.time())
+
+    def on_role(role) -> None:
+        if role is Role.ACTIVE and watcher.link is None:
+            watcher.link = start_link()
+        elif role is Role.STANDBY and watcher.link is not None:
+            watcher.link.stop()
+            watcher.link = None
+    watcher.on_role = on_role
 
 
 def start_link_server(agent, store, address: str):

@@ -28,6 +28,8 @@ from slurm_plugin.feed.notify import send_wake
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
 
+from slurm_plugin.feed.leader import Role
+
 if TYPE_CHECKING:
     from slurm_plugin.feed.link_server import LinkServer
 
@@ -48,6 +50,7 @@ class WatcherConfig:
     usage_jobs_per_poll: int = 16    # ended jobs whose usage one poll closes (2 dbd calls each)
     usage_retry_s: float = 86400.0   # a job's usage the database refuses this long is logged
                                      # to usage.jsonl without it
+    role_check_s: float = 2.0        # with backup controllers: how often leader.py is asked
 
 
 @dataclass
@@ -98,6 +101,11 @@ class ClusterWatcher:
         self.accounting = accounting    # None: no slurmdbd, usage goes to usage.jsonl only
         self._send_wake = send_wake
         self.link = link                # the feed link's server: nodes with local folders
+        # With backup controllers (leader.py): this host's role now and why; None: always
+        # active. ``on_role`` is told each change (the feed link listens only while active).
+        self.role_of: Callable[[], tuple[Role, str]] | None = None
+        self.on_role: Callable[[Role], None] | None = None
+        self.role = Role.ACTIVE
         # Called after every poll of run() with the result, the wall time and the lag behind
         # the event that caused it (None for a resync): the metrics' (feed/metrics.py).
         self.on_poll: Callable[..., None] | None = None
@@ -237,12 +245,33 @@ class ClusterWatcher:
         except OSError:
             pass
 
+    def _check_role(self) -> bool:
+        """Asks ``role_of`` (if set); True when this watcher should poll now."""
+        if self.role_of is None:
+            return True
+        role, why = self.role_of()
+        if role is not self.role:
+            log.warning("this watcher is now %s: %s", role.value, why)
+            self.role = role
+            if self.on_role is not None:
+                self.on_role(role)
+        return role is Role.ACTIVE
+
     def run(self, stop: Callable[[], bool]) -> None:
         self.store.prepare()
         last_poll = float("-inf")
         last_events = self.store.events_stamp()
         backoff = self.config.resync_s
+        last_role, active = float("-inf"), True
         while not stop():
+            if self._clock() - last_role >= self.config.role_check_s:
+                last_role, was = self._clock(), active
+                active = self._check_role()
+                if active and not was:
+                    last_poll = float("-inf")        # a watcher taking over polls at once
+            if not active:
+                self._sleep(self.config.event_check_s)
+                continue
             events = self.store.events_stamp()
             since = self._clock() - last_poll
             if (events != last_events and since >= self.config.event_min_gap_s) or \

@@ -15,8 +15,8 @@ from typing import Iterable, Protocol, Sequence
 
 from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
-from slurm_plugin.slurm.model import Job, JobState, Node
-from slurm_plugin.slurm.parsers import (parse_config_value, parse_nodes_json, parse_sacct_field,
+from slurm_plugin.slurm.model import ControllerConfig, Job, JobState, Node
+from slurm_plugin.slurm.parsers import (parse_controller_config, parse_nodes_json, parse_sacct_field,
                       parse_sbatch_parsable, parse_scontrol_ping, parse_slurm_version,
                       parse_squeue_json, SlurmParseError)
 
@@ -193,17 +193,10 @@ class CliSlurmClient:
                 raise UnknownJob(job_id) from exc
             raise
 
-    def accounting_storage(self) -> str | None:
-        """AccountingStorageType of the running slurmctld (accounting_storage/slurmdbd when
-        there is a database)."""
-        return parse_config_value(self._cmd(["scontrol", "show", "config"]),
-                                  "AccountingStorageType")
-
-    def slurm_user_uid(self) -> int | None:
-        """SlurmUser's uid ("SlurmUser = slurm(64030)"): slurmctld's hooks run as it."""
-        value = parse_config_value(self._cmd(["scontrol", "show", "config"]), "SlurmUser")
-        m = re.fullmatch(r"[^()]*\((\d{1,10})\)", value or "")
-        return int(m.group(1)) if m else None
+    def controller_config(self) -> ControllerConfig:
+        """What the watcher needs of slurmctld's configuration, from one ``scontrol show
+        config``."""
+        return parse_controller_config(self._cmd(["scontrol", "show", "config"]))
 
     def system_comment(self, job_id: int) -> str | None:
         """The job's SystemComment in the accounting database; None when it has no record of

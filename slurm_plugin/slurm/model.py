@@ -83,3 +83,14 @@ class Node:
     @property
     def is_idle(self) -> bool:
         return self.state == "idle" and not self.state_flags
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """What the watcher reads of slurmctld's configuration (``scontrol show config``)."""
+
+    accounting_storage: str | None = None      # AccountingStorageType
+    slurm_user_uid: int | None = None          # SlurmUser's uid: slurmctld's hooks run as it
+    controllers: tuple[str, ...] = ()          # SlurmctldHost names, primary first
+    state_save: str | None = None              # StateSaveLocation
+    timeout_s: float = 120.0                   # SlurmctldTimeout

@@ -6,7 +6,7 @@ import json
 import re
 
 from malleable_protocol.hostlist import expand_hostlist
-from slurm_plugin.slurm.model import Job, JobState, Node
+from slurm_plugin.slurm.model import ControllerConfig, Job, JobState, Node
 
 
 class SlurmParseError(ValueError):
@@ -193,6 +193,21 @@ def parse_config_values(text: str, key: str) -> list[str]:
             if value.strip() and value.strip() != "(null)":
                 values.append(value.strip())
     return values
+
+
+def parse_controller_config(text: str) -> ControllerConfig:
+    """``scontrol show config``'s lines the watcher needs: "SlurmUser = slurm(64030)",
+    "SlurmctldHost[0] = h1(10.0.0.1)" (the name before the address), "SlurmctldTimeout = 120
+    sec". Pure."""
+    user = re.fullmatch(r"[^()]*\((\d{1,10})\)", parse_config_value(text, "SlurmUser") or "")
+    timeout = re.match(r"(\d{1,6})", parse_config_value(text, "SlurmctldTimeout") or "")
+    names = tuple(v.split("(")[0].strip() for v in parse_config_values(text, "SlurmctldHost"))
+    return ControllerConfig(
+        accounting_storage=parse_config_value(text, "AccountingStorageType"),
+        slurm_user_uid=int(user.group(1)) if user else None,
+        controllers=tuple(n for n in names if n),
+        state_save=parse_config_value(text, "StateSaveLocation"),
+        timeout_s=float(timeout.group(1)) if timeout else 120.0)
 
 
 def parse_sacct_field(text: str) -> str | None:

@@ -133,15 +133,18 @@ def test_agent_json_names_the_link_and_each_nodes_own_folder():
             AgentConfig.from_json(text, **bad)
 
 
-def test_slurm_user_uid_is_read_from_slurmctlds_config():
-    from slurm_plugin.slurm.client import CliSlurmClient
-
-    def runner(argv, **kw):
-        class R:
-            stdout = ("Configuration data as of 2026-11-28T16:00:00\n"
-                      "SlurmUser               = slurm(64030)\nSlurmdUser = root(0)\n")
-        return R()
-    assert CliSlurmClient(runner).slurm_user_uid() == 64030
+def test_the_watcher_reads_slurmctlds_config_once():
+    from slurm_plugin.slurm.parsers import parse_controller_config
+    ctl = parse_controller_config(
+        "Configuration data as of 2026-11-28T16:00:00\n"
+        "AccountingStorageType   = accounting_storage/slurmdbd\n"
+        "SlurmUser               = slurm(64030)\nSlurmdUser = root(0)\n"
+        "SlurmctldHost[0]        = ctl1(10.0.0.1)\nSlurmctldHost[1]        = ctl2\n"
+        "SlurmctldTimeout        = 30 sec\nStateSaveLocation       = /var/spool/slurmctld\n")
+    assert (ctl.accounting_storage, ctl.slurm_user_uid, ctl.controllers, ctl.timeout_s,
+            ctl.state_save) == ("accounting_storage/slurmdbd", 64030, ("ctl1", "ctl2"), 30.0,
+                                "/var/spool/slurmctld")
+    assert parse_controller_config("") == type(ctl)()
 
 
 def test_the_event_file_is_given_to_slurmuser_once(tmp_path):

@@ -1,0 +1,74 @@
+"""One active watcher beside backup controllers (feed/leader.py): pure decisions, and the
+heartbeat file as slurmctld writes it."""
+from __future__ import annotations
+
+import struct
+
+from slurm_plugin.feed.leader import (Heartbeat, Role, controller_index, decide_role,
+                                      parse_heartbeat, read_heartbeat)
+from slurm_plugin.slurm.model import ControllerConfig
+
+TWO = ControllerConfig(controllers=("ctl1", "ctl2"), timeout_s=120.0)
+
+
+def test_a_host_is_the_controller_its_name_matches_first():
+    assert controller_index(("ctl1", "ctl2"), "ctl2.cluster.example") == 1
+    assert controller_index(("ctl1", "ctl2"), "ctl1") == 0
+    assert controller_index(("ctl1", "ctl2"), "login1") is None
+
+
+def test_one_controller_is_always_active():
+    assert decide_role(ControllerConfig(controllers=("c",)), None, None, 0.0)[0] is Role.ACTIVE
+
+
+def test_the_heartbeats_writer_is_the_active_one_and_only_it():
+    beat = Heartbeat(at=1000.0, index=1)
+    roles = [decide_role(TWO, mine, beat, 1010.0)[0] for mine in (0, 1)]
+    assert roles == [Role.STANDBY, Role.ACTIVE]
+    beat = Heartbeat(at=1000.0, index=0)
+    assert [decide_role(TWO, mine, beat, 1010.0)[0] for mine in (0, 1)] == \
+        [Role.ACTIVE, Role.STANDBY]
+
+
+def test_without_a_fresh_heartbeat_the_primary_is_active():
+    for beat in (None, Heartbeat(at=0.0, index=1)):         # none, or older than the timeout
+        assert [decide_role(TWO, mine, beat, 1000.0)[0] for mine in (0, 1)] == \
+            [Role.ACTIVE, Role.STANDBY]
+    assert decide_role(TWO, None, Heartbeat(1000.0, 0), 1000.0)[0] is Role.STANDBY
+
+
+def test_the_heartbeat_file_is_two_big_endian_numbers(tmp_path):
+    (tmp_path / "heartbeat").write_bytes(struct.pack(">QQ", 1795000000, 1))
+    assert read_heartbeat(tmp_path) == Heartbeat(1795000000.0, 1)
+    assert parse_heartbeat(b"short") is None
+    assert read_heartbeat(tmp_path / "missing") is None
+
+
+def test_a_standby_watcher_never_polls_and_polls_at_once_on_taking_over(tmp_path):
+    """The watcher's real run loop on a fake clock: standby until t=130 (no poll, the link
+    closed), then active: it polls at once and opens its link."""
+    from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+    from slurm_plugin.slurm import Node
+
+    now, polls, roles = [100.0], [], []
+
+    class Client:
+        def nodes(self):
+            return [Node("n1", "idle", (), 2, 0, ("debug",), address="127.0.0.1")]
+
+        def jobs(self, layout=None, **kw):
+            polls.append(now[0])
+            return []
+
+    def sleep(dt):
+        now[0] += dt
+
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path, resync_s=10.0), Client(),
+                       FeedStore(tmp_path), clock=lambda: now[0], wall=lambda: now[0],
+                       sleep=sleep)
+    w.role_of = lambda: (Role.STANDBY, "backup") if now[0] < 130.0 else (Role.ACTIVE, "in control")
+    w.on_role = roles.append
+    w.run(lambda: now[0] > 150.0)
+    assert roles == [Role.STANDBY, Role.ACTIVE]
+    assert polls and 130.0 <= polls[0] <= 132.1        # within one role check of taking over
+    assert all(p >= 130.0 for p in polls)
