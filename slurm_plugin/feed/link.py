@@ -130,6 +130,14 @@ class Session:
         return message
 
 
+def message_data(message: dict) -> bytes:
+    """A file message's bytes (its ``data``, JSON text); LinkError without them."""
+    data = message.get("data")
+    if not isinstance(data, str):
+        raise LinkError("a message without its data")
+    return data.encode()
+
+
 # --- authentication -----------------------------------------------------------------------
 
 class LinkAuth(Protocol):

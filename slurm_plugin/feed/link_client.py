@@ -23,14 +23,14 @@ import time
 from typing import Callable, Sequence
 
 from malleable_protocol import ProtocolError
-from malleable_protocol.safe_io import list_bounded, open_dir, read_bounded
+from malleable_protocol.safe_io import read_bounded
 
 from slurm_plugin.feed.link import (ClientHandshake, FrameReader, LinkAuth, LinkError,
-                                    MAX_HANDSHAKE_BYTES, Session, keepalive)
+                                    MAX_HANDSHAKE_BYTES, Session, keepalive, message_data)
 from slurm_plugin.feed.model import MAX_FEED_BYTES, NodeFeed, Offers
 from slurm_plugin.feed.notify import InotifyWatch
 from slurm_plugin.feed.store import FeedStore
-from slurm_plugin.feed.usage import MAX_USAGE_BYTES, parse_usage_file_name
+from slurm_plugin.feed.usage import MAX_USAGE_BYTES, usage_file_name
 
 log = logging.getLogger(__name__)
 
@@ -199,29 +199,23 @@ class _Stream:
             self._send({"t": "poke"})
 
     def _usage_names(self) -> list[str]:
-        try:
-            fd = open_dir(self.store.usage_dir)
-        except FileNotFoundError:
-            return []
-        try:
-            names = list_bounded(fd, 100_000)
-        finally:
-            os.close(fd)
-        mine = [n for n in sorted(names) if n not in self.usage_in_flight and
-                (parse_usage_file_name(n) or (0, ""))[1] == self.c.node]
+        """This node's usage files not sent yet (the store's bounded listing)."""
+        mine = sorted(n for job_id, names in self.store.usage_files().items() for n in names
+                      if n not in self.usage_in_flight and n == usage_file_name(job_id,
+                                                                                self.c.node))
         return mine[:MAX_USAGE_PER_TURN]
 
     def _take(self, m: dict) -> None:
         kind = m["t"]
         try:
             if kind == "node":
-                feed = NodeFeed.decode(_data(m))
+                feed = NodeFeed.decode(message_data(m))
                 if feed.node != self.c.node:
                     raise LinkError(f"the feed of {feed.node}, not of {self.c.node}")
                 self.store.write_node(feed)
                 self.c.synced.set()
             elif kind == "offers":
-                self.store.write_offers(Offers.decode(_data(m)))
+                self.store.write_offers(Offers.decode(message_data(m)))
             elif kind == "polled":
                 at = m.get("at")
                 if isinstance(at, bool) or not isinstance(at, (int, float)):
@@ -239,8 +233,3 @@ class _Stream:
             raise LinkError(str(exc)) from None
 
 
-def _data(m: dict) -> bytes:
-    data = m.get("data")
-    if not isinstance(data, str):
-        raise LinkError("a message without its data")
-    return data.encode()

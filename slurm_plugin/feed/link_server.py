@@ -26,7 +26,8 @@ from typing import Callable, Mapping
 from malleable_protocol import ProtocolError
 
 from slurm_plugin.feed.link import (FrameReader, LinkAuth, LinkError, MAX_HANDSHAKE_BYTES,
-                                    Session, keepalive, refusal, server_handshake)
+                                    Session, keepalive, message_data, refusal,
+                                    server_handshake)
 from slurm_plugin.feed.model import NodeFeed, NodeReport, Offers
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.feed.usage import MAX_USAGE_BYTES, parse_usage_file_name
@@ -259,7 +260,7 @@ class LinkServer:
         assert node is not None
         try:
             if kind == "offers":
-                data = _text(m)
+                data = message_data(m)
                 offers = Offers.decode(data)
                 if offers.node != node:
                     raise LinkError(f"offers of {offers.node} from {node}")
@@ -269,12 +270,12 @@ class LinkServer:
                     if node in peers(self._feeds, other):
                         self._send_file(c, "offers", node, data)
             elif kind == "report":
-                report = NodeReport.decode(_text(m))
+                report = NodeReport.decode(message_data(m))
                 if report.node != node:
                     raise LinkError(f"a report of {report.node} from {node}")
                 self.store.write_report(report)
             elif kind == "usage":
-                name, data = m.get("name"), _text(m)
+                name, data = m.get("name"), message_data(m)
                 parsed = parse_usage_file_name(name) if isinstance(name, str) else None
                 if parsed is None or parsed[1] != node or len(data) > MAX_USAGE_BYTES:
                     raise LinkError(f"a bad usage file from {node}")
@@ -352,13 +353,6 @@ class LinkServer:
             self._sel.modify(conn.sock, events, conn)
         except (KeyError, ValueError):
             pass
-
-
-def _text(m: dict) -> bytes:
-    data = m.get("data")
-    if not isinstance(data, str):
-        raise LinkError("a message without its data")
-    return data.encode()
 
 
 def _send_now(sock: socket.socket, data: bytes) -> None:
