@@ -6,6 +6,9 @@ then, each after `sdiag -r`:
 - agents alone: the watcher frozen (SIGSTOP), for --seconds: what the node agents cost;
 - storm: one malleable job running, its owner sends --storm `scontrol update` resizes as fast
   as scontrol returns, then 2 s to settle (counted together).
+- accounting: --rigid jobs (one job array) and --malleable jobs that borrow idle cores, all
+  run to their end and their usage closed by the watcher; slurmdbd's own counts (`sacctmgr show
+  stats`) of the job reads and writes (sacct, sacctmgr) in that time.
 `--phantom N` declares N more nodes in slurm.conf (State=DOWN, no slurmd): slurmctld then holds
 a cluster of that size, and the watcher publishes a feed for each of its nodes.
 
@@ -13,6 +16,7 @@ Run it with PYTHONPATH pointing at another checkout to count that code's compone
 way (the agents of commit 273e7b9 polled squeue and sinfo themselves).
 
     python -m benchmarks.cluster.slurmctld_load [--nodes 3 12] [--seconds 20] [--storm 100]
+        [--rigid 40] [--malleable 4]
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import RESULTS, machine, save
@@ -50,6 +55,56 @@ def sdiag(env, reset=False) -> dict[str, int]:
                              if k != "REQUEST_STATS_INFO"}
 
 
+# slurmdbd's RPCs for what sacct reads and sacctmgr writes about jobs.
+DBD_JOB_TYPES = ("DBD_GET_JOBS_COND", "DBD_MODIFY_JOB")
+
+
+def dbd_stats(env) -> dict[str, int]:
+    """slurmdbd's RPC counts by message type (`sacctmgr show stats`: the same layout as
+    sdiag's)."""
+    out = subprocess.run(["sacctmgr", "show", "stats"], env=env, check=True,
+                         capture_output=True, text=True, timeout=30).stdout
+    return parse_sdiag(out)
+
+
+def accounting_window(cluster: LocalCluster, env, rigid: int, malleable: int) -> dict:
+    """``rigid`` jobs (one array) and ``malleable`` jobs that borrow idle cores, run to their
+    end; what slurmdbd was asked about jobs meanwhile, and what the watcher closed."""
+    usage_log = cluster.agent_config().watcher_feed_dir / "usage.jsonl"
+    seen = len(usage_log.read_text().splitlines()) if usage_log.exists() else 0
+    before = dbd_stats(env)
+    root = cluster.spec.root
+    grow = root / "grow.sh"
+    grow.write_text("#!/bin/bash\n#SBATCH --comment=malleable:min=1,max=node\n"
+                    "#SBATCH --output=/dev/null\nsleep 8\n")
+    client = cluster.client()
+    names = cluster.spec.node_names
+    jobs = [client.submit(grow, ["-c1", f"-w{names[i % len(names)]}"])
+            for i in range(malleable)]
+    time.sleep(4)               # the malleable jobs grow on their nodes' idle cores, the array's
+                                # jobs then take them back
+    out = subprocess.run(["sbatch", "--parsable", f"--array=1-{rigid}", "-c1", "-o/dev/null",
+                          "--wrap", "sleep 1"], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    array = int(out.strip().split(";")[0])
+    deadline = time.monotonic() + 300
+    while True:
+        lines = usage_log.read_text().splitlines()[seen:] if usage_log.exists() else []
+        if len(lines) >= rigid + malleable:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(lines)} of {rigid + malleable} jobs' usage closed")
+        time.sleep(1)
+    after = dbd_stats(env)
+    closed = [json.loads(ln) for ln in lines]
+    borrowed = [e for e in closed if e["borrowed_core_s"] or e["lent_core_s"]]
+    return {"rigid_jobs": rigid, "malleable_jobs": malleable, "array_job": array,
+            "malleable_job_ids": jobs, "closed": len(closed),
+            "borrowed_or_lent": len(borrowed),
+            "written_to_database": sum(1 for e in borrowed if e["sacct"]),
+            "dbd_rpcs": {t: after.get(t, 0) - before.get(t, 0) for t in DBD_JOB_TYPES}}
+
+
 def window(env, seconds: float, action=None) -> dict:
     sdiag(env, reset=True)
     t0 = time.monotonic()
@@ -63,14 +118,14 @@ def window(env, seconds: float, action=None) -> dict:
             "component_rpc_per_s": round(polls / elapsed, 3)}
 
 
-def measure(nodes: int, seconds: float, storm: int, phantom: int, port_base: int) -> dict:
+def measure(nodes: int, seconds: float, storm: int, phantom: int, port_base: int,
+            rigid: int = 0, malleable: int = 0) -> dict:
     root = Path(tempfile.mkdtemp(prefix="malleable-sdiag-", dir="/tmp"))
     root.chmod(0o755)
-    spec = default_spec(root, nodes=nodes, port_base=port_base, node_prefix="sd",
-                        name="malleablesdiag")
-    if phantom:
-        from dataclasses import replace
-        spec = replace(spec, phantom_nodes=phantom)
+    # With slurmdbd: what the accounting asks of it is counted too.
+    spec = replace(default_spec(root, nodes=nodes, port_base=port_base, node_prefix="sd",
+                                name="malleablesdiag"),
+                   phantom_nodes=phantom, accounting=bool(rigid or malleable))
     cluster = LocalCluster(spec)
     cluster.up(agents="lend-idle", timeout_s=180)
     env = {**os.environ, **cluster.env()}
@@ -106,6 +161,8 @@ def measure(nodes: int, seconds: float, storm: int, phantom: int, port_base: int
         out["storm"]["resizes"] = storm
         out["storm"]["storm_and_settle_s"] = round(time.monotonic() - t0, 1)
         cluster.client().cancel(job)
+        if rigid or malleable:
+            out["accounting"] = accounting_window(cluster, env, rigid, malleable)
     finally:
         out["teardown_problems"] = cluster.down()
         shutil.rmtree(root, ignore_errors=True)
@@ -157,6 +214,8 @@ def main() -> None:
     ap.add_argument("--storm", type=int, default=100)
     ap.add_argument("--phantom", type=int, default=0,
                     help="also run the largest size with this many more declared nodes")
+    ap.add_argument("--rigid", type=int, default=40, help="accounting: rigid jobs (an array)")
+    ap.add_argument("--malleable", type=int, default=4, help="accounting: malleable jobs")
     ap.add_argument("--label", default=None, help="name of the result file's entry")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     args = ap.parse_args()
@@ -167,8 +226,8 @@ def main() -> None:
     code = str(Path(slurm_plugin.__file__).resolve().parent.parent)
     rev = subprocess.run(["git", "-C", code, "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip()
-    runs = [measure(n, args.seconds, args.storm, 0, 39817 + 200 * i)
-            for i, n in enumerate(args.nodes)]
+    runs = [measure(n, args.seconds, args.storm, 0, 39817 + 200 * i, args.rigid,
+                    args.malleable) for i, n in enumerate(args.nodes)]
     if args.phantom:
         runs.append(measure(args.nodes[-1], args.seconds, args.storm, args.phantom, 41817))
     label = args.label or rev
@@ -183,7 +242,8 @@ def main() -> None:
                           "agents_alone_rpc_per_s": r.get("agents_alone", {}).get(
                               "component_rpc_per_s"),
                           "storm_component_rpcs": r["storm"]["component_rpcs"],
-                          "storm_by_type": r["storm"]["by_type"]}))
+                          "storm_by_type": r["storm"]["by_type"],
+                          "accounting": r.get("accounting")}))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+    from slurm_plugin.feed.leader import Role
     from slurm_plugin.slurm import CliSlurmClient
     setup_logging("watcher", args.log_level)
     feed_dir, slurm_conf, agent = args.feed_dir, args.slurm_conf, None
@@ -72,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
         if result.error:
             raise CliError(f"the poll failed: {result.error}")
         return 0
-    link = start_link_server(agent, watcher.store, args.link_address)
-    watcher.link = link
     follow_controller(watcher, ctl, lambda: start_link_server(agent, watcher.store,
                                                               args.link_address))
+    if watcher.role is Role.ACTIVE:
+        watcher.link = start_link_server(agent, watcher.store, args.link_address)
     server = None
     if args.metrics_port is not None:
         from slurm_plugin.daemon.metrics import MetricsServer
@@ -120,6 +121,7 @@ def follow_controller(watcher, ctl, start_link) -> None:
     go to the active one. One controller: nothing to follow."""
     if len(ctl.controllers) <= 1:
         return
+    import logging
     import socket
     import time
     from pathlib import Path
@@ -129,6 +131,10 @@ def follow_controller(watcher, ctl, start_link) -> None:
     state_save = Path(ctl.state_save) if ctl.state_save else None
     watcher.role_of = lambda: decide_role(
         ctl, mine, read_heartbeat(state_save) if state_save else None, time.time())
+    # The role at start, before the link listens or a poll: a watcher started beside a
+    # slurmctld not in control stands by from the first.
+    watcher.role, why = watcher.role_of()
+    logging.getLogger(__name__).warning("this watcher starts %s: %s", watcher.role.value, why)
 
     def on_role(role) -> None:
         if role is Role.ACTIVE and watcher.link is None:

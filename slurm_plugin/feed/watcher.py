@@ -4,8 +4,8 @@ It polls when slurmctld's hooks append an event (a malleable ``scontrol update``
 end) and otherwise every ``resync_s``: one REQUEST_JOB_INFO per poll, plus the nodes' layout
 (sinfo) every ``layout_refresh_s``. Its load on slurmctld does not depend on the node count.
 
-After a poll it closes the usage of the jobs that ended (``usage.py``): one sacct and one
-sacctmgr call to slurmdbd per malleable job that ran on a node whose Epilog wrote its usage.
+After a poll it closes the usage of the jobs that ended (``usage.py``): for those that borrowed
+or lent cores, two sacct calls and one sacctmgr to slurmdbd per poll, whatever their number.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from malleable_policy.request import spec_and_request
 from slurm_plugin.feed.model import FeedJob, NodeFeed, partition_name
 from slurm_plugin.topology import SlurmLayout
 from slurm_plugin.feed.notify import send_wake
-from slurm_plugin.feed.store import FeedStore
+from slurm_plugin.feed.store import FeedStamp, FeedStore
 from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
 
 from slurm_plugin.feed.leader import Role
@@ -47,10 +47,24 @@ class WatcherConfig:
     event_min_gap_s: float = 0.25    # events make it poll at most this often (a user's loop
                                      # of updates costs slurmctld at most 4 polls a second)
     events_max_bytes: int = 1 << 20  # the event file is rotated past this
-    usage_jobs_per_poll: int = 16    # ended jobs whose usage one poll closes (2 dbd calls each)
+    usage_jobs_per_poll: int = 64    # ended jobs whose usage one poll closes (3 dbd calls for
+                                     # all of them)
     usage_retry_s: float = 86400.0   # a job's usage the database refuses this long is logged
                                      # to usage.jsonl without it
     role_check_s: float = 2.0        # with backup controllers: how often leader.py is asked
+    takeover_wait_s: float = 3.0     # a watcher taking over waits this long after it first saw
+                                     # itself active, so the one it replaces (which checks every
+                                     # role_check_s) has stood down: never two writers
+
+
+@dataclass
+class RunState:
+    """What ``ClusterWatcher.run`` carries from one pass to the next."""
+    last_events: FeedStamp | None = None   # the event file's stamp at the last poll
+    backoff: float = 10.0              # seconds between polls without events (grows on failure)
+    last_poll: float = float("-inf")
+    last_role: float = float("-inf")
+    active: bool = True
 
 
 @dataclass
@@ -106,6 +120,7 @@ class ClusterWatcher:
         self.role_of: Callable[[], tuple[Role, str]] | None = None
         self.on_role: Callable[[Role], None] | None = None
         self.role = Role.ACTIVE
+        self._active_seen: float | None = None   # when a standby watcher first saw it is active
         # Called after every poll of run() with the result, the wall time and the lag behind
         # the event that caused it (None for a resync): the metrics' (feed/metrics.py).
         self.on_poll: Callable[..., None] | None = None
@@ -178,55 +193,84 @@ class ClusterWatcher:
         usage.jsonl, the nodes' files removed. A job the database refuses stays for the next
         poll, until ``usage_retry_s`` after its end. Returns the job ids closed."""
         files = self.store.usage_files()
+        usages = {job_id: self._job_usage(job_id, files[job_id])
+                  for job_id in jobs_to_close(files, jobs)[:self.config.usage_jobs_per_poll]}
+        # A job that neither borrowed nor lent (every rigid one) has nothing for the database:
+        # only its line in the log.
+        sacct = self._write_sacct([u for u in usages.values() if u is not None and
+                                   (u.borrowed_core_s or u.lent_core_s)])
         closed = []
-        for job_id in jobs_to_close(files, jobs)[:self.config.usage_jobs_per_poll]:
-            names = files[job_id]
-            nodes = []
-            for name in names:
-                try:
-                    nodes.append(NodeUsage.decode(self.store.read_usage(name)))
-                except (OSError, UsageError) as exc:
-                    log.warning("job %d: usage file %s dropped: %s", job_id, name, exc)
-            try:
-                usage = JobUsage.of(job_id, nodes)
-            except UsageError as exc:
-                log.warning("%s", exc)
-                usage = None
+        for job_id, usage in usages.items():
             if usage is not None:
-                # A job that neither borrowed nor lent (every rigid one) has nothing for the
-                # database: no sacct and sacctmgr round trip for it, only its line in the log.
-                sacct = self._write_sacct(usage) \
-                    if usage.borrowed_core_s or usage.lent_core_s else False
-                if sacct is None and self._wall() - max(u.end for u in usage.nodes) < \
+                written = sacct.get(job_id, False)
+                if written is None and self._wall() - max(u.end for u in usage.nodes) < \
                         self.config.usage_retry_s:
                     continue            # the database may take it at the next poll
-                self.store.log_usage(json.dumps(usage.to_json(sacct=bool(sacct)),
+                self.store.log_usage(json.dumps(usage.to_json(sacct=bool(written)),
                                                 sort_keys=True))
-            for name in names:
+            for name in files[job_id]:
                 self.store.remove_usage(name)
             closed.append(job_id)
         return closed
 
-    def _write_sacct(self, usage: JobUsage) -> bool | None:
-        """True: written into the job's SystemComment; False: no database, or the comment
-        there cannot be kept; None: the database failed (or has no record yet): try again."""
-        if self.accounting is None:
-            return False
+    def _job_usage(self, job_id: int, names: Sequence[str]) -> JobUsage | None:
+        """The job's usage summed over its nodes' files; a file that cannot be read is dropped
+        (logged), None when nothing is left."""
+        nodes = []
+        for name in names:
+            try:
+                nodes.append(NodeUsage.decode(self.store.read_usage(name)))
+            except (OSError, UsageError) as exc:
+                log.warning("job %d: usage file %s dropped: %s", job_id, name, exc)
         try:
-            old = self.accounting.system_comment(usage.job_id)
-            if old is None:
-                log.info("job %d: not in the accounting database yet", usage.job_id)
-                return None
-            text = system_comment(old, usage)
-            self.accounting.set_system_comment(usage.job_id, text)
+            return JobUsage.of(job_id, nodes)
         except UsageError as exc:
-            log.warning("%s: its usage goes to usage.jsonl only", exc)
-            return False
-        except (CommandError, SlurmClientError, ValueError) as exc:
-            log.warning("job %d: usage not written to the database: %s", usage.job_id, exc)
+            log.warning("%s", exc)
             return None
-        log.info("job %d: %s", usage.job_id, text)
-        return True
+
+    def _write_sacct(self, usages: Sequence[JobUsage]) -> dict[int, bool | None]:
+        """Each job's usage into its SystemComment: three calls to slurmdbd whatever the number
+        of jobs (read, write, read back). Per job, True: written; False: no database, or the
+        comment there cannot be kept; None: the database failed (or has no record of the job
+        yet): try again."""
+        if self.accounting is None or not usages:
+            return {u.job_id: False for u in usages}
+        result: dict[int, bool | None] = {u.job_id: None for u in usages}
+        try:
+            old = self.accounting.system_comments(list(result))
+        except (CommandError, SlurmClientError, ValueError) as exc:
+            log.warning("usage of %d jobs not written to the database: %s", len(usages), exc)
+            return result
+        texts = {}
+        for usage in usages:
+            if usage.job_id not in old:
+                log.info("job %d: not in the accounting database yet", usage.job_id)
+                continue
+            try:
+                texts[usage.job_id] = system_comment(old[usage.job_id], usage)
+            except UsageError as exc:
+                log.warning("%s: its usage goes to usage.jsonl only", exc)
+                result[usage.job_id] = False
+        if not texts:
+            return result
+        try:
+            self.accounting.set_system_comments(texts)
+        except (CommandError, SlurmClientError, ValueError) as exc:
+            # sacctmgr goes on past a job it cannot modify: what it wrote is read back.
+            log.warning("sacctmgr: %s", exc)
+        try:
+            now = self.accounting.system_comments(list(texts))
+        except (CommandError, SlurmClientError, ValueError) as exc:
+            log.warning("usage of %d jobs not read back from the database: %s", len(texts), exc)
+            return result
+        for job_id, text in texts.items():
+            if now.get(job_id) == text:
+                result[job_id] = True
+                log.info("job %d: %s", job_id, text)
+            else:
+                log.warning("job %d: usage not written to the database (it reads %r)", job_id,
+                            now.get(job_id))
+        return result
 
     def _rotate_events(self) -> None:
         path = self.store.events_file
@@ -246,10 +290,18 @@ class ClusterWatcher:
             pass
 
     def _check_role(self) -> bool:
-        """Asks ``role_of`` (if set); True when this watcher should poll now."""
+        """Asks ``role_of`` (if set); True when this watcher should poll now. A standby watcher
+        becomes active only once it has seen itself active for ``takeover_wait_s``."""
         if self.role_of is None:
             return True
         role, why = self.role_of()
+        if role is Role.ACTIVE and self.role is Role.STANDBY:
+            if self._active_seen is None:
+                self._active_seen = self._clock()
+                log.warning("taking over in %g s: %s", self.config.takeover_wait_s, why)
+            if self._clock() - self._active_seen < self.config.takeover_wait_s:
+                return False
+        self._active_seen = None
         if role is not self.role:
             log.warning("this watcher is now %s: %s", role.value, why)
             self.role = role
@@ -258,41 +310,47 @@ class ClusterWatcher:
         return role is Role.ACTIVE
 
     def run(self, stop: Callable[[], bool]) -> None:
+        """Polls until ``stop``: one ``step`` every ``event_check_s``."""
         self.store.prepare()
-        last_poll = float("-inf")
-        last_events = self.store.events_stamp()
-        backoff = self.config.resync_s
-        last_role, active = float("-inf"), True
+        loop = RunState(last_events=self.store.events_stamp(), backoff=self.config.resync_s,
+                        active=self.role is Role.ACTIVE)
         while not stop():
-            if self._clock() - last_role >= self.config.role_check_s:
-                last_role, was = self._clock(), active
-                active = self._check_role()
-                if active and not was:
-                    last_poll = float("-inf")        # a watcher taking over polls at once
-            if not active:
-                self._sleep(self.config.event_check_s)
-                continue
-            events = self.store.events_stamp()
-            since = self._clock() - last_poll
-            if (events != last_events and since >= self.config.event_min_gap_s) or \
-                    since >= backoff:
-                if events != last_events:
-                    self._sleep(self.config.event_settle_s)
-                evented = events != last_events
-                last_events = self.store.events_stamp()
-                result = self.poll()
-                last_poll = self._clock()
-                if self.on_poll is not None:
-                    wall = self._wall()
-                    lag = wall - last_events.mtime_ns / 1e9 if evented and last_events else None
-                    self.on_poll(result, wall=wall, event_lag_s=lag)
-                if result.error:
-                    log.warning("poll failed: %s", result.error)
-                    backoff = min(backoff * 2, 60.0)
-                else:
-                    backoff = self.config.resync_s
-                    if result.nodes_written:
-                        log.info("published %d node(s) (%d jobs) in %.0f ms",
-                                 len(result.nodes_written), result.jobs, result.seconds * 1000)
-                self._rotate_events()
+            self.step(loop)
             self._sleep(self.config.event_check_s)
+
+    def step(self, loop: "RunState") -> None:
+        """One pass of ``run``: the role checked when due, then a poll when an event came (at
+        most every ``event_min_gap_s``) or ``resync_s`` (``backoff`` after a failure) passed."""
+        if self._clock() - loop.last_role >= self.config.role_check_s or \
+                self._active_seen is not None:
+            loop.last_role, was = self._clock(), loop.active
+            loop.active = self._check_role()
+            if loop.active and not was:
+                loop.last_poll = float("-inf")        # a watcher taking over polls at once
+        if not loop.active:
+            return
+        events = self.store.events_stamp()
+        since = self._clock() - loop.last_poll
+        if not ((events != loop.last_events and since >= self.config.event_min_gap_s) or
+                since >= loop.backoff):
+            return
+        if events != loop.last_events:
+            self._sleep(self.config.event_settle_s)
+        evented = events != loop.last_events
+        loop.last_events = self.store.events_stamp()
+        result = self.poll()
+        loop.last_poll = self._clock()
+        if self.on_poll is not None:
+            wall = self._wall()
+            stamp = loop.last_events
+            lag = wall - stamp.mtime_ns / 1e9 if evented and stamp else None
+            self.on_poll(result, wall=wall, event_lag_s=lag)
+        if result.error:
+            log.warning("poll failed: %s", result.error)
+            loop.backoff = min(loop.backoff * 2, 60.0)
+        else:
+            loop.backoff = self.config.resync_s
+            if result.nodes_written:
+                log.info("published %d node(s) (%d jobs) in %.0f ms",
+                         len(result.nodes_written), result.jobs, result.seconds * 1000)
+        self._rotate_events()

@@ -11,12 +11,12 @@ import re
 import signal as _signal
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from malleable_protocol.errors import FixableError
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from slurm_plugin.slurm.model import ControllerConfig, Job, JobState, Node
-from slurm_plugin.slurm.parsers import (parse_controller_config, parse_nodes_json, parse_sacct_field,
+from slurm_plugin.slurm.parsers import (parse_controller_config, parse_nodes_json, parse_sacct_comments,
                       parse_sbatch_parsable, parse_scontrol_ping, parse_slurm_version,
                       parse_squeue_json, SlurmParseError)
 
@@ -81,8 +81,8 @@ DATA_PARSER_FROM = (24, 11)
 class JobAccounting(Protocol):
     """Slurm's accounting database (slurmdbd), where a finished job can still be annotated."""
 
-    def system_comment(self, job_id: int) -> str | None: ...
-    def set_system_comment(self, job_id: int, text: str) -> None: ...
+    def system_comments(self, job_ids: Sequence[int]) -> dict[int, str]: ...
+    def set_system_comments(self, texts: Mapping[int, str]) -> None: ...
 
 
 def _abstract_ids(cores: frozenset[tuple[int, int]], node: Node) -> frozenset[int]:
@@ -198,29 +198,34 @@ class CliSlurmClient:
         config``."""
         return parse_controller_config(self._cmd(["scontrol", "show", "config"]))
 
-    def system_comment(self, job_id: int) -> str | None:
-        """The job's SystemComment in the accounting database; None when it has no record of
-        the job (yet)."""
-        job_id = validate_job_id(job_id)
-        return parse_sacct_field(self._cmd(["sacct", "-X", "-n", "-P", "-j", str(job_id),
-                                            "-o", "SystemComment"]))
+    def system_comments(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """The SystemComment of each job the accounting database has a record of (a job it
+        does not know yet is left out), from one ``sacct`` call whatever the number of jobs."""
+        ids = sorted({validate_job_id(j) for j in job_ids})
+        if not ids:
+            return {}
+        out = self._cmd(["sacct", "-X", "-n", "-P", "-j", ",".join(map(str, ids)),
+                         "-o", "JobIDRaw,SystemComment"])
+        return {j: c for j, c in parse_sacct_comments(out).items() if j in ids}
 
-    def set_system_comment(self, job_id: int, text: str) -> None:
-        """Written into the database by ``sacctmgr modify job`` (root, SlurmUser or an
-        operator): the one field of a finished job that the site's accounting shows and only
-        an administrator writes."""
-        job_id = validate_job_id(job_id)
-        if not _COMMENT_RE.match(text) or set(text) & set("'\"\\`"):
-            raise ValueError("a SystemComment must be printable ASCII on one line without "
-                             "quotes or backslashes, at most 1024 chars")
-        try:
-            self._cmd(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
-                       f"SystemComment={text}"])
-        except CommandError as exc:
-            if "didn't affect anything" in exc.stderr:
-                raise SlurmClientError(f"job {job_id} is not in the accounting database "
-                                       "(or this user may not modify it)") from exc
-            raise
+    def set_system_comments(self, texts: Mapping[int, str]) -> None:
+        """Written into the database by one ``sacctmgr`` process (root, SlurmUser or an
+        operator) reading a ``modify job`` line per job on its standard input: one process and
+        one slurmdbd connection whatever the number of jobs. SystemComment is the one field of a
+        finished job that the site's accounting shows and only an administrator writes.
+        sacctmgr goes on past a job it cannot modify, so the caller reads the comments back to
+        know which were written."""
+        lines = []
+        for job_id, text in sorted(texts.items()):
+            job_id = validate_job_id(job_id)
+            if not _COMMENT_RE.match(text) or set(text) & set("'\"\\`"):
+                raise ValueError("a SystemComment must be printable ASCII on one line without "
+                                 "quotes or backslashes, at most 1024 chars")
+            # sacctmgr splits its input lines on blanks outside quotes and strips the quotes.
+            lines.append(f'modify job where jobid={job_id} set SystemComment="{text}"\n')
+        if lines:
+            self._run(["sacctmgr", "-i"], timeout=self._timeout, env=self._env,
+                      input="".join(lines))
 
     def signal(self, job_id: int, sig: _signal.Signals,
                target: SignalTarget = SignalTarget.STEPS) -> None:

@@ -210,8 +210,18 @@ def parse_controller_config(text: str) -> ControllerConfig:
         timeout_s=float(timeout.group(1)) if timeout else 120.0)
 
 
-def parse_sacct_field(text: str) -> str | None:
-    """One field of ``sacct -X -n -P -o FIELD`` for one job id: the last record's (a requeued
-    job has one per run, the latest last); None when the database has no record of it."""
-    lines = text.splitlines()
-    return lines[-1] if lines else None
+def parse_sacct_comments(text: str) -> dict[int, str]:
+    """``sacct -X -n -P -o JobIDRaw,SystemComment``: each job's comment, the last record's (a
+    requeued job has one per run, the latest last). A line that does not start with a job id
+    continues the comment before it (a comment with a line break in it, written by an
+    administrator)."""
+    out: dict[int, str] = {}
+    last: int | None = None
+    for line in text.splitlines():
+        head, sep, comment = line.partition("|")
+        if sep and head.isdigit() and head.isascii():
+            last = int(head)
+            out[last] = comment
+        elif last is not None:
+            out[last] += "\n" + line
+    return out

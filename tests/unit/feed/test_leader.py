@@ -70,5 +70,61 @@ def test_a_standby_watcher_never_polls_and_polls_at_once_on_taking_over(tmp_path
     w.on_role = roles.append
     w.run(lambda: now[0] > 150.0)
     assert roles == [Role.STANDBY, Role.ACTIVE]
-    assert polls and 130.0 <= polls[0] <= 132.1        # within one role check of taking over
-    assert all(p >= 130.0 for p in polls)
+    # Within one role check of seeing itself active, plus the wait for the old one to stand down.
+    assert polls and 133.0 <= polls[0] <= 135.1
+    assert all(p >= 133.0 for p in polls)
+
+
+def test_two_watchers_on_one_heartbeat_are_never_active_at_once(tmp_path):
+    """The primary's and the backup's watchers, each on its own phase of role checks, over one
+    heartbeat that moves to the backup at t=130 and back at t=170: at no instant do both poll
+    (the taking-over one waits until the other has read the same heartbeat)."""
+    from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+    from slurm_plugin.feed.watcher import RunState
+    from slurm_plugin.slurm import Node
+
+    now = [100.0]
+    active_at: dict[int, list[float]] = {0: [], 1: []}
+
+    class Client:
+        def __init__(self, index):
+            self.index = index
+
+        def nodes(self):
+            return [Node("n1", "idle", (), 2, 0, ("debug",), address="127.0.0.1")]
+
+        def jobs(self, layout=None, **kw):
+            active_at[self.index].append(now[0])
+            return []
+
+    def in_control():
+        return 1 if 130.0 <= now[0] < 170.0 else 0
+
+    watchers = []
+    for index, phase in ((0, 0.0), (1, 1.3)):
+        folder = tmp_path / str(index)
+        w = ClusterWatcher(WatcherConfig(feed_dir=folder, resync_s=0.5, event_check_s=0.1),
+                           Client(index), FeedStore(folder), clock=lambda: now[0],
+                           wall=lambda: now[0], sleep=lambda dt: None)
+        w.role_of = (lambda i: lambda: (Role.ACTIVE, "") if in_control() == i
+                     else (Role.STANDBY, ""))(index)
+        w.role = Role.ACTIVE if index == 0 else Role.STANDBY
+        w.store.prepare()
+        watchers.append((w, phase))
+    # Both watchers' real passes (ClusterWatcher.step) on one clock, 0.1 s apart; at each
+    # instant, which of them would poll.
+    loops = [(w, phase, RunState(backoff=w.config.resync_s, active=w.role is Role.ACTIVE))
+             for w, phase in watchers]
+    both = []
+    while now[0] < 200.0:
+        for w, phase, loop in loops:
+            if now[0] >= 100.0 + phase:
+                w.step(loop)
+        if all(loop.active for _, _, loop in loops):
+            both.append(now[0])
+        now[0] = round(now[0] + 0.1, 6)
+    assert both == []
+    spans = {i: (min(ts), max(ts)) for i, ts in active_at.items() if ts}
+    assert 130.0 < spans[1][0] <= 130.0 + 2.0 + 1.3 + 3.0 + 0.2 and spans[1][1] < 172.0
+    assert [t for t in active_at[0] if 130.0 <= t < 170.0] == []
+    assert [t for t in active_at[1] if not 130.0 <= t < 170.0 + 2.0 + 1.3] == []

@@ -14,7 +14,8 @@ from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
 from slurm_plugin.feed.usage import (JobUsage, NodeUsage, UsageError, jobs_to_close,
                                      parse_usage_file_name, system_comment, usage_file_name)
 from slurm_plugin.slurm import Job, JobState, SlurmClientError
-from slurm_plugin.slurm.parsers import parse_config_value, parse_sacct_field
+from malleable_protocol.runner import CommandError
+from slurm_plugin.slurm.parsers import parse_config_value, parse_sacct_comments
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -160,31 +161,43 @@ def test_accounting_storage_is_read_from_scontrol_show_config():
     assert parse_config_value(text, "NoSuchKey") is None
 
 
-def test_sacct_field_of_a_job_with_none_one_or_two_records():
-    # As sacct -X -n -P -o SystemComment printed them (22.05): no record, an empty comment,
-    # a comment; a requeued job has a record per run.
-    assert parse_sacct_field("") is None
-    assert parse_sacct_field("\n") == ""
-    assert parse_sacct_field("malleable:x\n") == "malleable:x"
-    assert parse_sacct_field("first\nsecond\n") == "second"
+def test_sacct_comments_of_jobs_with_none_one_or_two_records():
+    # As sacct -X -n -P -o JobIDRaw,SystemComment prints them: no record, an empty comment,
+    # a comment; a requeued job has a record per run (the latest last); an administrator's
+    # comment with a line break in it continues on the next line.
+    assert parse_sacct_comments("") == {}
+    assert parse_sacct_comments("7|\n") == {7: ""}
+    assert parse_sacct_comments("7|malleable:x\n8|a|b\n") == {7: "malleable:x", 8: "a|b"}
+    assert parse_sacct_comments("7|first\n7|second\n") == {7: "second"}
+    assert parse_sacct_comments("7|two\nlines\n8|\n") == {7: "two\nlines", 8: ""}
+    assert parse_sacct_comments("junk\n\u0661|x\n") == {}
 
 
 # --- the feed's files and the watcher ----------------------------------------------------
 
 class FakeAccounting:
-    """Slurm's database: a SystemComment per job id it knows."""
+    """Slurm's database: a SystemComment per job id it knows; ``calls`` counts the commands
+    (sacct, sacctmgr) the watcher ran."""
 
-    def __init__(self, known=(), fail=False):
+    def __init__(self, known=(), fail=False, refuse=()):
         self.comments = {j: "" for j in known}
         self.fail = fail
+        self.refuse = set(refuse)          # jobs sacctmgr does not modify (it goes on past them)
+        self.calls: list[str] = []
 
-    def system_comment(self, job_id):
+    def system_comments(self, job_ids):
+        self.calls.append("sacct")
         if self.fail:
             raise SlurmClientError("slurmdbd down")
-        return self.comments.get(job_id)
+        return {j: self.comments[j] for j in job_ids if j in self.comments}
 
-    def set_system_comment(self, job_id, text):
-        self.comments[job_id] = text
+    def set_system_comments(self, texts):
+        self.calls.append("sacctmgr")
+        for job_id, text in texts.items():
+            if job_id not in self.refuse:
+                self.comments[job_id] = text
+        if self.refuse & set(texts):
+            raise CommandError(["sacctmgr"], 1, " Nothing modified")
 
 
 class Jobs:
@@ -283,17 +296,37 @@ def test_usage_file_names_from_the_store_are_checked(tmp_path):
 def test_a_job_that_neither_borrowed_nor_lent_costs_the_database_nothing(tmp_path):
     """Issue 40: every job, rigid ones included, had a sacct and a sacctmgr round trip at its
     end. One with nothing borrowed or lent on any node is logged only."""
-    class Counting(FakeAccounting):
-        asked = 0
-
-        def system_comment(self, job_id):
-            Counting.asked += 1
-            return super().system_comment(job_id)
-    db = Counting(known=[7, 8])
+    db = FakeAccounting(known=[7, 8])
     store, w = watcher(tmp_path, [job(7, "COMPLETED"), job(8, "COMPLETED")], db)
     store.write_usage(7, "n1", raw(node="n1", borrowed=0.0, lent=0.0))
     store.write_usage(8, "n1", raw(job=8, node="n1", borrowed=0.5))
     assert sorted(w.poll().usage_closed) == [7, 8]
-    assert Counting.asked == 1 and db.comments[7] == "" and db.comments[8]
+    assert db.comments[7] == "" and db.comments[8]
     logged = {json.loads(s)["job"]: json.loads(s) for s in store.usage_log.read_text().splitlines()}
     assert logged[7]["sacct"] is False and logged[8]["sacct"] is True
+    db.calls.clear()
+    for j in range(20, 60):                                  # a job array of rigid jobs
+        store.write_usage(j, "n1", raw(job=j, node="n1", borrowed=0.0, lent=0.0))
+    assert len(w.poll().usage_closed) == 40 and db.calls == []
+
+
+def test_a_polls_jobs_cost_the_database_three_calls_whatever_their_number(tmp_path):
+    """Issue 41: the jobs that borrowed or lent are read, written and read back together."""
+    db = FakeAccounting(known=range(1, 51))
+    store, w = watcher(tmp_path, [], db)
+    for j in range(1, 51):
+        store.write_usage(j, "n1", raw(job=j, node="n1", borrowed=float(j)))
+    assert len(w.poll().usage_closed) == 50
+    assert db.calls == ["sacct", "sacctmgr", "sacct"]
+    assert db.comments[50] == "malleable:borrowed_core_s=50.000,lent_core_s=0.000,nodes=1"
+
+
+def test_a_job_sacctmgr_did_not_modify_waits_and_the_others_are_closed(tmp_path):
+    db = FakeAccounting(known=[7, 8, 9], refuse=[8])
+    store, w = watcher(tmp_path, [], db, wall=200.0, usage_retry_s=3600.0)
+    for j in (7, 8, 9):
+        store.write_usage(j, "n1", raw(job=j, node="n1", borrowed=1.0, end=150.0))
+    assert sorted(w.poll().usage_closed) == [7, 9]
+    assert list(store.usage_files()) == [8] and db.comments[8] == ""
+    db.refuse.clear()
+    assert w.poll().usage_closed == [8] and db.comments[8]

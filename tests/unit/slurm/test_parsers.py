@@ -218,3 +218,31 @@ def test_slurm_version():
     assert parse_slurm_version("slurm 24.11.5\n") == (24, 11)
     with pytest.raises(SlurmParseError):
         parse_slurm_version("sinfo: fatal: Could not establish a configuration source")
+
+
+def test_the_accounting_of_many_jobs_is_one_sacct_and_one_sacctmgr_process():
+    from malleable_protocol.runner import CommandResult
+    from slurm_plugin.slurm.client import CliSlurmClient
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append((argv, kw.get("input")))
+        return CommandResult(argv, 0, "9|x\n7|\n12|old\n", "")
+
+    client = CliSlurmClient(runner, slurm_version=(24, 11))
+    # 12 was not asked for: left out; 8 has no record: absent.
+    assert client.system_comments([9, 7, 8, 7]) == {7: "", 9: "x"}
+    assert calls == [(["sacct", "-X", "-n", "-P", "-j", "7,8,9", "-o", "JobIDRaw,SystemComment"],
+                      None)]
+    calls.clear()
+    client.set_system_comments({9: "a malleable:b=1", 7: "malleable:b=2"})
+    assert calls == [(["sacctmgr", "-i"],
+                      'modify job where jobid=7 set SystemComment="malleable:b=2"\n'
+                      'modify job where jobid=9 set SystemComment="a malleable:b=1"\n')]
+    calls.clear()
+    for bad in ('say "hi"', "a\\b", "x\ny", "x" * 1025):
+        with pytest.raises(ValueError):
+            client.set_system_comments({7: bad})
+    with pytest.raises(ValueError):
+        client.set_system_comments({0: "x"})
+    assert client.system_comments([]) == {} and calls == []
