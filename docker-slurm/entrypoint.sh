@@ -24,11 +24,18 @@ for _ in $(seq 100); do [ -S /run/munge/munge.socket.2 ] && break; sleep 0.1; do
 
 case "${1:-}" in
   controller)
-    slurmctld -D -f "$SLURM_CONF" &
+    # A backup controller host (a SlurmctldHost after the first) logs apart from the primary.
+    log=()
+    [ "$(hostname)" = "$(awk -F'[=(]' '/^SlurmctldHost=/ {print $2; exit}' "$SLURM_CONF")" ] \
+      || log=(-L "$ROOT/log/slurmctld-$(hostname).log")
+    slurmctld -D -f "$SLURM_CONF" "${log[@]}" &
     if [ -f "$HOOKS/agent.json" ]; then
-      # The nodes' agents connect to it over the feed link (agent.json: port, munge).
+      # The nodes' agents connect to it over the feed link (agent.json: port, munge); beside a
+      # backup slurmctld it stands by until that one is in control.
+      out="$ROOT/log/watcher.out"
+      [ ${#log[@]} = 0 ] || out="$ROOT/log/watcher-$(hostname).out"
       /usr/bin/malleable watcher --feed-dir "$MALLEABLE_FEED_DIR" --slurm-conf "$SLURM_CONF" \
-        --config "$HOOKS/agent.json" --link-address 0.0.0.0 >> "$ROOT/log/watcher.out" 2>&1 &
+        --config "$HOOKS/agent.json" --link-address 0.0.0.0 >> "$out" 2>&1 &
     fi
     ;;
   node)

@@ -19,6 +19,7 @@ import argparse
 import json
 import shutil
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class DockerCluster:
     node_prefix: str = "dn"
     # Drop this capability from the node containers (the host lacks it); None drops nothing.
     cap_drop: tuple[str, ...] = ("SYS_RESOURCE",)
+    # A second controller host: a backup slurmctld and its watcher (standing by).
+    backup: bool = False
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.project):
@@ -53,11 +56,16 @@ class DockerCluster:
     def controller(self) -> str:
         return f"{self.node_prefix}ctl"
 
+    @property
+    def backup_controllers(self) -> tuple[str, ...]:
+        return (f"{self.node_prefix}ctl2",) if self.backup else ()
+
     def spec(self, topology: HostTopology) -> ClusterSpec:
         return ClusterSpec(root=CLUSTER_ROOT, name=self.project, nodes=self.nodes,
                            node_prefix=self.node_prefix, hostname=self.controller,
                            address=self.controller, topology=topology, own_hosts=True,
-                           munge_socket=MUNGE_SOCKET, feed_link=True)
+                           munge_socket=MUNGE_SOCKET, feed_link=True,
+                           backup_controllers=self.backup_controllers)
 
     def container(self, host: str) -> str:
         return f"{self.project}-{host}"
@@ -89,16 +97,34 @@ def render_compose(cluster: DockerCluster, node_names: list[str]) -> str:
         return {"test": ["CMD", "/usr/local/bin/healthcheck.sh", role],
                 "interval": "2s", "timeout": "10s", "retries": 90}
 
-    services = {cluster.controller: {
-        **common, "hostname": cluster.controller,
-        "container_name": cluster.container(cluster.controller),
-        "command": ["controller"], "healthcheck": health("controller")}}
+    controllers = (cluster.controller, *cluster.backup_controllers)
+    network = None
+    if cluster.backup_controllers:
+        # A controller host that goes away keeps its name and address, as a real one does in
+        # DNS (docker's own DNS forgets a stopped container, and Slurm 22.05's clients then fail
+        # outright instead of trying the backup): fixed addresses, in every container's hosts.
+        net = f"10.213.{zlib.crc32(cluster.project.encode()) % 250 + 1}"
+        addresses = {host: f"{net}.{200 + i}" for i, host in enumerate(controllers)}
+        common["extra_hosts"] = [f"{host}:{ip}" for host, ip in addresses.items()]
+        network = {"ipam": {"config": [{"subnet": f"{net}.0/24", "ip_range": f"{net}.0/25"}]}}
+    services = {}
+    # A backup starts beside the primary, not after it: the primary's slurmctld, starting,
+    # asks each backup to stand down and is not up until it has (or cannot resolve it).
+    for host in controllers:
+        services[host] = {
+            **common, "hostname": host, "container_name": cluster.container(host),
+            "command": ["controller"], "healthcheck": health("controller")}
+        if network is not None:
+            services[host]["networks"] = {"default": {"ipv4_address": addresses[host]}}
     for node in node_names:
         services[node] = {
             **common, "hostname": node, "container_name": cluster.container(node),
             "command": ["node", node], "healthcheck": health("node"),
             "depends_on": {cluster.controller: {"condition": "service_healthy"}}}
-    return json.dumps({"version": "2.4", "services": services}, indent=2) + "\n"
+    compose: dict = {"version": "2.4", "services": services}
+    if network is not None:
+        compose["networks"] = {"default": network}
+    return json.dumps(compose, indent=2) + "\n"
 
 
 def prepare(cluster: DockerCluster, policy: Policy | None) -> ClusterSpec:
@@ -123,19 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-dir", required=True, type=Path)
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--node-prefix", default="dn")
+    ap.add_argument("--backup", action="store_true",
+                    help="a second controller host: a backup slurmctld and its watcher")
     ap.add_argument("--policy", default=Policy.LEND_IDLE.value,
                     choices=[p.value for p in Policy] + ["none"],
                     help="the co-scheduler's policy; none runs plain Slurm")
     args = ap.parse_args(argv)
     try:
         cluster = DockerCluster(project=args.project, image=args.image, host_dir=args.host_dir,
-                                nodes=args.nodes, node_prefix=args.node_prefix)
+                                nodes=args.nodes, node_prefix=args.node_prefix,
+                                backup=args.backup)
         spec = prepare(cluster, None if args.policy == "none" else Policy(args.policy))
     except SpecError as exc:
         print(f"docker-slurm: {exc}", file=sys.stderr)
         return 2
     print(f"docker-slurm: {len(spec.node_names)} nodes ({', '.join(spec.node_names)}), "
-          f"controller {cluster.controller}, policy {args.policy}")
+          f"controller {', '.join((cluster.controller, *cluster.backup_controllers))}, "
+          f"policy {args.policy}")
     return 0
 
 

@@ -149,7 +149,7 @@ def install_cluster_hooks(spec: ClusterSpec, policy: Policy, *,
         node_feed = Path("/run/malleable/feed") if spec.own_hosts else \
             spec.paths.root / "node-feed" / NODE_PATTERN
         config = replace(config, feed_dir=node_feed,
-                         watcher_dir=config.feed_dir, feed_link_hosts=(spec.address,),
+                         watcher_dir=config.feed_dir, feed_link_hosts=(spec.address, *spec.backup_controllers),
                          feed_link_port=spec.feed_link_port,
                          munge_socket=spec.munge_socket or spec.paths.munge_socket)
     paths = install(hooks_dir(spec), config, spank_library=spank_library)

@@ -143,6 +143,10 @@ class ClusterSpec:
     # True: each node's agent keeps a folder of its own, filled by the feed link from the
     # watcher (TCP on feed_link_port, munge), as on a site without a shared file system.
     feed_link: bool = False
+    # Hosts of backup slurmctlds (SlurmctldHost lines after the primary's), each with a watcher
+    # of its own: docker-slurm's failover test. Each host's slurmctld needs a pid file of its
+    # own, so only where nodes are hosts of their own.
+    backup_controllers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(self.name):
@@ -162,6 +166,12 @@ class ClusterSpec:
                             "comma-separated name or name=value items")
         if not Path(self.root).is_absolute():
             raise SpecError(f"cluster folder must be an absolute path, not {self.root}")
+        if self.backup_controllers and not self.own_hosts:
+            raise SpecError("backup controllers need hosts of their own (own_hosts)")
+        for host in self.backup_controllers:
+            if not NAME_RE.match(host) or host == self.hostname:
+                raise SpecError(f"backup controller {host!r} must be a plain host name, "
+                                "not the primary's")
 
     @property
     def paths(self) -> ClusterPaths:
@@ -221,6 +231,7 @@ class ClusterSpec:
     def from_json(cls, text: str) -> "ClusterSpec":
         d = json.loads(text)
         d["topology"] = HostTopology(**d["topology"])
+        d["backup_controllers"] = tuple(d.get("backup_controllers", ()))
         for k in _PATH_FIELDS:
             d[k] = None if d.get(k) is None else Path(d[k])
         return cls(**d)
@@ -284,6 +295,11 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         cluster_name=spec.name,
         controller_host=spec.hostname,
         controller_addr=spec.address,
+        backup_lines="".join(f"\nSlurmctldHost={h}" for h in spec.backup_controllers),
+        # Where controllers are hosts of their own, each its own pid file (a shared one would
+        # name a pid of another host's namespace, which slurmctld kills at start).
+        slurmctld_pid_file=Path("/run/slurmctld.pid") if spec.own_hosts else
+        p.run / "slurmctld.pid",
         slurmctld_port=spec.slurmctld_port,
         slurm_user=spec.slurm_user,
         munge_socket=spec.munge_socket or p.munge_socket,

@@ -131,10 +131,11 @@ def follow_controller(watcher, ctl, start_link) -> None:
     state_save = Path(ctl.state_save) if ctl.state_save else None
     watcher.role_of = lambda: decide_role(
         ctl, mine, read_heartbeat(state_save) if state_save else None, time.time())
-    # The role at start, before the link listens or a poll: a watcher started beside a
-    # slurmctld not in control stands by from the first.
-    watcher.role, why = watcher.role_of()
-    logging.getLogger(__name__).warning("this watcher starts %s: %s", watcher.role.value, why)
+    # Every watcher starts standing by, its link closed, and takes over as any does (after
+    # takeover_wait_s): a primary restarting takes control back at once, while the backup's
+    # watcher is still active until its next role check.
+    watcher.role = Role.STANDBY
+    logging.getLogger(__name__).warning("this watcher starts standby: %s", watcher.role_of()[1])
 
     def on_role(role) -> None:
         if role is Role.ACTIVE and watcher.link is None:

@@ -70,7 +70,8 @@ def docker_slurm() -> DockerSlurm:
                                      image=f"malleable-slurm:{suite}",
                                      host_dir=Path(os.environ["DOCKER_SLURM_DIR"]),
                                      nodes=int(os.environ.get("DOCKER_SLURM_NODES", "2")),
-                                     node_prefix=os.environ.get("DOCKER_SLURM_PREFIX", "bw")),
+                                     node_prefix=os.environ.get("DOCKER_SLURM_PREFIX", "bw"),
+                                     backup=os.environ.get("DOCKER_SLURM_BACKUP", "1") == "1"),
                        suite=suite)
 
 

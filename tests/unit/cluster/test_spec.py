@@ -83,17 +83,32 @@ def test_parse_slurmd_c_real_output():
 
 
 def test_docker_cluster_slurm_conf_and_compose_golden():
-    """docker-slurm: one host per node, each container's own munged, the controller first."""
+    """docker-slurm: one host per node, each container's own munged, the controller first, a
+    backup controller host beside it (the Makefile's default)."""
     from slurm_plugin.cluster.docker import DockerCluster, render_compose
     dc = DockerCluster(project="malleable-bookworm", image="malleable-slurm:bookworm",
                        host_dir=Path("/var/tmp/docker-slurm/cluster-bookworm"), nodes=2,
-                       node_prefix="bw")
+                       node_prefix="bw", backup=True)
     s = dc.spec(HostTopology(cpus=2, cores_per_socket=2))
     conf = render_slurm_conf(s)
     assert "NodeName=bw1 NodeHostname=bw1 NodeAddr=bw1 " in conf
-    assert "SlurmctldHost=bwctl(bwctl)" in conf
+    assert "SlurmctldHost=bwctl(bwctl)\nSlurmctldHost=bwctl2\n" in conf
+    # Each controller host its own pid file: a shared one names another namespace's pid.
+    assert "SlurmctldPidFile=/run/slurmctld.pid\n" in conf
     assert "AuthInfo=socket=/run/munge/munge.socket.2" in conf
+    assert ClusterSpec.from_json(s.to_json()) == s
     golden("docker-compose.json", render_compose(dc, s.node_names))
+    plain = render_slurm_conf(DockerCluster(project="p", image="i", host_dir=Path("/d"),
+                                            node_prefix="bw").spec(HostTopology(cpus=2)))
+    assert "SlurmctldHost=bwctl(bwctl)\nSlurmctldPort" in plain
+
+
+def test_backup_controllers_need_hosts_of_their_own():
+    with pytest.raises(SpecError, match="own_hosts"):
+        spec(backup_controllers=("ctl2",))
+    for bad in ("vm", "a b"):
+        with pytest.raises(SpecError):
+            spec(own_hosts=True, backup_controllers=(bad,))
 
 
 def test_docker_cluster_refuses_bad_names():
