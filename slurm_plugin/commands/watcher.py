@@ -126,11 +126,10 @@ def follow_controller(watcher, ctl, start_link) -> None:
     import time
     from pathlib import Path
 
-    from slurm_plugin.feed.leader import Role, controller_index, decide_role, read_heartbeat
+    from slurm_plugin.feed.leader import HeartbeatReader, Role, controller_index, decide_role
     mine = controller_index(ctl.controllers, socket.gethostname())
-    state_save = Path(ctl.state_save) if ctl.state_save else None
-    watcher.role_of = lambda: decide_role(
-        ctl, mine, read_heartbeat(state_save) if state_save else None, time.time())
+    heartbeat = HeartbeatReader(Path(ctl.state_save)) if ctl.state_save else lambda: None
+    watcher.role_of = lambda: decide_role(ctl, mine, heartbeat(), time.time(), watcher.role)
     # Every watcher starts standing by, its link closed, and takes over as any does (after
     # takeover_wait_s): a primary restarting takes control back at once, while the backup's
     # watcher is still active until its next role check.

@@ -16,8 +16,10 @@ from __future__ import annotations
 import enum
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from slurm_plugin.slurm.model import ControllerConfig
 
@@ -68,14 +70,51 @@ def read_heartbeat(state_save: Path) -> Heartbeat | None:
         os.close(fd)
 
 
-def decide_role(config: ControllerConfig, mine: int | None, heartbeat: Heartbeat | None,
-                now: float) -> tuple[Role, str]:
-    """This host's watcher's role and why. Pure."""
+class HeartbeatHung:
+    """The heartbeat file did not answer in time (StateSaveLocation on a hung server)."""
+
+
+class HeartbeatReader:
+    """``read_heartbeat`` in a thread of its own, waited for at most ``timeout_s``:
+    StateSaveLocation is usually a file system the controllers share (NFS), and a hung server
+    must not stop the watcher's loop. While a read hangs no other starts (one thread at most,
+    stuck in the kernel until the server answers); meanwhile the answer is ``HeartbeatHung``."""
+
+    def __init__(self, state_save: Path, timeout_s: float = 1.0,
+                 read: Callable[[Path], Heartbeat | None] = read_heartbeat):
+        self._state_save, self._timeout, self._read = state_save, timeout_s, read
+        self._done: threading.Event | None = None
+        self._result: list[Heartbeat | None] = []
+
+    def __call__(self) -> Heartbeat | None | HeartbeatHung:
+        if self._done is None or self._done.is_set():
+            done, result = threading.Event(), []
+            self._done, self._result = done, result
+
+            def read() -> None:
+                try:
+                    result.append(self._read(self._state_save))
+                finally:
+                    done.set()
+            # A daemon thread: one stuck in the kernel must not hold the watcher's exit.
+            threading.Thread(target=read, name="heartbeat", daemon=True).start()
+        if not self._done.wait(self._timeout):
+            return HeartbeatHung()
+        return self._result[0] if self._result else None
+
+
+def decide_role(config: ControllerConfig, mine: int | None,
+                heartbeat: Heartbeat | None | HeartbeatHung, now: float,
+                current: Role = Role.STANDBY) -> tuple[Role, str]:
+    """This host's watcher's role and why; a heartbeat that hangs keeps the ``current`` one (who
+    is in control is unknown, and a hung StateSaveLocation stops slurmctld too). Pure."""
     names = config.controllers
     if len(names) <= 1:
         return Role.ACTIVE, "one controller"
     if mine is None:
         return Role.STANDBY, "this host is none of SlurmctldHost " + ",".join(names)
+    if isinstance(heartbeat, HeartbeatHung):
+        return current, f"the heartbeat in StateSaveLocation does not answer: {current.value} still"
     if heartbeat is not None and now - heartbeat.at <= config.timeout_s:
         if heartbeat.index == mine:
             return Role.ACTIVE, f"slurmctld here ({names[mine]}) is in control"

@@ -3,9 +3,12 @@ heartbeat file as slurmctld writes it."""
 from __future__ import annotations
 
 import struct
+import threading
+import time
 
-from slurm_plugin.feed.leader import (Heartbeat, Role, controller_index, decide_role,
-                                      parse_heartbeat, read_heartbeat)
+from slurm_plugin.feed.leader import (Heartbeat, HeartbeatHung, HeartbeatReader, Role,
+                                      controller_index, decide_role, parse_heartbeat,
+                                      read_heartbeat)
 from slurm_plugin.slurm.model import ControllerConfig
 
 TWO = ControllerConfig(controllers=("ctl1", "ctl2"), timeout_s=120.0)
@@ -35,6 +38,29 @@ def test_without_a_fresh_heartbeat_the_primary_is_active():
         assert [decide_role(TWO, mine, beat, 1000.0)[0] for mine in (0, 1)] == \
             [Role.ACTIVE, Role.STANDBY]
     assert decide_role(TWO, None, Heartbeat(1000.0, 0), 1000.0)[0] is Role.STANDBY
+
+
+def test_a_heartbeat_that_hangs_keeps_the_role_and_the_loop_going(tmp_path):
+    """StateSaveLocation on a hung server: the read waits at most its timeout, a second read
+    does not start while the first hangs, and each watcher keeps its role; once the file
+    answers again the heartbeat decides."""
+    gate, started = threading.Event(), []
+
+    def read(path):
+        started.append(path)
+        gate.wait(30)                       # a read blocked in the kernel until the server is back
+        return Heartbeat(time.time(), 1)
+
+    reader = HeartbeatReader(tmp_path, timeout_s=0.05, read=read)
+    t0 = time.monotonic()
+    assert isinstance(reader(), HeartbeatHung) and isinstance(reader(), HeartbeatHung)
+    assert time.monotonic() - t0 < 5 and len(started) == 1
+    for current in Role:
+        assert decide_role(TWO, 0, HeartbeatHung(), 1000.0, current)[0] is current
+    gate.set()
+    beat = reader()
+    assert isinstance(beat, Heartbeat) and beat.index == 1
+    assert decide_role(TWO, 0, beat, time.time(), Role.ACTIVE)[0] is Role.STANDBY
 
 
 def test_the_heartbeat_file_is_two_big_endian_numbers(tmp_path):
