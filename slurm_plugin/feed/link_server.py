@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_BYTES = 16 << 20       # unsent bytes to one node before it is dropped
 MAX_UNOPENED = 256                 # connections still in their handshake
+# ... from one address: anyone on a node can connect, so a user holding connections open in
+# their handshake blocks at most their own host's agent, not the cluster's.
+MAX_UNOPENED_PER_ADDRESS = 8
 HANDSHAKE_TIMEOUT_S = 5.0
 
 
@@ -64,6 +67,7 @@ class _Conn:
     sock: socket.socket
     peer: str
     opened_at: float
+    address: str = ""                  # the peer's IP address
     reader: FrameReader = field(default_factory=lambda: FrameReader(MAX_HANDSHAKE_BYTES))
     node: str | None = None
     session: Session | None = None
@@ -179,16 +183,17 @@ class LinkServer:
             sock, addr = self._listen.accept()     # type: ignore[union-attr]
         except (BlockingIOError, OSError):
             return
-        unopened = sum(1 for k in self._sel.get_map().values()
-                       if isinstance(k.data, _Conn) and k.data.session is None)
-        if unopened >= MAX_UNOPENED:
+        unopened = [k.data for k in self._sel.get_map().values()
+                    if isinstance(k.data, _Conn) and k.data.session is None]
+        if len(unopened) >= MAX_UNOPENED or \
+                sum(1 for c in unopened if c.address == addr[0]) >= MAX_UNOPENED_PER_ADDRESS:
             sock.close()
             self.stats.refused += 1
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         keepalive(sock)
-        conn = _Conn(sock, f"{addr[0]}:{addr[1]}", self._clock())
+        conn = _Conn(sock, f"{addr[0]}:{addr[1]}", self._clock(), address=addr[0])
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _expire_handshakes(self) -> None:

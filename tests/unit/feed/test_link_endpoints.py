@@ -121,6 +121,23 @@ def test_a_forged_frame_closes_the_connection(link):
     assert server.connected() == ["n1"] and n1.connects == before
 
 
+def test_connections_held_in_their_handshake_block_only_their_own_address(link):
+    """Anyone on a node can open connections to the port and say nothing: from one address
+    only MAX_UNOPENED_PER_ADDRESS wait for their handshake; a node elsewhere still connects."""
+    from slurm_plugin.feed.link_server import MAX_UNOPENED_PER_ADDRESS
+    server, _, connect, _ = link
+    held = [socket.create_connection(("127.0.0.1", server.port), source_address=("127.0.0.2", 0))
+            for _ in range(MAX_UNOPENED_PER_ADDRESS + 3)]
+    try:
+        wait_for(lambda: server.stats.refused >= 3, "the connections past the cap refused")
+        n1 = connect("n1")                                   # from 127.0.0.1
+        wait_for(lambda: server.connected() == ["n1"], "n1's link open beside the held ones")
+        assert n1.connects == 1
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_munge_proves_both_ends_are_root(tmp_path):
     # munged wants every folder above its socket open to all (pytest's are 0700).
     run = Path(tempfile.mkdtemp(prefix="link-munge-", dir="/tmp"))
