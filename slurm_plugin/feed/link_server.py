@@ -9,12 +9,14 @@ there too, then acknowledged so the node removes its copy).
 
 Nothing here blocks the watcher's polls: ``publish`` and ``polled`` only queue. A node that
 does not read what it is sent is dropped past ``MAX_PENDING_BYTES`` (it reconnects and is
-sent everything again).
+sent everything again). Handshakes are checked by a few threads of their own (munge's calls
+wait on munged): a munged that hangs delays new connections, not the open ones.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import queue
 import selectors
 import socket
 import threading
@@ -40,6 +42,7 @@ MAX_UNOPENED = 256                 # connections still in their handshake
 # their handshake blocks at most their own host's agent, not the cluster's.
 MAX_UNOPENED_PER_ADDRESS = 8
 HANDSHAKE_TIMEOUT_S = 5.0
+HANDSHAKE_THREADS = 4
 
 
 def peers(feeds: Mapping[str, NodeFeed], node: str) -> set[str]:
@@ -74,6 +77,8 @@ class _Conn:
     out: bytearray = field(default_factory=bytearray)
     sent: dict[tuple[str, str], bytes] = field(default_factory=dict)   # what -> digest
     poked: bool = False
+    checking: bool = False             # its hello is with a handshake thread
+    early: bytearray = field(default_factory=bytearray)   # what came meanwhile
 
 
 class LinkServer:
@@ -95,6 +100,7 @@ class LinkServer:
         self._wake_w: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hellos: queue.Queue[tuple[_Conn, bytes] | None] = queue.Queue()
 
     # --- the watcher's thread -------------------------------------------------------------
 
@@ -113,10 +119,16 @@ class LinkServer:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._serve, name="feed-link", daemon=True)
         self._thread.start()
+        for i in range(HANDSHAKE_THREADS):
+            # Daemon threads: one waiting on a hung munged must not hold the watcher's exit.
+            threading.Thread(target=self._check_hellos, name=f"feed-link-handshake-{i}",
+                             daemon=True).start()
         return self.port
 
     def stop(self) -> None:
         self._stop.set()
+        for _ in range(HANDSHAKE_THREADS):
+            self._hellos.put(None)
         self._call(lambda: None)
         if self._thread is not None:
             self._thread.join(5)
@@ -228,28 +240,67 @@ class LinkServer:
             return
         self.stats.bytes_in += len(data)
         try:
+            if conn.checking:
+                conn.early += data
+                if len(conn.early) > MAX_HANDSHAKE_BYTES:
+                    raise LinkError("frames before the handshake's reply")
+                return
             if conn.session is None:
                 body = next(conn.reader.feed(data), None)
                 if body is None:
                     return
                 self.stats.frames_in += 1
-                data = conn.reader.take_rest()
+                conn.early += conn.reader.take_rest()
                 conn.reader = FrameReader()
-                self._open(conn, body)
-            for body in conn.reader.feed(data):
-                self.stats.frames_in += 1
-                self._take(conn, conn.session.open(body))   # type: ignore[union-attr]
-                if conn.sock.fileno() < 0:
-                    return
+                conn.checking = True
+                self._hellos.put((conn, body))
+                return
+            self._frames(conn, data)
         except LinkError as exc:
-            self.stats.refused += conn.session is None
-            log.warning("link from %s (%s) refused: %s", conn.node or "?", conn.peer, exc)
-            if conn.session is None:
-                _send_now(conn.sock, refusal(str(exc)))
-            self._close(conn, str(exc))
+            self._refuse(conn, exc)
 
-    def _open(self, conn: _Conn, body: bytes) -> None:
-        node, reply, session = server_handshake(body, self.auth)
+    def _frames(self, conn: _Conn, data: bytes) -> None:
+        for body in conn.reader.feed(data):
+            self.stats.frames_in += 1
+            self._take(conn, conn.session.open(body))   # type: ignore[union-attr]
+            if conn.sock.fileno() < 0:
+                return
+
+    def _refuse(self, conn: _Conn, exc: LinkError) -> None:
+        self.stats.refused += conn.session is None
+        log.warning("link from %s (%s) refused: %s", conn.node or "?", conn.peer, exc)
+        if conn.session is None:
+            _send_now(conn.sock, refusal(str(exc)))
+        self._close(conn, str(exc))
+
+    def _check_hellos(self) -> None:
+        """A handshake thread: checks hellos (munge's decode and encode) off the link's
+        thread, and hands the outcome back to it."""
+        while (item := self._hellos.get()) is not None:
+            conn, body = item
+            if conn.sock.fileno() < 0:          # gone meanwhile (its 5 s passed)
+                continue
+            try:
+                outcome: tuple[str, bytes, Session] | LinkError = \
+                    server_handshake(body, self.auth)
+            except LinkError as exc:
+                outcome = exc
+            self._call(lambda c=conn, o=outcome: self._checked(c, o))
+
+    def _checked(self, conn: _Conn, outcome: tuple[str, bytes, Session] | LinkError) -> None:
+        if conn.sock.fileno() < 0:
+            return
+        conn.checking = False
+        try:
+            if isinstance(outcome, LinkError):
+                raise outcome
+            self._open(conn, *outcome)
+            early, conn.early = bytes(conn.early), bytearray()
+            self._frames(conn, early)
+        except LinkError as exc:
+            self._refuse(conn, exc)
+
+    def _open(self, conn: _Conn, node: str, reply: bytes, session: Session) -> None:
         conn.node, conn.session = node, session
         old = self._conns.get(node)
         if old is not None:

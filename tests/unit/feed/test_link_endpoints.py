@@ -138,6 +138,42 @@ def test_connections_held_in_their_handshake_block_only_their_own_address(link):
             s.close()
 
 
+def test_a_handshake_waiting_on_munged_holds_up_no_open_link(tmp_path):
+    """munge's calls wait on munged: while one node's hello waits (here: its check blocks),
+    the nodes already connected get their feeds; the waiting one opens once it is checked."""
+    import threading
+    gate = threading.Event()
+
+    class SlowAuth(KeyAuth):
+        def check_client(self, node, client_nonce, token):
+            if node == "n2":
+                gate.wait(30)
+            return super().check_client(node, client_nonce, token)
+
+    watcher = FeedStore(tmp_path / "watcher")
+    watcher.prepare()
+    server = LinkServer(FeedStore(watcher.feed_dir), SlowAuth(KEY), port=0, address="127.0.0.1")
+    port = server.start()
+    n1, n2 = (LinkClient(n, ["127.0.0.1"], port, KeyAuth(KEY), FeedStore(tmp_path / f"node-{n}"),
+                         retry_s=0.1) for n in ("n1", "n2"))
+    try:
+        n1.start()
+        wait_for(lambda: server.connected() == ["n1"], "n1's link open")
+        n2.start()
+        time.sleep(0.5)                                      # n2's hello is being checked
+        server.publish({"n1": feed("n1", job(7, ["n1"])), "n2": feed("n2", job(8, ["n2"]))})
+        wait_for(lambda: n1.store.read_node("n1"), "n1's feed while n2's check waits")
+        assert server.connected() == ["n1"] and n2.store.read_node("n2") is None
+        gate.set()
+        wait_for(lambda: n2.store.read_node("n2"), "n2's feed once its hello is checked")
+        assert server.connected() == ["n1", "n2"]
+    finally:
+        gate.set()
+        n1.stop()
+        n2.stop()
+        server.stop()
+
+
 def test_munge_proves_both_ends_are_root(tmp_path):
     # munged wants every folder above its socket open to all (pytest's are 0700).
     run = Path(tempfile.mkdtemp(prefix="link-munge-", dir="/tmp"))
