@@ -285,6 +285,9 @@ class LinkServer:
                     server_handshake(body, self.auth)
             except LinkError as exc:
                 outcome = exc
+            except Exception as exc:      # noqa: BLE001 (a handshake thread must not die)
+                log.exception("link from %s: checking its hello failed", conn.peer)
+                outcome = LinkError(f"its hello could not be checked: {type(exc).__name__}")
             self._call(lambda c=conn, o=outcome: self._checked(c, o))
 
     def _checked(self, conn: _Conn, outcome: tuple[str, bytes, Session] | LinkError) -> None:
