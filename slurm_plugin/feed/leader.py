@@ -106,15 +106,17 @@ class HeartbeatReader:
 def decide_role(config: ControllerConfig, mine: int | None,
                 heartbeat: Heartbeat | None | HeartbeatHung, now: float,
                 current: Role = Role.STANDBY) -> tuple[Role, str]:
-    """This host's watcher's role and why; a heartbeat that hangs keeps the ``current`` one (who
-    is in control is unknown, and a hung StateSaveLocation stops slurmctld too). Pure."""
+    """This host's watcher's role and why; a heartbeat that hangs stands it by (``current`` is
+    kept for the callers' logs). Pure."""
     names = config.controllers
     if len(names) <= 1:
         return Role.ACTIVE, "one controller"
     if mine is None:
         return Role.STANDBY, "this host is none of SlurmctldHost " + ",".join(names)
     if isinstance(heartbeat, HeartbeatHung):
-        return current, f"the heartbeat in StateSaveLocation does not answer: {current.value} still"
+        # Who is in control is unknown; a slurmctld on this StateSaveLocation is stalled too,
+        # and another may take control: stand by.
+        return Role.STANDBY, "the heartbeat in StateSaveLocation does not answer"
     if heartbeat is not None and now - heartbeat.at <= config.timeout_s:
         if heartbeat.index == mine:
             return Role.ACTIVE, f"slurmctld here ({names[mine]}) is in control"

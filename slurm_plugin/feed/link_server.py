@@ -100,7 +100,8 @@ class LinkServer:
         self._wake_w: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._hellos: queue.Queue[tuple[_Conn, bytes] | None] = queue.Queue()
+        # Bounded: a connection that expires while its hello waits here leaves the caps' count.
+        self._hellos: queue.Queue[tuple[_Conn, bytes] | None] = queue.Queue(MAX_UNOPENED)
 
     # --- the watcher's thread -------------------------------------------------------------
 
@@ -128,7 +129,10 @@ class LinkServer:
     def stop(self) -> None:
         self._stop.set()
         for _ in range(HANDSHAKE_THREADS):
-            self._hellos.put(None)
+            try:
+                self._hellos.put_nowait(None)
+            except queue.Full:         # the threads are daemons: they end with the process
+                break
         self._call(lambda: None)
         if self._thread is not None:
             self._thread.join(5)
@@ -253,7 +257,10 @@ class LinkServer:
                 conn.early += conn.reader.take_rest()
                 conn.reader = FrameReader()
                 conn.checking = True
-                self._hellos.put((conn, body))
+                try:
+                    self._hellos.put_nowait((conn, body))
+                except queue.Full:
+                    raise LinkError("too many hellos waiting to be checked") from None
                 return
             self._frames(conn, data)
         except LinkError as exc:

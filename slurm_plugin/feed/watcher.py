@@ -152,6 +152,12 @@ class ClusterWatcher:
             result.seconds = self._clock() - t0
             return result
         result.jobs = len(jobs)
+        if self.role_of is not None and self.role_of()[0] is not Role.ACTIVE:
+            # Slurm's control moved while the commands ran (they may take many seconds): another
+            # watcher may be active already, so this one writes nothing.
+            result.error = "no longer the active watcher"
+            result.seconds = self._clock() - t0
+            return result
         switched_off = self.store.site_switched_off()
         for name, feed in build_feeds(jobs, layout, self._wall(), switched_off).items():
             if not feed.same_content(self._published.get(name)):

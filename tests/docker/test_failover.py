@@ -21,11 +21,12 @@ STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?this watcher (?:
                    r"(active|standby)", re.M)
 
 
-def roles(log: Path) -> list[tuple[float, str]]:
-    """(time, role) of each role line of a watcher's log."""
+def roles(log: Path, since: float = 0.0) -> list[tuple[float, str]]:
+    """(time, role) of each role line of a watcher's log from ``since`` on (the logs are
+    appended to across `make up`s)."""
     text = log.read_text() if log.exists() else ""
-    return [(datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp(), role)
-            for t, role in STAMP.findall(text)]
+    return [(at, role) for t, role in STAMP.findall(text)
+            if (at := datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp()) >= since]
 
 
 def active_spans(lines: list[tuple[float, str]], end: float) -> list[tuple[float, float]]:
@@ -64,7 +65,8 @@ def test_the_backups_watcher_takes_over_when_the_primarys_host_goes_and_hands_ba
     logs = c.host_dir / "log"
     primary_log, backup_log = logs / "watcher.out", logs / f"watcher-{backup}.out"
     agent_log = logs / f"agent-{node}.out"
-    wait_for(lambda: ("standby" in [r for _, r in roles(backup_log)]) or None, timeout=60,
+    t_start = time.time()
+    wait_for(lambda: roles(backup_log) and roles(backup_log)[-1][1] == "standby", timeout=60,
              what="the backup's watcher standing by", show=lambda: backup_log.read_text()[-1500:])
     assert c.ctl("scontrol", "ping").stdout.count("UP") == 2
     script = jobs_dir / "sleep.sh"
@@ -95,7 +97,7 @@ def test_the_backups_watcher_takes_over_when_the_primarys_host_goes_and_hands_ba
                  what="the resize on the node through the backup's watcher",
                  show=lambda: (backup_log.read_text()[-1500:], agent_log.read_text()[-1500:]))
         t_resized = time.time()
-        took_over = [t for t, r in roles(backup_log) if r == "active"]
+        took_over = [t for t, r in roles(backup_log, t_start) if r == "active"]
         assert took_over, backup_log.read_text()[-1500:]
         assert f"feed link to {backup}:" in agent_log.read_text()[agent_mark:]
         takeover = slurmctld_takeover(logs / f"slurmctld-{backup}.log") or float("nan")
@@ -123,14 +125,17 @@ def test_the_backups_watcher_takes_over_when_the_primarys_host_goes_and_hands_ba
         end = time.time()
         # Never two writers: the backup active only after the primary's host went, and the
         # primary's watcher (restarted) active only outside the backup's active spans.
-        backup_spans = active_spans(roles(backup_log), end)
-        assert backup_spans and backup_spans[0][0] > t_kill, roles(backup_log)
+        backup_spans = active_spans(roles(backup_log, t_start), end)
+        assert backup_spans and backup_spans[0][0] > t_kill, roles(backup_log, t_start)
         primary_spans = active_spans([(t, r) for t, r in roles(primary_log) if t >= t_back], end)
         overlap = [(p, b) for p in primary_spans for b in backup_spans
                    if min(p[1], b[1]) > max(p[0], b[0])]
-        assert primary_spans and overlap == [], (roles(primary_log)[-4:], roles(backup_log))
+        assert primary_spans and overlap == [], (roles(primary_log)[-4:], roles(backup_log, t_start))
         print(f"failback: the primary's watcher active {primary_spans[0][0] - t_back:.1f} s "
               f"after its host came back, the backup's stood down "
               f"{backup_spans[-1][1] - t_back:.1f} s after")
     finally:
-        c.ctl("scancel", str(job), check=False)
+        # The primary's host back whatever failed, so the other tests find their cluster.
+        subprocess.run(["docker", "start", c.cluster.container(c.controller)],
+                       capture_output=True, timeout=60)
+        c.exec(node, ["scancel", str(job)], check=False, timeout=90)

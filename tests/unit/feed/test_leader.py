@@ -40,10 +40,10 @@ def test_without_a_fresh_heartbeat_the_primary_is_active():
     assert decide_role(TWO, None, Heartbeat(1000.0, 0), 1000.0)[0] is Role.STANDBY
 
 
-def test_a_heartbeat_that_hangs_keeps_the_role_and_the_loop_going(tmp_path):
+def test_a_heartbeat_that_hangs_stands_the_watcher_by_and_the_loop_goes_on(tmp_path):
     """StateSaveLocation on a hung server: the read waits at most its timeout, a second read
-    does not start while the first hangs, and each watcher keeps its role; once the file
-    answers again the heartbeat decides."""
+    does not start while the first hangs, and the watcher stands by (another slurmctld may take
+    control meanwhile); once the file answers again the heartbeat decides."""
     gate, started = threading.Event(), []
 
     def read(path):
@@ -55,8 +55,8 @@ def test_a_heartbeat_that_hangs_keeps_the_role_and_the_loop_going(tmp_path):
     t0 = time.monotonic()
     assert isinstance(reader(), HeartbeatHung) and isinstance(reader(), HeartbeatHung)
     assert time.monotonic() - t0 < 5 and len(started) == 1
-    for current in Role:
-        assert decide_role(TWO, 0, HeartbeatHung(), 1000.0, current)[0] is current
+    for current in Role:          # unknown who is in control: stand by
+        assert decide_role(TWO, 0, HeartbeatHung(), 1000.0, current)[0] is Role.STANDBY
     gate.set()
     beat = reader()
     assert isinstance(beat, Heartbeat) and beat.index == 1
@@ -154,3 +154,31 @@ def test_two_watchers_on_one_heartbeat_are_never_active_at_once(tmp_path):
     assert 130.0 < spans[1][0] <= 130.0 + 2.0 + 1.3 + 3.0 + 0.2 and spans[1][1] < 172.0
     assert [t for t in active_at[0] if 130.0 <= t < 170.0] == []
     assert [t for t in active_at[1] if not 130.0 <= t < 170.0 + 2.0 + 1.3] == []
+
+
+def test_a_watcher_whose_control_moved_during_a_poll_writes_nothing(tmp_path):
+    """The role is asked again after Slurm's commands return (they can take many seconds):
+    a watcher that is no longer active publishes nothing."""
+    from slurm_plugin.feed import ClusterWatcher, FeedStore, WatcherConfig
+    from slurm_plugin.slurm import Node
+
+    role = [Role.ACTIVE]
+
+    class Client:
+        def nodes(self):
+            return [Node("n1", "idle", (), 2, 0, ("debug",), address="127.0.0.1")]
+
+        def jobs(self, layout=None, **kw):
+            role[0] = Role.STANDBY              # control moved while squeue ran
+            return []
+
+    store = FeedStore(tmp_path)
+    store.prepare()
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path), Client(), store)
+    w.role_of = lambda: (role[0], "")
+    result = w.poll()
+    assert result.error == "no longer the active watcher" and result.nodes_written == []
+    assert store.read_node("n1") is None
+    role[0] = Role.ACTIVE
+    w.client.jobs = lambda layout=None, **kw: []
+    assert w.poll().nodes_written == ["n1"]
