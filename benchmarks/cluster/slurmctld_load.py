@@ -91,15 +91,14 @@ def accounting_window(cluster: LocalCluster, env, rigid: int, malleable: int) ->
     while True:
         lines = usage_log.read_text().splitlines()[seen:] if usage_log.exists() else []
         # Only this window's jobs (the storm's, cancelled just before, may close in it too).
-        ours = [ln for ln in lines if json.loads(ln)["job"] in jobs or
-                json.loads(ln)["job"] >= array]
+        ours = [e for e in map(json.loads, lines) if e["job"] in jobs or e["job"] >= array]
         if len(ours) >= rigid + malleable:
             break
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(lines)} of {rigid + malleable} jobs' usage closed")
         time.sleep(1)
     after = dbd_stats(env)
-    closed = [json.loads(ln) for ln in ours]
+    closed = ours
     borrowed = [e for e in closed if e["borrowed_core_s"] or e["lent_core_s"]]
     return {"rigid_jobs": rigid, "malleable_jobs": malleable, "array_job": array,
             "malleable_job_ids": jobs, "closed": len(closed),

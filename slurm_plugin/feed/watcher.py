@@ -64,7 +64,6 @@ class RunState:
     backoff: float = 10.0              # seconds between polls without events (grows on failure)
     last_poll: float = float("-inf")
     last_role: float = float("-inf")
-    active: bool = True
 
 
 @dataclass
@@ -295,31 +294,29 @@ class ClusterWatcher:
         except OSError:
             pass
 
-    def _check_role(self) -> bool:
-        """Asks ``role_of`` (if set); True when this watcher should poll now. A standby watcher
-        becomes active only once it has seen itself active for ``takeover_wait_s``."""
+    def _check_role(self) -> None:
+        """Asks ``role_of`` (if set) and updates ``role``. A standby watcher becomes active
+        only once it has seen itself active for ``takeover_wait_s``."""
         if self.role_of is None:
-            return True
+            return
         role, why = self.role_of()
         if role is Role.ACTIVE and self.role is Role.STANDBY:
             if self._active_seen is None:
                 self._active_seen = self._clock()
                 log.warning("taking over in %g s: %s", self.config.takeover_wait_s, why)
             if self._clock() - self._active_seen < self.config.takeover_wait_s:
-                return False
+                return
         self._active_seen = None
         if role is not self.role:
             log.warning("this watcher is now %s: %s", role.value, why)
             self.role = role
             if self.on_role is not None:
                 self.on_role(role)
-        return role is Role.ACTIVE
 
     def run(self, stop: Callable[[], bool]) -> None:
         """Polls until ``stop``: one ``step`` every ``event_check_s``."""
         self.store.prepare()
-        loop = RunState(last_events=self.store.events_stamp(), backoff=self.config.resync_s,
-                        active=self.role is Role.ACTIVE)
+        loop = RunState(last_events=self.store.events_stamp(), backoff=self.config.resync_s)
         while not stop():
             self.step(loop)
             self._sleep(self.config.event_check_s)
@@ -329,11 +326,11 @@ class ClusterWatcher:
         most every ``event_min_gap_s``) or ``resync_s`` (``backoff`` after a failure) passed."""
         if self._clock() - loop.last_role >= self.config.role_check_s or \
                 self._active_seen is not None:
-            loop.last_role, was = self._clock(), loop.active
-            loop.active = self._check_role()
-            if loop.active and not was:
+            loop.last_role, was = self._clock(), self.role
+            self._check_role()
+            if self.role is Role.ACTIVE and was is not Role.ACTIVE:
                 loop.last_poll = float("-inf")        # a watcher taking over polls at once
-        if not loop.active:
+        if self.role is not Role.ACTIVE:
             return
         events = self.store.events_stamp()
         since = self._clock() - loop.last_poll

@@ -139,14 +139,13 @@ def test_two_watchers_on_one_heartbeat_are_never_active_at_once(tmp_path):
         watchers.append((w, phase))
     # Both watchers' real passes (ClusterWatcher.step) on one clock, 0.1 s apart; at each
     # instant, which of them would poll.
-    loops = [(w, phase, RunState(backoff=w.config.resync_s, active=w.role is Role.ACTIVE))
-             for w, phase in watchers]
+    loops = [(w, phase, RunState(backoff=w.config.resync_s)) for w, phase in watchers]
     both = []
     while now[0] < 200.0:
         for w, phase, loop in loops:
             if now[0] >= 100.0 + phase:
                 w.step(loop)
-        if all(loop.active for _, _, loop in loops):
+        if all(w.role is Role.ACTIVE for w, _, _ in loops):
             both.append(now[0])
         now[0] = round(now[0] + 0.1, 6)
     assert both == []
