@@ -12,8 +12,8 @@ Two files in the node's state folder (root's alone), written only under the node
   made, only Slurm's feed shows its cores. Slurm allocated it before its Prolog read the quiet
   file, so any watcher poll after the node stopped being quiet lists it. Until the watcher has
   published such a poll (``FeedStore.polled_at``), no core is lent on the node (``gate``); the
-  agent tells the watcher to poll (its event file). The margin covers the controller's clock
-  against the node's.
+  agent tells the watcher to poll (its event file), and again, less and less often, until
+  such a poll comes. The margin covers the controller's clock against the node's.
 
 Nothing else changes: a node that is not quiet runs every hook as before.
 """
@@ -28,6 +28,7 @@ from malleable_protocol.safe_io import write_atomic
 from slurm_plugin.node.ledger import Ledger
 
 QUIET_SKEW_S = 1.0        # the controller's clock may be this far behind the node's
+RETELL_S = 2.0            # the least time between two tells while the gate waits
 
 
 def quiet_possible(snapshot: NodeSnapshot, ledger: Ledger, feed_malleable: bool) -> bool:
@@ -50,16 +51,17 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def _loud_since(loud: Path) -> tuple[float, bool] | None:
-    """The loud file's time and whether the watcher was told again after the margin."""
+def _loud_since(loud: Path) -> tuple[float, float | None] | None:
+    """The loud file's time and when the watcher was last told after the margin (None: not
+    yet)."""
     try:
         with open(loud, "rb") as f:
             fields = f.read(64).split()
-        return float(fields[0]), len(fields) > 1
+        return float(fields[0]), float(fields[1]) if len(fields) > 1 else None
     except FileNotFoundError:
         return None
     except (OSError, ValueError, IndexError):
-        return 0.0, True      # unreadable: no lending until a poll after the epoch: any poll
+        return 0.0, None      # unreadable: no lending until a poll after the epoch: any poll
 
 
 def break_quiet(quiet: Path, loud: Path, now: float, tell_watcher: Callable[[], None]) -> bool:
@@ -88,13 +90,17 @@ def gate(loud: Path, polled_at: Callable[[], float | None], now: float,
     since = _loud_since(loud)
     if since is None:
         return None
-    at, told_again = since
+    at, told = since
     polled = polled_at()
     if polled is not None and polled >= at + QUIET_SKEW_S:
         _unlink(loud)
         return None
-    if now >= at + QUIET_SKEW_S and not told_again:
-        _write(loud, f"{at!r} told\n")
+    # Told again after the margin, and again while no such poll comes: the watcher answers a
+    # tell with the time its next poll began, by its host's clock, which may be behind this
+    # one's (seen: 0.12 s short, and the node never lent again). Less and less often, so a
+    # clock far behind costs slurmctld a poll at 1, 3, 6, 12, ... s, not one every cycle.
+    if now >= at + QUIET_SKEW_S and (told is None or now >= told + max(RETELL_S, told - at)):
+        _write(loud, f"{at!r} {now!r}\n")
         tell_watcher()          # a poll after the margin
     return ("the node was quiet until just now (jobs may have started without a Prolog): "
             "nothing is lent until the watcher publishes a poll made after that")

@@ -46,10 +46,29 @@ def test_the_gate_opens_on_a_poll_made_after_the_quiet_ended(tmp_path: Path):
     assert gate(loud, lambda: None, 103.0, tell) is None            # open until quiet again
 
 
+def test_the_gate_tells_the_watcher_again_until_a_poll_after_the_margin_comes(tmp_path: Path):
+    """Seen live (two VMs, the watcher's clock 0.12 s behind the node's): the one poll the
+    tell after the margin brought began, by the watcher's clock, just before the margin, and
+    the node never lent again. Now it tells again, less and less often, until one does."""
+    quiet, loud = tmp_path / "quiet-n1", tmp_path / "loud-n1"
+    quiet.write_text("")
+    told: list[float] = []
+    now = [100.0]
+    break_quiet(quiet, loud, now[0], lambda: told.append(now[0]))
+    polled = 100.0 + QUIET_SKEW_S - 0.12          # the answer to each tell: a clock behind
+    for t in [100.0 + i * 0.5 for i in range(1, 60)]:   # a cycle every 0.5 s for 30 s
+        now[0] = t
+        assert gate(loud, lambda: polled, t, lambda: told.append(now[0])) is not None
+    assert told[:4] == [100.0, 101.0, 103.0, 106.0]    # at the quiet's end, then 1, 3, 6 s
+    assert len(told) == 6                                 # ... 12, 24 s: 6 in 30 s, not 60
+    assert gate(loud, lambda: 101.0, 130.0, lambda: None) is None    # a poll after the margin
+
+
 def test_an_unreadable_loud_file_keeps_the_gate_shut_until_any_poll(tmp_path: Path):
     loud = tmp_path / "loud-n1"
     loud.write_text("garbage\n")
-    assert gate(loud, lambda: None, 5.0, lambda: None) is not None
+    told = []
+    assert gate(loud, lambda: None, 5.0, lambda: told.append(1)) is not None and told == [1]
     assert gate(loud, lambda: 2.0, 5.0, lambda: None) is None
 
 
