@@ -119,7 +119,8 @@ def test_one_jobs_input_is_confined_to_that_job(tmp_path):
     snap = obs.observe(Ledger())
     assert "InputBudgetExceeded" in snap.job(5).fault and not snap.job(5).ranks
     # The folder's name is its user's: bound for root's logs and terminal, it is escaped.
-    assert snap.job(7).fault == "folders Slurm did not make below its cgroup: step_0/mi\\nne\\x1b[2J"
+    assert snap.job(7).fault == ("folders Slurm did not make below its cgroup: step_0/mi\\nne\\x1b[2J"
+                                 " (held to its allocation for 30 s)")
     assert snap.job(6).fault is None and len(snap.job(6).ranks) == 1
     assert reader.spent(UID)[0] <= 64 * 1024 + 16384
     plan = decide(snap, Policy.LEND_IDLE)
@@ -288,3 +289,63 @@ def test_walking_a_users_cgroup_folders_is_charged_to_his_budget(tmp_path):
         assert (job.fault is not None and "InputBudgetExceeded" in job.fault) == held, job.fault
         assert len(job.ranks) == (0 if held else 1)
         assert reader.spent(UID)[1] >= scan_cpu_s
+
+
+def test_the_sites_input_cpu_budget_reaches_the_reader_and_is_bounded(tmp_path):
+    """agent.json's input_cpu_budget_ms (a slow or emulated node needs more than 20 ms) is the
+    budget of the reader the node's reconciler reads records with; nonsense is refused."""
+    from slurm_plugin.node.config import AgentConfig
+    from slurm_plugin.node.wiring import make_reconciler
+    from slurm_plugin.topology import CpuNumbering, SlurmLayout
+    base = AgentConfig.under(tmp_path, node="n1")
+    assert base.input_cpu_budget_ms == 20.0
+    config = AgentConfig.from_json(json.dumps({**json.loads(base.to_json()),
+                                               "input_cpu_budget_ms": 250}))
+    numbering = CpuNumbering(linux_of=(0, 1), cores=(frozenset({0}), frozenset({1})),
+                             layout=SlurmLayout(1, 2, 1))
+    reconciler = make_reconciler(config, N1, numbering=numbering)
+    assert reconciler.rank_reader.max_cpu_s == pytest.approx(0.25)
+    for bad in (0, 5000, True, "20"):
+        with pytest.raises(ValueError, match="input_cpu_budget_ms"):
+            AgentConfig.from_json(json.dumps({**json.loads(base.to_json()),
+                                              "input_cpu_budget_ms": bad}))
+
+
+def test_a_job_at_fault_stays_held_for_the_hold_time_so_it_does_not_flap(tmp_path):
+    """Seen live on an emulated 8-CPU node: a grown job's records cost more than the budget,
+    it was held to its allocation, the next cycle (its rank now at 2 threads, the node quieter)
+    cost less and it grew again: grown and shrunk every other cycle for a minute. Held for
+    fault_hold_s after its last fault, it is not."""
+    from malleable_policy.decide import decide
+    from slurm_plugin.feed import FeedJob, NodeFeed
+    from slurm_plugin.node.ledger import Ledger
+    from slurm_plugin.node.observe import NodeObserver
+    from slurm_plugin.node.cgroup_actuator import CgroupJob
+    from slurm_plugin.node.ranks import InputBudgetExceeded
+    from malleable_policy.model import Policy
+    from ..fakes import FakeCgroups, FakeFeed
+    S = frozenset
+    over = [True]
+
+    def read_ranks(*args):
+        if over[0]:
+            raise InputBudgetExceeded("job 5: its user's input cost more than its budget")
+        return ()
+    now = [1000.0]
+    feed = NodeFeed("n1", 4, (FeedJob(5, UID, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
+    cg = {5: CgroupJob(UID, 5, S({0}), {"step_0": S({0})})}
+    obs = NodeObserver("n1", RunLayout(tmp_path), FakeFeed(feed), FakeCgroups(cg),
+                       read_ranks=read_ranks, wall=lambda: now[0], fault_hold_s=30.0)
+    ledger = Ledger()
+    first = obs.observe(ledger).job(5).fault
+    assert "InputBudgetExceeded" in first and "held to its allocation for 30 s" in first
+    over[0] = False
+    for t in (1001.0, 1029.0):           # clean input, but within the hold: the same fault
+        now[0] = t
+        snap = obs.observe(ledger)
+        assert snap.job(5).fault == first
+        assert decide(snap, Policy.LEND_IDLE).targets[5] == {0}
+    now[0] = 1031.0                        # the hold is over: it may grow into the idle cores
+    snap = obs.observe(ledger)
+    assert snap.job(5).fault is None
+    assert decide(snap, Policy.LEND_IDLE).targets[5] == S(range(4))
