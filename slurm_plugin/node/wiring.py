@@ -55,7 +55,7 @@ def make_reconciler(config: AgentConfig, layout: SlurmCgroupLayout | None = None
     ``numbering``: how Slurm's CPU ids name this node's CPUs; None: read from the node."""
     actuator = make_actuator(config, layout, before_write=before_write)
     store = FeedStore(config.feed_dir, refresh_s=feed_refresh_s)
-    reader = RankReader()
+    reader = RankReader(max_cpu_s=config.input_cpu_budget_ms / 1000)
     refusal = None
     if numbering is None:
         numbering, refusal = cpu_numbering()
