@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         numbering, refusal = cpu_numbering()
         if numbering is not None:
             print(f"CPU numbering: {numbering.describe()}")
+            if numbering.layout.threads_per_core > 1:
+                print(f"Lending: {lending_unit()}")
         else:
             print(f"CPU numbering: cannot be established ({refusal}); jobs keep Slurm's "
                   "allocation")
@@ -51,3 +53,21 @@ def run(args: argparse.Namespace) -> int:
                        + (f" (or has no step {args.step})" if args.step else ""))
     print(format_cpu_list(cpus))
     return 0
+
+
+def lending_unit() -> str:
+    """How cores are lent on a hyperthreaded node, by what Slurm allocates there."""
+    from malleable_protocol.runner import CommandError, run_command
+    from slurm_plugin.slurm.parsers import AllocationUnit, allocation_unit
+    try:
+        config = run_command(["scontrol", "show", "config"], timeout=20).stdout
+    except (CommandError, OSError):
+        config = None
+    unit = allocation_unit(config)
+    if unit is AllocationUnit.CORE:
+        return "whole cores (both threads), as Slurm allocates them (SelectTypeParameters)"
+    if unit is AllocationUnit.THREAD:
+        return ("whole cores (both threads); Slurm allocates single threads (CR_CPU): a job "
+                "given part of a core keeps its allocation")
+    return ("whole cores (both threads); what Slurm allocates is unknown (scontrol show config "
+            "failed): a job given part of a core keeps its allocation")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
-from slurm_plugin.slurm.parsers import parse_config_value, parse_config_values
+from slurm_plugin.slurm.parsers import (AllocationUnit, allocation_unit, parse_config_value,
+                                        parse_config_values)
 from slurm_plugin.commands.common import CliError
 from slurm_plugin.node.config import AgentConfig, load_agent_config
 from slurm_plugin.settings import RootSettings, root_settings
@@ -148,10 +149,21 @@ def _numbering_check(f: Facts) -> Check:
                      f"are {f.cpu_layout}: make slurm.conf what `slurmd -C` prints; jobs keep "
                      "Slurm's allocation")
     if f.cpu_layout is not None and f.cpu_layout[2] > 1:
-        return Check("CPU numbering", Status.WARN, f"{f.numbering}; lends whole cores (both "
-                     "threads): Slurm must allocate whole cores (CR_Core, CR_Core_Memory), or "
-                     "jobs keep their allocation (whole-core lending)")
+        unit = allocation_unit(f.slurm_config)
+        if unit is AllocationUnit.CORE:
+            return Check("CPU numbering", Status.OK, f"{f.numbering}; Slurm allocates whole "
+                         "cores (SelectTypeParameters), the agent lends whole cores (both "
+                         "threads)")
+        return Check("CPU numbering", Status.WARN, f"{f.numbering}; the agent lends whole "
+                     "cores (both threads), but Slurm "
+                     + ("allocates single threads (CR_CPU): a job given part of a core keeps "
+                        "its allocation, and lends nothing on this node"
+                        if unit is AllocationUnit.THREAD else
+                        "may allocate single threads (SelectTypeParameters unknown): a job "
+                        "given part of a core keeps its allocation")
+                     + "; CR_Core or CR_Core_Memory lets every job lend")
     return Check("CPU numbering", Status.OK, f.numbering)
+
 
 
 def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:

@@ -2,6 +2,8 @@
 v0.0.42). Tested on output captured from each (tests/fixtures/slurm-22.05, slurm-24.11)."""
 from __future__ import annotations
 
+import enum
+
 import json
 import re
 
@@ -225,3 +227,21 @@ def parse_sacct_comments(text: str) -> dict[int, str]:
         elif last is not None:
             out[last] += "\n" + line
     return out
+
+
+class AllocationUnit(enum.Enum):
+    CORE = "core"        # CR_Core, CR_Core_Memory, CR_Socket*: a job's CPUs are whole cores
+    THREAD = "thread"    # CR_CPU, CR_CPU_Memory: a job may get one thread of a core
+    UNKNOWN = "unknown"
+
+
+def allocation_unit(slurm_config: str | None) -> AllocationUnit:
+    """What Slurm allocates on hyperthreaded nodes, from SelectTypeParameters (scontrol show
+    config). CR_Memory alone allocates whole nodes; anything else unread is unknown."""
+    value = parse_config_value(slurm_config or "", "SelectTypeParameters") or ""
+    words = {w.strip().upper() for w in value.split(",")}
+    if words & {"CR_CORE", "CR_CORE_MEMORY", "CR_SOCKET", "CR_SOCKET_MEMORY"}:
+        return AllocationUnit.CORE
+    if words & {"CR_CPU", "CR_CPU_MEMORY"}:
+        return AllocationUnit.THREAD
+    return AllocationUnit.UNKNOWN

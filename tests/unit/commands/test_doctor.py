@@ -64,10 +64,25 @@ def test_the_cpu_numbering_check_says_what_slurm_and_the_node_disagree_on():
     f.feed_file = {**f.feed_file, "layout": [1, 32, 1]}      # hyperthreads counted as cores
     check = next(c for c in diagnose(f) if c.name == "CPU numbering")
     assert check.status is Status.FAIL and "slurmd -C" in check.detail
-    f = healthy()
-    f.cpu_layout, f.feed_file = [2, 8, 2], {**f.feed_file, "layout": [2, 8, 2]}
-    check = next(c for c in diagnose(f) if c.name == "CPU numbering")
-    assert check.status is Status.WARN and "whole-core" in check.detail
+
+
+def test_on_hyperthreaded_nodes_the_check_says_whether_slurm_allocates_cores_or_threads():
+    def check_with(select: str | None):
+        f = healthy()
+        f.cpu_layout, f.feed_file = [2, 8, 2], {**f.feed_file, "layout": [2, 8, 2]}
+        lines = [ln for ln in f.slurm_config.splitlines()
+                 if not ln.startswith("SelectTypeParameters")]
+        if select is not None:
+            lines.append(f"SelectTypeParameters    = {select}")
+        f.slurm_config = "\n".join(lines)
+        return next(c for c in diagnose(f) if c.name == "CPU numbering")
+    for whole in ("CR_CORE_MEMORY", "CR_Core", "CR_SOCKET,CR_PACK_NODES"):
+        check = check_with(whole)
+        assert check.status is Status.OK and "allocates whole cores" in check.detail, whole
+    check = check_with("CR_CPU_MEMORY")
+    assert check.status is Status.WARN and "single threads (CR_CPU)" in check.detail
+    check = check_with(None)
+    assert check.status is Status.WARN and "unknown" in check.detail
 
 
 def test_no_slurmctld_fails_and_a_commented_plugin_line_does_not_count():
