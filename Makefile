@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (idempotent).
-.PHONY: setup demo test test-tf-all unit site-slurm test-site test-v2 test-slurm26
+.PHONY: setup demo test test-tf-all unit site-slurm test-site test-v2 test-slurm26 test-topology
 
 setup:
 	bash scripts/setup.sh
@@ -10,7 +10,8 @@ demo: setup
 # The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv, and
 # a subset of them on TensorFlow 2.17 and 2.19 (scripts/lib/tf-matrix.sh, a venv each), then
 # docker-slurm's end-to-end tests on Slurm 22.05, 24.11 and 26.05 (containers of their own), then Slurm
-# 24.11 on cgroup v2 in virtual machines (vm-slurm).
+# 24.11 on cgroup v2 in virtual machines (vm-slurm; vm2 numbered as a two-socket server with
+# hyperthreads, tests/vm/test_topology.py).
 test: site-slurm
 	bash scripts/setup.sh --keras3 --tf-matrix
 	rc=0; bash scripts/run_tests.sh || rc=$$?; \
@@ -45,3 +46,9 @@ test-slurm26:
 test-v2:
 	bash scripts/setup.sh
 	$(MAKE) -C vm-slurm test
+
+# A node whose CPUs Linux numbers as a two-socket Intel server does (threads i and i + 4, sockets
+# alternating), not in Slurm's abstract order: vm-slurm's vm2, the topology scenario only.
+test-topology:
+	bash scripts/setup.sh
+	$(MAKE) -C vm-slurm test-topology

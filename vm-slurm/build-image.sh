@@ -156,8 +156,17 @@ ip addr add 10.0.2.15/24 dev "$hostif"
 ip link set "$hostif" up
 ip addr add "$net.$i/24" dev "$privif"
 ip link set "$privif" up
-sed -e "s/@NODES@/vm[1-$n]/" -e "s#@TASKPLUGIN@#${taskplugin:-task/cgroup}#" \
-  /etc/slurm/slurm.conf.in > /etc/slurm/slurm.conf
+# One NodeName line per node: 2 CPUs on one socket, or the SOCKETSxCORESxTHREADS that
+# vmslurm.layouts gives it (vm2=2x2x2,...: vmctl.py's server topologies).
+layouts=$(arg layouts)
+nodelines=$(for j in $(seq 1 "$n"); do
+  l=$(tr ',' '\n' <<< "$layouts" | sed -n "s/^vm$j=//p")
+  IFS=x read -r s c t <<< "${l:-1x2x1}"
+  echo "NodeName=vm$j CPUs=$((s * c * t)) Sockets=$s CoresPerSocket=$c ThreadsPerCore=$t State=UNKNOWN"
+done)
+sed -e "s#@TASKPLUGIN@#${taskplugin:-task/cgroup}#" /etc/slurm/slurm.conf.in |
+  awk -v lines="$nodelines" '$0 == "@NODELINES@" { print lines; next } { print }' \
+  > /etc/slurm/slurm.conf
 if [ "$hwloc_x86" = 0 ]; then
   echo "HWLOC_COMPONENTS=-x86" >> /etc/default/slurmd
 fi
@@ -198,8 +207,8 @@ printf '[Unit]\nConditionKernelCommandLine=vmslurm.ctld=1\n' \
   >> "$R/etc/systemd/system/slurmctld.service.d/vm-slurm.conf"
 
 cat > "$R/etc/slurm/slurm.conf.in" <<'EOF'
-# vm-slurm: written at boot from slurm.conf.in by vmslurm-setup (@NODES@ from vmslurm.n,
-# @TASKPLUGIN@ from vmslurm.taskplugin, default task/cgroup).
+# vm-slurm: written at boot from slurm.conf.in by vmslurm-setup (@NODELINES@ from vmslurm.n and
+# vmslurm.layouts, @TASKPLUGIN@ from vmslurm.taskplugin, default task/cgroup).
 ClusterName=vmslurm
 SlurmctldHost=vm1
 SlurmUser=slurm
@@ -212,7 +221,9 @@ SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 SlurmctldDebug=info
-SlurmdDebug=info
+# debug: slurmstepd logs each job's CPUs in Slurm's abstract ids and in Linux's
+# (task/cgroup's 'job physical CPUs are'), which tests/vm/test_topology.py compares.
+SlurmdDebug=debug
 ProctrackType=proctrack/cgroup
 TaskPlugin=@TASKPLUGIN@
 JobAcctGatherType=jobacct_gather/none
@@ -224,7 +235,7 @@ ReturnToService=2
 SlurmdTimeout=120
 SlurmctldTimeout=60
 MessageTimeout=30
-NodeName=@NODES@ CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 State=UNKNOWN
+@NODELINES@
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 cat > "$R/etc/slurm/cgroup.conf" <<'EOF'

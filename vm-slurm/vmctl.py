@@ -12,7 +12,9 @@
 Environment: STATE (/var/tmp/vm-slurm), VM_SLURM_PORT_BASE (42200), VM_SLURM_NET (10.77.0),
 VM_SLURM_MEM (1024 MB), VM_SLURM_SMP (2), VM_SLURM_TASK_PLUGIN (the image's task/cgroup),
 VM_SLURM_HWLOC_X86 (set 0: slurmd runs with HWLOC_COMPONENTS=-x86), VM_SLURM_SHARE (a host
-folder every VM mounts at /shared over virtio-9p; default STATE/run/share, "none": no share).
+folder every VM mounts at /shared over virtio-9p; default STATE/run/share, "none": no share),
+VM_SLURM_TOPOLOGY (VMs numbered as servers are, "vm2=2x2x2,...": SOCKETSxCORESxTHREADS; see
+`Topology`).
 
 The image comes from build-image.sh (STATE/current). Emulation only (-accel tcg): KVM does not
 run guests on the project's machines. Each VM has two NICs:
@@ -33,9 +35,11 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 STATE = Path(os.environ.get("STATE", "/var/tmp/vm-slurm"))
@@ -52,6 +56,8 @@ HWLOC_X86 = os.environ.get("VM_SLURM_HWLOC_X86", "")
 # A host folder shared by every VM (virtio-9p, mounted by the guest at /shared): "none" for none.
 SHARE = os.environ.get("VM_SLURM_SHARE", "")
 SHARE_TAG = "vmshare"
+# VMs whose CPUs Linux numbers as a two-socket Intel server does, not in Slurm's abstract order.
+TOPOLOGY = os.environ.get("VM_SLURM_TOPOLOGY", "")
 HERE = Path(__file__).resolve().parent
 
 
@@ -112,6 +118,87 @@ def hub(port: int, peers: list[int]) -> None:
                     pass
 
 
+# --- server topologies ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Topology:
+    """A guest whose Linux CPU ids are not Slurm's abstract ones, as on real servers: the first
+    thread of every core, sockets alternating (CPU 0 on socket 0, CPU 1 on socket 1, as some
+    firmware does), then the second threads, so a core's threads are i and i + cores (Intel's
+    numbering); one NUMA node per socket. Slurm's abstract order would put a core's threads
+    next to each other and fill socket 0 first.
+
+    QEMU numbers its CPUs socket by socket; Linux numbers them in the order of the ACPI MADT's
+    entries. So the guest gets a second MADT listing the same local APICs in the server's order
+    (``-acpitable``) and the kernel option ``acpi_apic_instance=2`` to read that one
+    (docs/FACTS.md, "QEMU guests whose CPU numbering is not Slurm's")."""
+    sockets: int
+    cores: int
+    threads: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Topology":
+        s, c, t = (int(x) for x in text.lower().split("x"))
+        if not (1 <= s <= 4 and 1 <= c <= 8 and 1 <= t <= 2 and s * c * t <= 32):
+            raise ValueError(f"topology {text!r}: SOCKETSxCORESxTHREADS, at most 32 CPUs")
+        return cls(s, c, t)
+
+    @property
+    def cpus(self) -> int:
+        return self.sockets * self.cores * self.threads
+
+    def apic_id(self, socket: int, core: int, thread: int) -> int:
+        """QEMU's APIC id of a CPU: socket, core and thread fields of just enough bits each."""
+        tbits, cbits = (self.threads - 1).bit_length(), (self.cores - 1).bit_length()
+        return socket << (cbits + tbits) | core << tbits | thread
+
+    def linux_order(self) -> list[tuple[int, int, int]]:
+        """(socket, core, thread) of Linux's CPU 0, 1, 2, ...: threads outermost, then cores,
+        sockets innermost."""
+        return [(s, c, t) for t in range(self.threads) for c in range(self.cores)
+                for s in range(self.sockets)]
+
+    def madt(self) -> bytes:
+        """An ACPI MADT like QEMU 7.2's for the pc machine, local APICs in Linux's order (ACPI
+        processor uid = APIC id, as QEMU's DSDT has it while APIC ids are dense)."""
+        body = struct.pack("<II", 0xFEE00000, 1)                 # local APIC address, PCAT_COMPAT
+        for s, c, t in self.linux_order():
+            a = self.apic_id(s, c, t)
+            body += struct.pack("<BBBBI", 0, 8, a, a, 1)         # processor local APIC, enabled
+        body += struct.pack("<BBBBII", 1, 12, 0, 0, 0xFEC00000, 0)   # the I/O APIC
+        body += struct.pack("<BBBBIH", 2, 10, 0, 0, 2, 0)        # IRQ 0 -> GSI 2
+        for irq in (5, 9, 10, 11):                               # PCI IRQs: level, active high
+            body += struct.pack("<BBBBIH", 2, 10, 0, irq, irq, 0x0D)
+        body += struct.pack("<BBBHB", 4, 6, 0xFF, 0, 1)          # NMI on every CPU's LINT1
+        table = bytearray(struct.pack("<4sIBB6s8sI4sI", b"APIC", 36 + len(body), 1, 0,
+                                      b"BOCHS ", b"VMSLURM ", 1, b"BXPC", 1) + body)
+        table[9] = -sum(table) & 0xFF
+        return bytes(table)
+
+    def qemu_args(self, madt_file: Path, mem_mb: int) -> list[str]:
+        per_socket = self.cores * self.threads
+        args = ["-cpu", "qemu64,vendor=GenuineIntel,+hypervisor",
+                "-smp", f"{self.cpus},sockets={self.sockets},cores={self.cores},"
+                        f"threads={self.threads}",
+                "-acpitable", f"file={madt_file}"]
+        for s in range(self.sockets):
+            args += ["-object", f"memory-backend-ram,id=mem{s},size={mem_mb // self.sockets}M",
+                     "-numa", f"node,nodeid={s},memdev=mem{s},"
+                              f"cpus={s * per_socket}-{(s + 1) * per_socket - 1}"]
+        return args
+
+    def __str__(self) -> str:
+        return f"{self.sockets}x{self.cores}x{self.threads}"
+
+
+def topologies(text: str = TOPOLOGY) -> dict[int, Topology]:
+    """VM_SLURM_TOPOLOGY ("vm2=2x2x2,vm3=2x4x2") as {VM index: topology}."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, spec = item.partition("=")
+        out[node_index(name)] = Topology.parse(spec)
+    return out
+
+
 # --- ssh --------------------------------------------------------------------------------------
 def ssh_argv(cluster: dict, i: int, tty: bool = False) -> list[str]:
     return [
@@ -141,15 +228,22 @@ def vm_argv(cluster: dict, i: int, share: Path | None) -> list[str]:
     """qemu's command line for VM i of cluster."""
     name, n, ssh_ports, udp_ports = f"vm{i}", cluster["n"], cluster["ssh"], cluster["udp"]
     image = Path(cluster["image"])
+    topology = {int(k): Topology.parse(v) for k, v in cluster.get("topology", {}).items()}
+    server = topology.get(i)
+    layouts = ",".join(f"vm{k}={t}" for k, t in sorted(topology.items()))
     append = (f"{KERNEL_OPTIONS} vmslurm.name={name} vmslurm.n={n} vmslurm.net={cluster['net']}"
               + (" vmslurm.ctld=1" if i == 1 else "")
+              + (f" vmslurm.layouts={layouts}" if layouts else "")
+              + (" acpi_apic_instance=2" if server else "")
               + (f" vmslurm.taskplugin={TASK_PLUGIN}" if TASK_PLUGIN else "")
               + (f" vmslurm.hwloc_x86={HWLOC_X86}" if HWLOC_X86 else "")
               + (f" vmslurm.share={SHARE_TAG}" if share else ""))
     hx = f"{i:02x}"
     return [
         "qemu-system-x86_64", "-name", f"vmslurm-{name},process=vmslurm-{name}",
-        "-accel", "tcg,thread=multi", "-smp", f"{SMP},sockets=1,cores={SMP},threads=1",
+        "-accel", "tcg,thread=multi",
+        *(server.qemu_args(RUN / f"{name}.madt", MEM_MB) if server else
+          ["-smp", f"{SMP},sockets=1,cores={SMP},threads=1"]),
         "-m", str(MEM_MB), "-nodefaults", "-display", "none", "-vga", "none",
         "-serial", f"file:{RUN / (name + '.log')}", "-monitor", "none",
         "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
@@ -205,6 +299,14 @@ def cmd_up(args) -> int:
     if rc:
         return rc
     image = IMAGE.resolve()
+    try:
+        servers = topologies()
+    except ValueError as exc:
+        log(f"VM_SLURM_TOPOLOGY: {exc}")
+        return 2
+    if any(not 1 <= k <= n for k in servers):
+        log(f"VM_SLURM_TOPOLOGY names a VM outside vm1..vm{n}: {TOPOLOGY}")
+        return 2
     ssh_ports = [PORT_BASE + i for i in range(1, n + 1)]
     udp_ports = [PORT_BASE + 100 + i for i in range(1, n + 1)]
     busy = [p for p in ssh_ports if not port_free(p, socket.SOCK_STREAM)]
@@ -222,7 +324,8 @@ def cmd_up(args) -> int:
     started = time.time()
     cluster = {"n": n, "image": str(image), "ssh": ssh_ports, "udp": udp_ports,
                "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN),
-               "share": str(share) if share else None}
+               "share": str(share) if share else None,
+               "topology": {str(k): str(t) for k, t in servers.items()}}
     (RUN / "cluster.json").write_text(json.dumps(cluster, indent=1))
 
     hub_log = open(RUN / "hub.log", "w")
@@ -232,6 +335,8 @@ def cmd_up(args) -> int:
         start_new_session=True)
     (RUN / "hub.pid").write_text(f"{hub_proc.pid}\n")
 
+    for i, topology in servers.items():
+        (RUN / f"vm{i}.madt").write_bytes(topology.madt())
     for i in range(1, n + 1):
         (RUN / f"vm{i}.cmd").write_text(shlex.join(vm_argv(cluster, i, share)) + "\n")
         boot_vm(cluster, i)

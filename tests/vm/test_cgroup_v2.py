@@ -7,13 +7,12 @@ and its rank follows; a new job gets its core back before its script runs (the P
 in it (the SPANK plugin); no CPU is ever in two jobs' cpusets. Jobs run as the VMs' `tester` (uid 1000)."""
 from __future__ import annotations
 
-import json
 import time
 
 from malleable_protocol import parse_cpu_list
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 
-from .conftest import NOTES, RUN_DIR, SLURM_CONF, Stage, VMs, diagnostics, wait_for
+from .conftest import NOTES, RUN_DIR, SLURM_CONF, Node, Stage, VMs, diagnostics, wait_for
 
 NODE = "vm1"
 # Where Slurm's naming rule puts vm1's jobs for Debian's build (multiple-slurmd) on v2, as the
@@ -35,54 +34,8 @@ def test_discover_layout_reports_v2_and_the_node_scope(cosched: VMs):
         assert cli.startswith(f"cgroup v2, {SCOPE}/job_<J>/step_<S>/user/task_<T>"), cli
 
 
-class Node:
-    """Reads of vm1's real state, by plain shell (a guest's Python start takes seconds)."""
-
-    def __init__(self, vms: VMs):
-        self.vms = vms
-
-    def job_cpus(self, job: int, step: str | None = None) -> frozenset[int] | None:
-        folder = LAYOUT.job_dir(0, job) if step is None else LAYOUT.step_dir(0, job, step)
-        path = f"{folder}/cpuset.cpus.effective"
-        r = self.vms.run(NODE, f"cat {path}", check=False, timeout=60)
-        return parse_cpu_list(r.stdout.strip()) if r.returncode == 0 else None
-
-    def record(self, job: int) -> dict | None:
-        r = self.vms.run(NODE, f"cat {RUN_DIR}/jobs/job_{job}/rank_0.step_batch.json",
-                         check=False, timeout=60)
-        if r.returncode != 0 or not r.stdout.strip():
-            return None
-        d = json.loads(r.stdout)
-        d["allowed"] = parse_cpu_list(d.get("allowed_cpus") or "")
-        return d
-
-    def overlaps(self) -> list[str]:
-        """CPUs in two jobs' cpusets (every job folder's effective set, read together)."""
-        out = self.vms.out(NODE, f"cd {SCOPE} && for j in job_*; do "
-                                 f"[ -d \"$j\" ] && echo $j $(cat $j/cpuset.cpus.effective); done",
-                           timeout=60)
-        owner, problems = {}, []
-        for line in out.splitlines():
-            name, _, cpus = line.partition(" ")
-            for c in parse_cpu_list(cpus.strip()):
-                if c in owner:
-                    problems.append(f"CPU {c} in {owner[c]} and {name}")
-                owner[c] = name
-        return problems
-
-    def state(self, job: int) -> str:
-        out = self.vms.out(NODE, f"scontrol show job {job} | grep -o 'JobState=[A-Z_]*'",
-                           check=False, timeout=60)
-        return out.strip().partition("=")[2]
-
-    def affinity(self, pid: int) -> str:
-        return self.vms.out(NODE, f"for t in /proc/{pid}/task/*; do "
-                                  f"grep Cpus_allowed_list $t/status | cut -f2; done | sort | "
-                                  f"uniq -c | tr -s ' ' | paste -sd ';'", check=False).strip()
-
-
 def test_grow_step_reclaim_and_shrink_on_cgroup_v2(cosched: VMs):
-    vms, node = cosched, Node(cosched)
+    vms, node = cosched, Node(cosched, NODE)
     stop = "/tmp/vmtest-stop-a"
     vms.run(NODE, f"rm -f {stop} /tmp/vmtest-a.out /tmp/vmtest-b.out")
 
