@@ -67,7 +67,8 @@ def lending_unit() -> str:
     if unit is AllocationUnit.CORE:
         return "whole cores (both threads), as Slurm allocates them (SelectTypeParameters)"
     if unit is AllocationUnit.THREAD:
-        return ("whole cores (both threads); Slurm allocates single threads (CR_CPU): a job "
-                "given part of a core keeps its allocation")
+        return ("whole cores (both threads); Slurm allocates single threads (CR_CPU): while a "
+                "job holds part of a core, every job on the node keeps its allocation")
     return ("whole cores (both threads); what Slurm allocates is unknown (scontrol show config "
-            "failed): a job given part of a core keeps its allocation")
+            "failed): while a job holds part of a core, every job on the node keeps its "
+            "allocation")

@@ -156,11 +156,11 @@ def _numbering_check(f: Facts) -> Check:
                          "threads)")
         return Check("CPU numbering", Status.WARN, f"{f.numbering}; the agent lends whole "
                      "cores (both threads), but Slurm "
-                     + ("allocates single threads (CR_CPU): a job given part of a core keeps "
-                        "its allocation, and lends nothing on this node"
+                     + ("allocates single threads (CR_CPU): while a job holds part of a core, "
+                        "every job on the node keeps its allocation"
                         if unit is AllocationUnit.THREAD else
-                        "may allocate single threads (SelectTypeParameters unknown): a job "
-                        "given part of a core keeps its allocation")
+                        "may allocate single threads (SelectTypeParameters unknown): while a "
+                        "job holds part of a core, every job on the node keeps its allocation")
                      + "; CR_Core or CR_Core_Memory lets every job lend")
     return Check("CPU numbering", Status.OK, f.numbering)
 
