@@ -37,15 +37,12 @@ class NodeObserver:
                  wall: Callable[[], float] = time.time,
                  cpuset_of: Callable[[int], str | None] = process_cpuset,
                  stepds: Callable[[], list[StepdProcess]] = slurmstepd_processes,
-                 placement_check_s: float = 5.0, fault_hold_s: float = 30.0,
+                 placement_check_s: float = 5.0,
                  numbering: CpuNumbering | None = None, refusal: str | None = None):
         """``numbering``: how Slurm's abstract CPU ids (the feed's) name this node's CPUs; None
         takes them as Linux's (tests, and nodes built that way). ``refusal``: why the node's
         numbering could not be established (``TopologyUnknown``): then the feed's CPU ids are
-        never used, and the reconciler holds every job to its allocation.
-        ``fault_hold_s``: a job at fault stays held to its allocation this long after its last
-        fault, so that input that costs too much only now and then (a record budget exceeded
-        every other cycle) does not grow and shrink the job over and over."""
+        never used, and the reconciler holds every job to its allocation."""
         self.node = node
         self.max_cpus = max_cpus
         self.limits = limits          # the site's bounds on what jobs ask and claim
@@ -57,8 +54,6 @@ class NodeObserver:
         self._cpuset_of = cpuset_of
         self._stepds = stepds
         self.placement_check_s = placement_check_s
-        self.fault_hold_s = fault_hold_s
-        self._faults: dict[int, tuple[float, str]] = {}    # job -> (last fault's time, fault)
         self._placement: tuple[float, tuple[int, ...], tuple[str, ...]] | None = None
         self.numbering = numbering
         self._base_refusal = refusal
@@ -150,7 +145,9 @@ class NodeObserver:
             ledger.starting.pop(job_id, None)
             spec = fj.spec if fj is not None else None
             fault, ranks = self._job_input(job_id, uid, cg) if spec else (None, ())
-            fault = self._held(job_id, fault_of.get(job_id, fault))
+            fault = fault_of.get(job_id, fault)
+            if fault is not None:      # names its user chose, bound for root's logs
+                fault = printable(fault)
             nodes = fj.nodes if fj is not None else (self.node,)
             view = JobView(
                 job_id=job_id, uid=uid, user=fj.user if fj else str(uid),
@@ -163,7 +160,6 @@ class NodeObserver:
                 peer_cap_per_rank=self._peer_cap(nodes, job_id) if spec and len(nodes) > 1
                 else None)
             views.append(replace(view, folders_in_line=cg.in_line(view.step_cpus(cg.cpus))))
-        self._faults = {j: f for j, f in self._faults.items() if j in found}
         # Jobs Slurm placed here whose folder is not made yet: their cores are reserved. A stale
         # feed entry whose cores a running job's folder already holds is an ended job.
         held = frozenset().union(*(v.allocation | v.current for v in views))
@@ -206,23 +202,6 @@ class NodeObserver:
                   self.numbering.describe() if self.numbering else "Linux's")
         return (f"its cgroup holds {format_cpu_list(cg.cpus)}, not Slurm's "
                 f"{format_cpu_list(linux)} (abstract {format_cpu_list(abstract)})")
-
-    def _held(self, job_id: int, fault: str | None) -> str | None:
-        """This cycle's fault of the job, or the last one while ``fault_hold_s`` has not passed
-        since it (the same words: the event log records a fault when they change)."""
-        now = self._wall()
-        if fault is not None:      # names its user chose, bound for root's logs
-            fault = printable(f"{fault} (held to its allocation for "
-                              f"{self.fault_hold_s:.0f} s)")
-            self._faults[job_id] = (now, fault)
-            return fault
-        last = self._faults.get(job_id)
-        if last is None:
-            return None
-        if 0 <= now - last[0] < self.fault_hold_s:
-            return last[1]
-        del self._faults[job_id]
-        return None
 
     def _job_input(self, job_id: int, uid: int, cg: CgroupJob
                    ) -> tuple[str | None, tuple[RankView, ...]]:
