@@ -120,8 +120,8 @@ def test_the_guest_numbers_its_cpus_as_a_server(cosched: VMs):
 def test_grow_reclaim_shrink_and_step_on_a_server_numbered_node(cosched: VMs):
     vms, node = cosched, Node(cosched, NODE)
     cores = cores_of(lscpu(vms))
-    stop = "/tmp/vmtest-topo-stop"
-    vms.run(NODE, f"rm -f {stop} /tmp/vmtest-topo-a.out /tmp/vmtest-topo-b.out")
+    stop, stop_b = "/tmp/vmtest-topo-stop", "/tmp/vmtest-topo-stop-b"
+    vms.run(NODE, f"rm -f {stop} {stop_b} /tmp/vmtest-topo-a.out /tmp/vmtest-topo-b.out")
 
     def show(job: int):
         return lambda: (f"job {job}: {node.state(job)} cpus {node.job_cpus(job)} "
@@ -162,8 +162,11 @@ def test_grow_reclaim_shrink_and_step_on_a_server_numbered_node(cosched: VMs):
             invariants("A grown")
 
         with Stage("(t3) B (rigid, one core): its core taken back from A before its script"):
+            # B runs until the checks below are done (its stop file; 300 s at most): in CI's
+            # loaded VM they once outlasted a fixed 20 s, and A was grown back before they ran.
             b_script = (f"echo B=$({CLI} cgroups --node {NODE} --job $SLURM_JOB_ID) "
-                        f"A=$({CLI} cgroups --node {NODE} --job {a}); sleep 20")
+                        f"A=$({CLI} cgroups --node {NODE} --job {a}); for i in $(seq 300); "
+                        f"do [ -e {stop_b} ] && break; sleep 1; done")
             b = int(vms.out(NODE, (
                 f"cd /tmp && {AS_TESTER} sbatch --parsable -N1 -c2 -w {NODE} -D /tmp "
                 f"-o /tmp/vmtest-topo-b.out --wrap '{b_script}'")).strip().split(";")[0])
@@ -182,6 +185,8 @@ def test_grow_reclaim_shrink_and_step_on_a_server_numbered_node(cosched: VMs):
             wait_for(lambda: (r := node.record(a)) and r["allowed"] == CPUS - b_alloc
                      and r["intra_active"] == 6, timeout=120, interval=2,
                      what="A's rank down to 6 CPUs, 6 threads", show=show(a))
+            invariants("B running, A's rank at 6")
+            vms.run(NODE, f"touch {stop_b}")
             wait_for(lambda: node.state(b) == "COMPLETED", timeout=180, interval=2,
                      what="B completed", show=show(b))
             wait_for(lambda: node.job_cpus(a) == CPUS, timeout=180, interval=2,
@@ -235,7 +240,7 @@ def test_grow_reclaim_shrink_and_step_on_a_server_numbered_node(cosched: VMs):
             assert line["allocation"] == 2 and line["borrowed_core_s"] > 0, line
             NOTES.append(f"(t6) A's usage on {NODE}: {line}")
     finally:
-        vms.run(NODE, f"touch {stop}; scancel {a}", check=False)
+        vms.run(NODE, f"touch {stop} {stop_b}; scancel {a}", check=False)
 
 
 def test_a_job_on_both_nodes_gets_no_more_per_rank_than_the_smaller_offer(cosched: VMs):
