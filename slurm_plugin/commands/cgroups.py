@@ -58,17 +58,9 @@ def run(args: argparse.Namespace) -> int:
 def lending_unit() -> str:
     """How cores are lent on a hyperthreaded node, by what Slurm allocates there."""
     from malleable_protocol.runner import CommandError, run_command
-    from slurm_plugin.slurm.parsers import AllocationUnit, allocation_unit
+    from slurm_plugin.slurm.parsers import allocation_unit
     try:
         config = run_command(["scontrol", "show", "config"], timeout=20).stdout
     except (CommandError, OSError):
         config = None
-    unit = allocation_unit(config)
-    if unit is AllocationUnit.CORE:
-        return "whole cores (both threads), as Slurm allocates them (SelectTypeParameters)"
-    if unit is AllocationUnit.THREAD:
-        return ("whole cores (both threads); Slurm allocates single threads (CR_CPU): while a "
-                "job holds part of a core, every job on the node keeps its allocation")
-    return ("whole cores (both threads); what Slurm allocates is unknown (scontrol show config "
-            "failed): while a job holds part of a core, every job on the node keeps its "
-            "allocation")
+    return allocation_unit(config).lending

@@ -150,20 +150,9 @@ def _numbering_check(f: Facts) -> Check:
                      "Slurm's allocation")
     if f.cpu_layout is not None and f.cpu_layout[2] > 1:
         unit = allocation_unit(f.slurm_config)
-        if unit is AllocationUnit.CORE:
-            return Check("CPU numbering", Status.OK, f"{f.numbering}; Slurm allocates whole "
-                         "cores (SelectTypeParameters), the agent lends whole cores (both "
-                         "threads)")
-        return Check("CPU numbering", Status.WARN, f"{f.numbering}; the agent lends whole "
-                     "cores (both threads), but Slurm "
-                     + ("allocates single threads (CR_CPU): while a job holds part of a core, "
-                        "every job on the node keeps its allocation"
-                        if unit is AllocationUnit.THREAD else
-                        "may allocate single threads (SelectTypeParameters unknown): while a "
-                        "job holds part of a core, every job on the node keeps its allocation")
-                     + "; CR_Core or CR_Core_Memory lets every job lend")
+        return Check("CPU numbering", Status.OK if unit is AllocationUnit.CORE else Status.WARN,
+                     f"{f.numbering}; lends {unit.lending}")
     return Check("CPU numbering", Status.OK, f.numbering)
-
 
 
 def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:

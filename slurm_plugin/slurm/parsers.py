@@ -234,6 +234,19 @@ class AllocationUnit(enum.Enum):
     THREAD = "thread"    # CR_CPU, CR_CPU_Memory: a job may get one thread of a core
     UNKNOWN = "unknown"
 
+    @property
+    def lending(self) -> str:
+        """How the agent lends on a hyperthreaded node under this unit (the doctor's and
+        ``malleable cgroups``' words)."""
+        if self is AllocationUnit.CORE:
+            return ("whole cores (both threads), as Slurm allocates them (SelectTypeParameters "
+                    "allocates whole cores)")
+        why = ("Slurm allocates single threads (CR_CPU)" if self is AllocationUnit.THREAD else
+               "what Slurm allocates is unknown (SelectTypeParameters not read)")
+        return (f"whole cores (both threads); {why}: while a job holds part of a core, every "
+                "job on the node keeps its allocation; CR_Core or CR_Core_Memory lets every "
+                "job lend")
+
 
 def allocation_unit(slurm_config: str | None) -> AllocationUnit:
     """What Slurm allocates on hyperthreaded nodes, from SelectTypeParameters (scontrol show
