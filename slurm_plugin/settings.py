@@ -8,7 +8,8 @@ is parsed where it is used (``hooks.job_hooks``), since slurmd sets it per job.
   SLURM_NODENAME: the node a job's command runs on (``malleable layout`` inside a job).
 - SLURM_CONF: Slurm's configuration, where a command or the layout discovery is not told.
 - MALLEABLE_FEED_DIR, MALLEABLE_STATE_DIR: the cluster's feed and the agents' state, for the
-  commands that read them (default /run/malleable/feed; the state: beside the feed).
+  commands that read them (unset: each command's default, ``DEFAULT_FEED_DIR`` or what
+  agent.json says; the state: beside the feed).
 - MALLEABLE_CLUSTER_DIR: the development cluster's folder (default /tmp/malleable-cluster).
 - CC: the compiler of the SPANK plugin (default gcc).
 """
@@ -35,7 +36,7 @@ class RootSettings:
     slurmd_node: str | None = None          # SLURMD_NODENAME
     job_node: str | None = None             # SLURM_NODENAME
     slurm_conf: Path | None = None          # SLURM_CONF
-    feed_dir: Path = DEFAULT_FEED_DIR       # MALLEABLE_FEED_DIR
+    feed_dir: Path | None = None            # MALLEABLE_FEED_DIR
     state_dir: Path | None = None           # MALLEABLE_STATE_DIR
     cluster_dir: Path = DEFAULT_CLUSTER_DIR  # MALLEABLE_CLUSTER_DIR
     cc: str = "gcc"                         # CC
@@ -50,7 +51,7 @@ class RootSettings:
         return cls(slurmd_node=_node(environ, "SLURMD_NODENAME"),
                    job_node=_node(environ, "SLURM_NODENAME"),
                    slurm_conf=_path(environ, "SLURM_CONF"),
-                   feed_dir=_path(environ, "MALLEABLE_FEED_DIR") or DEFAULT_FEED_DIR,
+                   feed_dir=_path(environ, "MALLEABLE_FEED_DIR"),
                    state_dir=_path(environ, "MALLEABLE_STATE_DIR"),
                    cluster_dir=cluster_dir(environ),
                    cc=_word(environ, "CC") or "gcc")

@@ -13,6 +13,8 @@ from malleable_protocol.errors import FixableError
 from slurm_plugin.slurm import CliSlurmClient
 
 POLICIES = [p.value for p in Policy]
+# Where docs/install.md's step configure puts agent.json: the admin's commands default to it.
+DEFAULT_AGENT_CONFIG = "/etc/malleable/agent.json"
 
 
 class CliError(FixableError):

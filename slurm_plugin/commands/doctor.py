@@ -20,7 +20,7 @@ from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
 from slurm_plugin.slurm.parsers import (AllocationUnit, allocation_unit, parse_config_value,
                                         parse_config_values)
-from slurm_plugin.commands.common import CliError
+from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError
 from slurm_plugin.node.config import AgentConfig, load_agent_config
 from slurm_plugin.settings import RootSettings, root_settings
 
@@ -171,11 +171,19 @@ def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
-def plugstack_path(config_text: str, slurm_conf: Path) -> Path:
+def plugstack_path(config_text: str, slurm_conf: Path | None) -> Path:
     """The plugstack.conf slurmstepd reads: PlugStackConfig where set; else, Slurm's default,
-    plugstack.conf beside slurm.conf (24.11 shows an unset one as "(null)")."""
+    plugstack.conf beside the slurm.conf in use (24.11 shows an unset one as "(null)"). That
+    slurm.conf is the one given, else the one scontrol says it read (its SLURM_CONF line: on a
+    configless node, slurmd's copy in /run/slurm/conf; on a build with another sysconfdir, that
+    folder's), else /etc/slurm's."""
     set_to = parse_config_values(config_text, "PlugStackConfig")
-    return Path(set_to[0]) if set_to else Path(slurm_conf).parent / "plugstack.conf"
+    if set_to:
+        return Path(set_to[0])
+    read = parse_config_value(config_text, "SLURM_CONF")
+    conf = slurm_conf or (Path(read) if read and read.startswith("/") else None) \
+        or Path(DEFAULT_SLURM_CONF)
+    return conf.parent / "plugstack.conf"
 
 
 def _hook_runs_ours(values: list[str]) -> tuple[str, bool]:
@@ -210,8 +218,8 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     for key in HOOK_KEYS:
         f.hooks[key] = _hook_runs_ours(parse_config_values(f.slurm_config or "", key))
     try:
-        plugstack = plugstack_path(f.slurm_config or "", config.slurm_conf
-                                   or root_settings().slurm_conf or Path(DEFAULT_SLURM_CONF))
+        plugstack = plugstack_path(f.slurm_config or "",
+                                   config.slurm_conf or root_settings().slurm_conf)
         f.plugstack_lines = _plugstack_lines(plugstack)
         so = next((line.split()[1] for line in f.plugstack_lines
                    if SPANK_SO in line and len(line.split()) > 1), None)
@@ -263,7 +271,9 @@ def render(checks: list[Check]) -> str:
 def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
     dr = sub.add_parser("doctor", help="check this node's co-scheduler install (root): Slurm's "
                         "hooks, the SPANK plugin, the cgroup layout, the agent, the feed")
-    dr.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
+    dr.add_argument("--config", default=DEFAULT_AGENT_CONFIG,
+                    help="agent.json (from install-slurm-hooks; default %(default)s, the "
+                         "install guide's)")
     dr.add_argument("--node", help="the node (default: agent.json's, or SLURMD_NODENAME)")
     dr.set_defaults(func=run)
 

@@ -25,12 +25,13 @@ from pathlib import Path
 
 from malleable_protocol import format_cpu_list
 
-from slurm_plugin.commands.common import CliError, job_id_arg
+from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError, job_id_arg
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.node.accounting import so_far
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.ledger import LedgerFile
-from slurm_plugin.settings import RootSettings
+from slurm_plugin.node.config import AgentConfigError, load_agent_config
+from slurm_plugin.settings import DEFAULT_FEED_DIR, RootSettings
 
 
 @dataclass
@@ -82,6 +83,19 @@ def check_feed(store: FeedStore) -> None:
         raise FeedEmpty(f"the feed folder {store.feed_dir} holds no node's feed yet: is "
                         f"`malleable watcher --feed-dir {store.feed_dir}` running (on the "
                         "slurmctld host)? `malleable watcher --once` publishes once")
+
+
+def feed_dir_here(agent_json: Path) -> Path:
+    """The feed this host holds, by the install's agent.json: on a watcher's host (the
+    controller) the watcher's folder, every node's feed; on a node, its own feed. Without a
+    readable agent.json, the default."""
+    try:
+        config = load_agent_config(agent_json)
+    except AgentConfigError:
+        return DEFAULT_FEED_DIR
+    if config.watcher_dir is not None and config.watcher_dir.is_dir():   # the watcher makes it
+        return config.watcher_dir
+    return config.feed_dir
 
 
 def node_usage(state_dir: Path | None, node: str, now: float) -> dict[int, CoreUsage]:
@@ -159,7 +173,12 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
                         "every user's; the feed is root's, like PrivateData=jobs)")
     st.add_argument("job_id", nargs="?", type=job_id_arg,
                     help="only this job (rigid or malleable); exit 1 if it is not in the feed")
-    st.add_argument("--feed-dir", default=str(env.feed_dir))
+    st.add_argument("--feed-dir", default=env.feed_dir and str(env.feed_dir),
+                    help="the feed to read (default: $MALLEABLE_FEED_DIR; else, from --config, "
+                         "the watcher's folder on its host, the node's own feed elsewhere; "
+                         f"else {DEFAULT_FEED_DIR})")
+    st.add_argument("--config", default=DEFAULT_AGENT_CONFIG,
+                    help="agent.json, for the feed's folders (default %(default)s)")
     st.add_argument("--state-dir", default=env.state_dir and str(env.state_dir),
                     help="the node agents' state folder, for the core-seconds each job borrowed "
                     "and lent (default: the feed folder's sibling 'agent'; only this node's "
@@ -175,13 +194,14 @@ def run(args: argparse.Namespace, *, uid: int | None = None) -> int:
     no status to show: no feed folder, a feed no node was published into yet, a feed this user
     may not read, a job (``job_id``) not in it; also when a node reports a problem."""
     uid = os.geteuid() if uid is None else uid
-    store = FeedStore(Path(args.feed_dir))
+    store = FeedStore(Path(args.feed_dir) if args.feed_dir else
+                      feed_dir_here(Path(getattr(args, "config", DEFAULT_AGENT_CONFIG))))
     try:
         check_feed(store)
     except FeedUnreadable as exc:
         raise CliError(str(exc)) from None
     job_id = getattr(args, "job_id", None)
-    state_dir = Path(getattr(args, "state_dir", None) or Path(args.feed_dir).parent / "agent")
+    state_dir = Path(getattr(args, "state_dir", None) or store.feed_dir.parent / "agent")
     rows = collect_status(store, only_malleable=not args.all and job_id is None,
                           uid=None if uid == 0 else uid, state_dir=state_dir)
     problems = collect_problems(store) if uid == 0 else []

@@ -16,7 +16,7 @@ import argparse
 import signal
 import time
 
-from slurm_plugin.commands.common import CliError
+from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError
 from slurm_plugin.settings import RootSettings
 
 
@@ -25,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
                         "back to exactly its Slurm allocation now, nothing lent until enable"),
                        ("enable", "switch malleability back on on this node (root)")):
         p = sub.add_parser(name, help=what)
-        p.add_argument("--config", required=True, help="agent.json (from install-slurm-hooks)")
+        p.add_argument("--config", default=DEFAULT_AGENT_CONFIG,
+                       help="agent.json (default %(default)s, the install guide's)")
         p.add_argument("--node", help="the node (default: agent.json's, or SLURMD_NODENAME)")
         p.add_argument("--site", action="store_true",
                        help="every node of the cluster, through the feed (run it where the "

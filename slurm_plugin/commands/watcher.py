@@ -7,7 +7,7 @@ from pathlib import Path
 from malleable_protocol.runner import CommandError
 from slurm_plugin.logs import add_log_level_option, setup_logging
 from slurm_plugin.node.config import load_agent_config
-from slurm_plugin.settings import RootSettings, root_settings
+from slurm_plugin.settings import DEFAULT_FEED_DIR, RootSettings, root_settings
 from slurm_plugin.commands.common import (CliError, ip_address, port,
                                           positive_seconds)
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         feed_dir = feed_dir or agent.watcher_feed_dir
         slurm_conf = slurm_conf or agent.slurm_conf
     config = WatcherConfig(
-        feed_dir=Path(feed_dir) if feed_dir else root_settings().feed_dir,
+        feed_dir=Path(feed_dir) if feed_dir else root_settings().feed_dir or DEFAULT_FEED_DIR,
         slurm_conf=Path(slurm_conf) if slurm_conf else None, resync_s=args.resync)
     if config.slurm_conf is not None and not config.slurm_conf.is_file():
         raise CliError(f"no slurm.conf at {config.slurm_conf} (--slurm-conf)")

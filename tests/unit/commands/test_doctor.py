@@ -142,6 +142,15 @@ def test_plugstack_path_is_slurms_default_where_unset():
         Path("/c/etc/plugstack.conf")
 
 
+def test_plugstack_is_looked_for_beside_the_slurm_conf_scontrol_read():
+    """A configless node's client reads slurmd's copy (/run/slurm/conf); a build with another
+    sysconfdir its own folder: scontrol show config names it (SLURM_CONF)."""
+    configless = "SLURM_CONF              = /run/slurm/conf/slurm.conf\nPlugStackConfig = (null)\n"
+    assert plugstack_path(configless, None) == Path("/run/slurm/conf/plugstack.conf")
+    assert plugstack_path(configless, Path("/etc/x/slurm.conf")) == Path("/etc/x/plugstack.conf")
+    assert plugstack_path("ClusterName = c\n", None) == Path("/etc/slurm/plugstack.conf")
+
+
 def test_the_kill_switch_is_said():
     f = healthy()
     assert next(c for c in diagnose(f) if c.name == "kill switch").status is Status.OK

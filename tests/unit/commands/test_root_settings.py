@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from malleable_protocol.errors import FixableError
-from slurm_plugin.settings import (DEFAULT_CLUSTER_DIR, DEFAULT_FEED_DIR, RootSettings,
+from slurm_plugin.settings import (DEFAULT_CLUSTER_DIR, RootSettings,
                                    SettingsError, cluster_dir)
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -17,7 +17,7 @@ def test_an_empty_environment_gives_the_defaults():
     s = RootSettings.from_env({})
     assert s == RootSettings()
     assert (s.node, s.slurm_conf, s.feed_dir, s.state_dir, s.cluster_dir, s.cc) == \
-        (None, None, DEFAULT_FEED_DIR, None, DEFAULT_CLUSTER_DIR, "gcc")
+        (None, None, None, None, DEFAULT_CLUSTER_DIR, "gcc")
 
 
 def test_each_variable_is_read():
