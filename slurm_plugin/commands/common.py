@@ -78,6 +78,26 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def job_ids_arg(text: str) -> list[int]:
+    """squeue -j's list: "12,13"."""
+    return [job_id_arg(part) for part in text.split(",") if part.strip()] or [job_id_arg(text)]
+
+
+def users_arg(text: str) -> list[int]:
+    """squeue -u's list of user names or uids, as uids."""
+    import pwd
+    uids = []
+    for name in (part.strip() for part in text.split(",")):
+        if name.isdigit() and name.isascii() and len(name) <= 10:
+            uids.append(int(name))
+            continue
+        try:
+            uids.append(pwd.getpwnam(name).pw_uid)
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(f"no user {name!r:.64}") from None
+    return uids
+
+
 def job_id_arg(text: str) -> int:
     try:
         job_id = int(text)

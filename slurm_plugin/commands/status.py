@@ -25,7 +25,8 @@ from pathlib import Path
 
 from malleable_protocol import format_cpu_list
 
-from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError, job_id_arg
+from slurm_plugin.commands.common import (DEFAULT_AGENT_CONFIG, CliError, job_id_arg,
+                                          job_ids_arg, users_arg)
 from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.node.accounting import so_far
 from slurm_plugin.node.core_usage import CoreUsage
@@ -47,6 +48,7 @@ class StatusRow:
     steps_per_s: list[float]
     borrowed_core_s: float | None = None     # so far on this node; None: unknown here
     lent_core_s: float | None = None
+    uid: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,7 +139,7 @@ def collect_status(store: FeedStore, *, only_malleable: bool = True,
                                   list(r.threads) if r else [],
                                   list(r.steps_per_s) if r else [],
                                   round(u.borrowed_core_s, 1) if u else None,
-                                  round(u.lent_core_s, 1) if u else None))
+                                  round(u.lent_core_s, 1) if u else None, job.uid))
     return sorted(rows, key=lambda r: (r.job_id, r.node))
 
 
@@ -183,6 +185,11 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
                     help="the node agents' state folder, for the core-seconds each job borrowed "
                     "and lent (default: the feed folder's sibling 'agent'; only this node's "
                     "ledger is there on a real cluster)")
+    st.add_argument("-j", "--jobs", type=job_ids_arg, metavar="JOB[,JOB...]",
+                    help="only these jobs (rigid or malleable), as squeue -j")
+    st.add_argument("-u", "--user", type=users_arg, metavar="USER[,USER...]",
+                    help="only these users' jobs (names or uids), as squeue -u")
+    st.add_argument("--me", action="store_true", help="only my jobs, as squeue --me")
     st.add_argument("--all", action="store_true", help="rigid jobs too")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=run)
@@ -201,16 +208,23 @@ def run(args: argparse.Namespace, *, uid: int | None = None) -> int:
     except FeedUnreadable as exc:
         raise CliError(str(exc)) from None
     job_id = getattr(args, "job_id", None)
+    jobs = set(getattr(args, "jobs", None) or ()) | ({job_id} if job_id is not None else set())
+    users = set(getattr(args, "user", None) or ()) | ({uid} if getattr(args, "me", False)
+                                                       else set())
     state_dir = Path(getattr(args, "state_dir", None) or store.feed_dir.parent / "agent")
-    rows = collect_status(store, only_malleable=not args.all and job_id is None,
+    rows = collect_status(store, only_malleable=not args.all and not jobs,
                           uid=None if uid == 0 else uid, state_dir=state_dir)
     problems = collect_problems(store) if uid == 0 else []
-    if job_id is not None:
-        rows = [r for r in rows if r.job_id == job_id]
-        if not rows:
-            raise CliError(f"no job {job_id} in the feed at {store.feed_dir}: not running (or "
-                           "not started yet), not seen by the watcher yet"
-                           + ("" if uid == 0 else ", or not yours") + "; squeue shows the jobs")
+    if users:
+        rows = [r for r in rows if r.uid in users]
+    if jobs:
+        rows = [r for r in rows if r.job_id in jobs]
+        missing = sorted(jobs - {r.job_id for r in rows})
+        if missing and not users:
+            raise CliError(f"no job {','.join(map(str, missing))} in the feed at "
+                           f"{store.feed_dir}: not running (or not started yet), not seen by the "
+                           "watcher yet" + ("" if uid == 0 else ", or not yours")
+                           + "; squeue shows the jobs")
         nodes = {r.node for r in rows}
         problems = [p for p in problems if p.split(":", 1)[0][len("node "):] in nodes]
     if args.json:

@@ -402,3 +402,35 @@ def test_status_reads_the_feed_the_install_left_on_this_host(tmp_path, capsys):
     if os.geteuid() == 0:       # root's view: every malleable job of the watcher's feed
         assert main(["status", "--config", str(agent_json), "--json"]) == 0
         assert [r["job_id"] for r in json.loads(capsys.readouterr().out)] == [1, 2]
+
+
+def test_status_takes_squeues_job_and_user_options(tmp_path, capsys):
+    """-j, -u (names or uids) and --me as squeue has them; a user other than root still sees
+    only his own jobs whatever he asks for."""
+    import json
+
+    from slurm_plugin.commands.main import build_parser
+    from slurm_plugin.commands.status import run as status
+    from slurm_plugin.feed import FeedStore
+    store = FeedStore(tmp_path)
+    store.prepare()
+    feed_of_three_jobs(store)
+
+    def shown(argv: list[str], uid: int) -> list[int]:
+        args = build_parser().parse_args(["status", "--feed-dir", str(tmp_path), "--json",
+                                          *argv])
+        assert status(args, uid=uid) == 0
+        return [r["job_id"] for r in json.loads(capsys.readouterr().out)]
+
+    assert shown(["-u", "1001"], uid=0) == [2]
+    assert shown(["-u", "1000,1001", "--all"], uid=0) == [1, 2, 3]
+    assert shown(["-j", "2,3"], uid=0) == [2, 3]          # asked by id: rigid ones too
+    assert shown(["--me"], uid=0) == []                   # root runs no job here
+    assert shown(["--me"], uid=1000) == [1]
+    assert shown(["-u", "1001"], uid=1000) == []          # bob's, asked by alice: none
+    assert shown(["-u", "root"], uid=0) == []
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["status", "-u", "no-such-user-here"])
+    args = build_parser().parse_args(["status", "--feed-dir", str(tmp_path), "-j", "9"])
+    with pytest.raises(Exception, match="no job 9 in the feed"):
+        status(args, uid=0)
