@@ -90,6 +90,40 @@ def check_interpreter(python: str, *, runner: CommandRunner = run_command) -> No
             "or a venv root made in a folder only root may write)")
 
 
+# What install-slurm-hooks's own options set in agent.json (the install guide's settings); a
+# second run (an upgrade, step configure again) renders them anew and keeps every other
+# setting the site changed by hand (input_cpu_budget_ms, enabled, max_borrowed_cpus, ...).
+COMMAND_LINE_SETTINGS = frozenset({
+    "node", "policy", "run_dir", "state_dir", "feed_dir", "max_cpus", "slurm_conf",
+    "feed_link_hosts", "feed_link_port", "feed_link_auth", "watcher_dir"})
+
+
+class SiteSettingsUnreadable(FixableError):
+    """agent.json is there but cannot be kept: nothing is written until the site fixes it."""
+
+
+def with_site_settings(config: AgentConfig, existing: Path) -> AgentConfig:
+    """``config`` with the settings an existing agent.json holds beyond the command line's;
+    ``config`` alone where there is none. One that does not parse or holds a bad value is
+    refused (never silently replaced: it is the site's)."""
+    try:
+        old = json.loads(existing.read_text())
+    except FileNotFoundError:
+        return config
+    except (OSError, ValueError) as exc:
+        raise SiteSettingsUnreadable(f"{existing} cannot be read as JSON ({exc}): fix it, or "
+                                     "remove it for the defaults") from None
+    try:
+        if not isinstance(old, dict):
+            raise ValueError("not a JSON object")
+        new = json.loads(config.to_json())
+        kept = {k: v for k, v in old.items() if k in new and k not in COMMAND_LINE_SETTINGS}
+        return AgentConfig.from_json(json.dumps({**new, **kept}))
+    except (ValueError, TypeError) as exc:
+        raise SiteSettingsUnreadable(f"{existing}: {exc}: fix it, or remove it for the "
+                                     "defaults") from None
+
+
 def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
             spank_library: Path | None = None,
             runner: CommandRunner = run_command) -> dict[str, Path]:
@@ -102,6 +136,7 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
     file, the Debian package), never found from a cwd or PYTHONPATH, and be root's alone to
     change (``check_interpreter``; refused before anything is written)."""
     check_interpreter(python, runner=runner)
+    settings = with_site_settings(config, dest / "agent.json")
     dest.mkdir(parents=True, exist_ok=True)
     names = ("job_submit.lua", LUA_MODULE, "prolog.sh", "epilog.sh", "ctld_event.sh",
              "agent.json", "plugstack.conf")
@@ -117,7 +152,7 @@ def install(dest: Path, config: AgentConfig, *, python: str = sys.executable,
         paths[spank.LIBRARY], python=python, config=paths["agent.json"],
         state_dir=config.state_dir))
     events = FeedStore(config.watcher_feed_dir).events_file
-    paths["agent.json"].write_text(config.to_json())
+    paths["agent.json"].write_text(settings.to_json())
     paths["job_submit.lua"].write_text(render_job_submit(events, max_cpus=config.max_cpus or None))
     paths[LUA_MODULE].write_text(render_job_submit(events, max_cpus=config.max_cpus or None,
                                                    module=True))
