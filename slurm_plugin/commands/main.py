@@ -13,13 +13,14 @@ from pathlib import Path
 
 from malleable_protocol.errors import FixableError, error_text, is_fixable
 from slurm_plugin.commands import (agent, cgroups, cluster, containers, doctor,
-                                   install_hooks, resize, sbatch, status, switch, watcher)
+                                   install_hooks, resize, sbatch, slurm_conf, status, switch,
+                                   watcher)
 from slurm_plugin.settings import root_settings
 
 # One module per command, its parser beside its handler (``add_parser``, ``run``), in the order
 # ``malleable --help`` lists them.
-COMMANDS = (cluster, agent, containers, doctor, watcher, install_hooks, resize, sbatch, status,
-            cgroups, switch)
+COMMANDS = (cluster, agent, containers, doctor, watcher, install_hooks, slurm_conf, resize,
+            sbatch, status, cgroups, switch)
 
 
 DISTRIBUTION = "malleable-hpc"     # the checkout's (pyproject.toml)
@@ -61,7 +62,8 @@ class _VersionAction(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     env = root_settings()     # the defaults some options take from the environment
-    parser = argparse.ArgumentParser(prog="malleable", description=__doc__)
+    # Plain text for a terminal: the docstring's reStructuredText quotes dropped.
+    parser = argparse.ArgumentParser(prog="malleable", description=__doc__.replace("``", ""))
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

@@ -401,3 +401,16 @@ def test_the_watcher_waits_for_slurmctld_and_stops_on_sigterm(tmp_path):
         assert proc.wait(30) == 0, err.read_text()
     finally:
         proc.kill()
+
+
+def test_every_help_text_is_plain_text():
+    """Help is read in a terminal: no reStructuredText quotes (issue 42)."""
+    import argparse
+
+    from slurm_plugin.commands.main import build_parser
+    parser = build_parser()
+    texts = [parser.format_help()]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    texts += [p.format_help() for p in sub.choices.values()]
+    assert len(texts) > 10
+    assert [t.splitlines()[0] for t in texts if "`" in t] == []
