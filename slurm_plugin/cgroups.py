@@ -31,6 +31,7 @@ from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo, p
 from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
 from malleable_protocol.errors import FixableError
 from slurm_plugin.settings import root_settings
+from slurm_plugin.slurm.paths import local_slurm_conf
 
 DEFAULT_MOUNT = Path("/sys/fs/cgroup")
 CPUS_FILE = "cpuset.cpus"
@@ -431,11 +432,12 @@ def gather_evidence(node: str, *, cgroup_conf: Path | None = None,
 
 
 def cgroup_conf_of(slurm_conf: Path | str | None) -> Path | None:
-    """cgroup.conf beside slurm.conf (Slurm reads it there), or Slurm's default place."""
+    """cgroup.conf beside slurm.conf (Slurm reads it there): the one given, else the one this
+    host's Slurm reads (a configless node's in /run/slurm/conf); None where there is none."""
     if slurm_conf:
         return Path(slurm_conf).parent / "cgroup.conf"
-    default = Path("/etc/slurm/cgroup.conf")
-    return default if default.exists() else None
+    conf = local_slurm_conf(None).parent / "cgroup.conf"
+    return conf if conf.exists() else None
 
 
 def _node_evidence(node: str, slurm_conf: Path | str | None, mount: Path | None) -> LayoutEvidence:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import glob
 import json
 import os
 import time
@@ -21,6 +20,8 @@ from malleable_protocol.runner import CommandError, CommandRunner, run_command
 from slurm_plugin.slurm.parsers import (AllocationUnit, allocation_unit, parse_config_value,
                                         parse_config_values)
 from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError
+from slurm_plugin.hooks.slurm_conf import HOOK_KEYS, hook_runs_ours
+from slurm_plugin.slurm.paths import local_slurm_conf
 from slurm_plugin.node.config import AgentConfig, load_agent_config
 from slurm_plugin.settings import RootSettings, root_settings
 
@@ -62,15 +63,6 @@ class Facts:
     feed_age_s: float | None = None
     wake_port: int | None = None
     errors: dict[str, str] = field(default_factory=dict)
-
-
-HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld")
-
-
-def runs_ours(script_text: str) -> bool:
-    """Whether a hook script runs the malleable hook (ours names malleable; a site's own
-    that chains it names ours)."""
-    return "malleable" in script_text
 
 
 def diagnose(f: Facts) -> list[Check]:
@@ -168,38 +160,11 @@ def _plugstack_lines(path: Path, depth: int = 0) -> list[str]:
     return lines
 
 
-DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
-
-
-def plugstack_path(config_text: str, slurm_conf: Path | None) -> Path:
+def plugstack_path(config_text: str, slurm_conf: Path) -> Path:
     """The plugstack.conf slurmstepd reads: PlugStackConfig where set; else, Slurm's default,
-    plugstack.conf beside the slurm.conf in use (24.11 shows an unset one as "(null)"). That
-    slurm.conf is the one given, else the one scontrol says it read (its SLURM_CONF line: on a
-    configless node, slurmd's copy in /run/slurm/conf; on a build with another sysconfdir, that
-    folder's), else /etc/slurm's."""
+    plugstack.conf beside the slurm.conf in use (24.11 shows an unset one as "(null)")."""
     set_to = parse_config_values(config_text, "PlugStackConfig")
-    if set_to:
-        return Path(set_to[0])
-    read = parse_config_value(config_text, "SLURM_CONF")
-    conf = slurm_conf or (Path(read) if read and read.startswith("/") else None) \
-        or Path(DEFAULT_SLURM_CONF)
-    return conf.parent / "plugstack.conf"
-
-
-def _hook_runs_ours(values: list[str]) -> tuple[str, bool]:
-    """(what slurm.conf names, whether one of its programs runs the malleable hook); a glob is
-    expanded as slurmd does."""
-    shown = ",".join(values) or "(null)"
-    for value in values:
-        scripts = sorted(glob.glob(value)) if glob.has_magic(value) else [value]
-        for script in scripts:
-            try:
-                with open(script, "rb") as fh:
-                    if runs_ours(fh.read(1 << 16).decode(errors="replace")):
-                        return (f"{shown} ({script})" if script != value else shown), True
-            except OSError:
-                continue
-    return shown, False
+    return Path(set_to[0]) if set_to else Path(slurm_conf).parent / "plugstack.conf"
 
 
 def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
@@ -216,10 +181,11 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     except CommandError as exc:
         f.errors["slurm"] = str(exc)
     for key in HOOK_KEYS:
-        f.hooks[key] = _hook_runs_ours(parse_config_values(f.slurm_config or "", key))
+        f.hooks[key] = hook_runs_ours(parse_config_values(f.slurm_config or "", key))
     try:
-        plugstack = plugstack_path(f.slurm_config or "",
-                                   config.slurm_conf or root_settings().slurm_conf)
+        text = f.slurm_config or ""
+        plugstack = plugstack_path(text, local_slurm_conf(
+            config.slurm_conf or root_settings().slurm_conf, text))
         f.plugstack_lines = _plugstack_lines(plugstack)
         so = next((line.split()[1] for line in f.plugstack_lines
                    if SPANK_SO in line and len(line.split()) > 1), None)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_plugin.commands.doctor import (HOOK_KEYS, Facts, Status, _hook_runs_ours,
-                                             _plugstack_lines, diagnose, plugstack_path, render,
-                                             runs_ours)
+from slurm_plugin.commands.doctor import (Facts, Status, _plugstack_lines, diagnose,
+                                          plugstack_path, render)
+from slurm_plugin.hooks.slurm_conf import HOOK_KEYS, hook_runs_ours, runs_ours
+from slurm_plugin.slurm.paths import CONFIGLESS_SLURM_CONF, local_slurm_conf
 from slurm_plugin.hooks.install import render_hook
 from slurm_plugin.slurm.parsers import parse_config_values
 
@@ -125,11 +126,11 @@ def test_a_prolog_glob_counts_when_one_of_its_programs_runs_ours(tmp_path):
     ours.write_text(render_hook("prolog.sh", python="/usr/bin/python3",
                                 config=Path("/etc/malleable/agent.json"),
                                 state_dir=Path("/run/malleable/agent")))
-    assert _hook_runs_ours([f"{folder}/*"]) == (f"{folder}/*", False)
+    assert hook_runs_ours([f"{folder}/*"]) == (f"{folder}/*", False)
     (folder / "50-malleable").symlink_to(ours)
-    shown, found = _hook_runs_ours([str(tmp_path / "missing"), f"{folder}/*"])
+    shown, found = hook_runs_ours([str(tmp_path / "missing"), f"{folder}/*"])
     assert found and shown.endswith(f"({folder}/50-malleable)"), shown
-    assert _hook_runs_ours([]) == ("(null)", False)
+    assert hook_runs_ours([]) == ("(null)", False)
 
 
 def test_plugstack_path_is_slurms_default_where_unset():
@@ -142,13 +143,19 @@ def test_plugstack_path_is_slurms_default_where_unset():
         Path("/c/etc/plugstack.conf")
 
 
-def test_plugstack_is_looked_for_beside_the_slurm_conf_scontrol_read():
-    """A configless node's client reads slurmd's copy (/run/slurm/conf); a build with another
-    sysconfdir its own folder: scontrol show config names it (SLURM_CONF)."""
-    configless = "SLURM_CONF              = /run/slurm/conf/slurm.conf\nPlugStackConfig = (null)\n"
-    assert plugstack_path(configless, None) == Path("/run/slurm/conf/plugstack.conf")
-    assert plugstack_path(configless, Path("/etc/x/slurm.conf")) == Path("/etc/x/plugstack.conf")
-    assert plugstack_path("ClusterName = c\n", None) == Path("/etc/slurm/plugstack.conf")
+def test_the_slurm_conf_in_use_is_found_as_slurms_clients_find_it():
+    """A configless node has no /etc/slurm/slurm.conf: slurmd's copy in /run/slurm/conf. The
+    SLURM_CONF scontrol prints is the controller's: the last resort."""
+    printed = "SLURM_CONF              = /opt/slurm/etc/slurm.conf\n"
+    on = lambda *present: (lambda p: str(p) in present)   # noqa: E731
+    assert local_slurm_conf(Path("/x/slurm.conf"), printed, on()) == Path("/x/slurm.conf")
+    assert local_slurm_conf(None, printed, on("/etc/slurm/slurm.conf", str(
+        CONFIGLESS_SLURM_CONF))) == Path("/etc/slurm/slurm.conf")
+    assert local_slurm_conf(None, printed, on(str(CONFIGLESS_SLURM_CONF))) == \
+        CONFIGLESS_SLURM_CONF
+    assert local_slurm_conf(None, printed, on()) == Path("/opt/slurm/etc/slurm.conf")
+    assert local_slurm_conf(None, "", on()) == Path("/etc/slurm/slurm.conf")
+    assert plugstack_path("", CONFIGLESS_SLURM_CONF) == Path("/run/slurm/conf/plugstack.conf")
 
 
 def test_the_kill_switch_is_said():
