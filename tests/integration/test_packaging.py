@@ -6,7 +6,8 @@ itself alone, nothing fetched (--no-index), and TensorFlow is the same afterward
 Node side: the malleable-slurm Debian package (packaging/deb/build-deb.sh) built against this
 host's libslurm-dev holds the co-scheduler, the SPANK plugin and the units (not the
 simulator), depends on this host's Slurm release, and its command runs from the package's
-files alone."""
+files alone; the RPM for RHEL 9 (packaging/rpm/build-rpm.sh, rpmbuild on this host) holds the
+same files for python3.11 and requires SchedMD's slurm of the same release."""
 from __future__ import annotations
 
 import json
@@ -65,8 +66,11 @@ def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tm
                   run(["dpkg-deb", "-f", deb, "Version", "Depends"]).stdout.splitlines())
     assert fields["Version"].endswith(f"+slurm{release}")
     major, minor = release.split(".")
-    assert f"slurm-client (>= {release})" in fields["Depends"]
-    assert f"slurm-client (<< {major}.{int(minor) + 1:02d})" in fields["Depends"]
+    # Debian's Slurm or SchedMD's slurm-smd packages, this release and not the next.
+    assert f"slurm-client (>= {release}) | slurm-smd-client (>= {release})" in fields["Depends"]
+    nxt = f"{major}.{int(minor) + 1:02d}"
+    breaks = run(["dpkg-deb", "-f", deb, "Breaks"]).stdout.strip()
+    assert breaks == f"slurm-client (>= {nxt}), slurm-smd-client (>= {nxt})", breaks
     files = set(re.findall(r"\s\.(/\S+)$", run(["dpkg-deb", "-c", deb]).stdout, re.M))
     for path in ("/usr/bin/malleable", "/usr/lib/malleable/malleable_spank.so",
                  "/lib/systemd/system/malleable-agent@.service",
@@ -105,3 +109,56 @@ def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tm
         simulate.stderr
     unit = (root / "lib/systemd/system/malleable-watcher.service").read_text()
     assert "ExecStart=/usr/bin/malleable watcher --config /etc/malleable/agent.json" in unit
+
+
+def test_the_rpm_holds_the_same_node_side_for_rhel_9s_python_3_11(tmp_path):
+    """RHEL 9's python3 is 3.9: the RPM's files are python3.11's, its command runs on it, and it
+    requires SchedMD's slurm package of the release its plugin was built for."""
+    run(["bash", REPO / "packaging" / "rpm" / "build-rpm.sh", tmp_path / "dist"])
+    rpm, = (tmp_path / "dist").glob("malleable-slurm-*.rpm")
+    slurm = run(["dpkg-query", "-W", "-f", "${Version}", "libslurm-dev"]).stdout
+    release = ".".join(slurm.split(".")[:2])
+    major, minor = release.split(".")
+    nxt = f"{major}.{int(minor) + 1:02d}"
+    name, version, rel = run(["rpm", "-qp", "--qf", "%{NAME} %{VERSION} %{RELEASE}", rpm]
+                             ).stdout.split()
+    assert (name, rel) == ("malleable-slurm", f"1.slurm{release}")
+    requires = set(run(["rpm", "-qpR", rpm]).stdout.splitlines())
+    assert {f"(slurm >= {release} with slurm < {nxt})", "python3.11", "munge-libs",
+            "python(abi) = 3.11"} <= requires, requires
+    files = set(run(["rpm", "-qpl", rpm]).stdout.splitlines())
+    site = "/usr/lib/python3.11/site-packages"
+    for path in ("/usr/bin/malleable", "/usr/lib/malleable/malleable_spank.so",
+                 "/usr/lib/systemd/system/malleable-agent@.service",
+                 "/usr/lib/systemd/system/malleable-watcher.service",
+                 "/usr/share/doc/malleable-slurm/install.md",
+                 f"{site}/slurm_plugin/commands/main.py", f"{site}/slurm_plugin",
+                 f"{site}/malleable_policy/decide.py", f"{site}/malleable_protocol/__init__.py"):
+        assert path in files, path
+    assert not [f for f in files if "__pycache__" in f or "malleable_tf" in f
+                or "malleable_sim" in f or "/slurm_plugin/cluster" in f]
+    # The same files as the Debian package's, each where its system puts it.
+    run(["bash", REPO / "packaging" / "deb" / "build-deb.sh", tmp_path / "deb"])
+    deb, = (tmp_path / "deb").glob("malleable-slurm_*.deb")
+    deb_files = {f.replace("/usr/lib/python3/dist-packages", site)
+                 .replace("/lib/systemd/system", "/usr/lib/systemd/system") for f in
+                 re.findall(r"^-\S+\s.*\s\.(/\S+)$", run(["dpkg-deb", "-c", deb]).stdout,
+                            re.M)}
+    rpm_files = {line.split(" ", 1)[1] for line in run(
+        ["rpm", "-qp", "--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]", rpm]).stdout.splitlines()
+        if line.startswith("-")}
+    assert len(rpm_files) > 50 and "/usr/bin/malleable" in rpm_files
+    assert deb_files - {"/usr/share/doc/malleable-slurm/copyright"} == rpm_files, \
+        sorted(deb_files ^ rpm_files)
+    # Its command from its own files on Python 3.11 (this host's python3, as RHEL's python3.11).
+    root = tmp_path / "root"
+    root.mkdir()
+    subprocess.run(f"rpm2cpio {rpm} | cpio -idm --quiet", shell=True, cwd=root, check=True,
+                   timeout=120)
+    script = (root / "usr/bin/malleable").read_text()
+    assert script.startswith("#!/usr/bin/python3.11 -I\n")
+    out = run(["/usr/bin/python3", "-I", "-c",
+               f"import sys; sys.path.insert(0, {str(root) + site!r}); sys.argv = ['malleable', "
+               f"'--version']; exec(open({str(root / 'usr/bin/malleable')!r}).read())"]).stdout
+    assert out.strip() == f"malleable {version}+slurm{release}"
+
