@@ -18,12 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from malleable_protocol import format_cpu_list
+from malleable_protocol import RankStatus, RunLayout, Target, format_cpu_list
+from malleable_protocol.layout import DEFAULT_RUN_DIR
+from malleable_protocol.records import MAX_RANK_RECORDS, MAX_RECORD_BYTES, ProtocolError
+from malleable_protocol.runner import CommandError, CommandRunner, run_command
+from malleable_protocol.safe_io import read_bounded
 
 from slurm_plugin.commands.common import (DEFAULT_AGENT_CONFIG, CliError, job_id_arg,
                                           job_ids_arg, users_arg)
@@ -32,7 +38,7 @@ from slurm_plugin.node.accounting import so_far
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.ledger import LedgerFile
 from slurm_plugin.node.config import AgentConfigError, load_agent_config
-from slurm_plugin.settings import DEFAULT_FEED_DIR, RootSettings
+from slurm_plugin.settings import DEFAULT_FEED_DIR, RootSettings, root_settings
 
 
 @dataclass
@@ -85,6 +91,47 @@ def check_feed(store: FeedStore) -> None:
         raise FeedEmpty(f"the feed folder {store.feed_dir} holds no node's feed yet: is "
                         f"`malleable watcher --feed-dir {store.feed_dir}` running (on the "
                         "slurmctld host)? `malleable watcher --once` publishes once")
+
+
+def own_rows_here(layout: RunLayout, node: str, job_ids: list[int], user: str,
+                  uid: int) -> list[StatusRow]:
+    """A user's own jobs on this node, from what the node lets him read without the feed: each
+    job's target (root's, readable by the job's user alone: its cores now) and the records his
+    ranks write in his job's folder (threads, steps/s). Slurm's allocation and the bounds are
+    the feed's ("-")."""
+    rows = []
+    for job_id in job_ids:
+        try:
+            cpus = format_cpu_list(Target.decode(read_bounded(
+                layout.target_file(job_id, node), MAX_RECORD_BYTES)).cpus)
+        except (OSError, ProtocolError):
+            cpus = "?"                 # not malleable, not started here yet, or not his
+        threads, rates = [], []
+        try:
+            names = sorted(n for n in os.listdir(layout.job_dir(job_id))
+                           if RunLayout.parse_status_name(n) is not None)[:MAX_RANK_RECORDS]
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                rec = RankStatus.decode(read_bounded(layout.job_dir(job_id) / name,
+                                                     MAX_RECORD_BYTES))
+            except (OSError, ProtocolError):
+                continue
+            threads.append(rec.intra_active)
+            rates.append(round(rec.steps_per_s.get(rec.intra_active, 0.0), 2))
+        if cpus != "?" or threads:
+            rows.append(StatusRow(job_id, user, node, "-", cpus, "-", None, threads, rates,
+                                  uid=uid))
+    return rows
+
+
+def own_jobs_on(node: str, runner: CommandRunner) -> list[int]:
+    """The running jobs of this process's user on ``node``, as Slurm shows them to him
+    (squeue --me: his own, whatever PrivateData says); %A: each array element's own id."""
+    out = runner(["squeue", "--me", "--noheader", "--states=RUNNING", f"--nodelist={node}",
+                  "--format=%A"], timeout=30).stdout
+    return sorted({int(w) for w in out.split() if w.isdigit() and w.isascii() and len(w) < 12})
 
 
 def feed_dir_here(agent_json: Path) -> Path:
@@ -190,23 +237,63 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
     st.add_argument("-u", "--user", type=users_arg, metavar="USER[,USER...]",
                     help="only these users' jobs (names or uids), as squeue -u")
     st.add_argument("--me", action="store_true", help="only my jobs, as squeue --me")
+    st.add_argument("--node", help="without the feed (a user): the node whose jobs to show "
+                    "(default: this one, SLURMD_NODENAME or the host name)")
     st.add_argument("--all", action="store_true", help="rigid jobs too")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, *, uid: int | None = None) -> int:
+def _own_view_here(args: argparse.Namespace, uid: int, agent_json: Path, why: str,
+                   runner: CommandRunner) -> int:
+    """A user who may not read the feed: his own jobs on this node (``own_rows_here``)."""
+    node = getattr(args, "node", None) or root_settings().node or \
+        socket.gethostname().split(".")[0]
+    try:
+        run_dir = load_agent_config(agent_json).run_dir
+    except AgentConfigError:
+        run_dir = DEFAULT_RUN_DIR
+    try:
+        jobs = own_jobs_on(node, runner)
+    except CommandError as exc:
+        raise CliError(f"{why}; and your own jobs on this node could not be listed (squeue: "
+                       f"{exc})") from None
+    user = pwd.getpwuid(uid).pw_name if _has_user(uid) else str(uid)
+    rows = own_rows_here(RunLayout(run_dir), node, jobs, user, uid)
+    wanted = set(getattr(args, "jobs", None) or ()) | (
+        {args.job_id} if getattr(args, "job_id", None) is not None else set())
+    if wanted:
+        rows = [r for r in rows if r.job_id in wanted]
+    print(f"your jobs on {node} only (the cluster's feed is root's); every node of job J: "
+          "srun --jobid J --overlap --ntasks-per-node=1 malleable status", file=sys.stderr)
+    print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json
+          else format_table(rows))
+    return 0
+
+
+def _has_user(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def run(args: argparse.Namespace, *, uid: int | None = None,
+        runner: CommandRunner = run_command) -> int:
     """Root sees every job and each node's problems; anyone else (PrivateData=jobs) only his
     own jobs, and only where the feed is readable to him. Exit 1 with what to do when there is
     no status to show: no feed folder, a feed no node was published into yet, a feed this user
     may not read, a job (``job_id``) not in it; also when a node reports a problem."""
     uid = os.geteuid() if uid is None else uid
-    store = FeedStore(Path(args.feed_dir) if args.feed_dir else
-                      feed_dir_here(Path(getattr(args, "config", DEFAULT_AGENT_CONFIG))))
+    agent_json = Path(getattr(args, "config", None) or DEFAULT_AGENT_CONFIG)
+    store = FeedStore(Path(args.feed_dir) if args.feed_dir else feed_dir_here(agent_json))
     try:
         check_feed(store)
     except FeedUnreadable as exc:
-        raise CliError(str(exc)) from None
+        if uid == 0:
+            raise CliError(str(exc)) from None
+        return _own_view_here(args, uid, agent_json, str(exc), runner)
     job_id = getattr(args, "job_id", None)
     jobs = set(getattr(args, "jobs", None) or ()) | ({job_id} if job_id is not None else set())
     users = set(getattr(args, "user", None) or ()) | ({uid} if getattr(args, "me", False)

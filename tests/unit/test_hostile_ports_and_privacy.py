@@ -327,7 +327,10 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
             os.setgroups([])
             os.setgid(65534)
             os.setuid(JOB_UID)
-            code = main(["status", "--feed-dir", str(store.feed_dir)])
+            # No Slurm here to list his own jobs (no squeue on PATH): the error says both.
+            os.environ["PATH"] = str(open_tmp / "no-bin")
+            code = main(["status", "--feed-dir", str(store.feed_dir),
+                         "--config", str(open_tmp / "no-agent.json")])
             sys.stderr.flush()
         finally:
             os._exit(code)
@@ -337,7 +340,7 @@ def test_status_run_by_a_user_refuses_clearly_when_the_feed_is_roots(open_tmp):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 1, err      # a runtime error, not usage
     assert err.startswith("malleable status: cannot read the feed")
-    assert "only root may read it" in err
+    assert "only root may read it" in err and "squeue not found on PATH" in err
     assert not _can_read_as(JOB_UID, 65534, store.nodes_dir / "n1.json")
 
 
@@ -434,3 +437,42 @@ def test_status_takes_squeues_job_and_user_options(tmp_path, capsys):
     args = build_parser().parse_args(["status", "--feed-dir", str(tmp_path), "-j", "9"])
     with pytest.raises(Exception, match="no job 9 in the feed"):
         status(args, uid=0)
+
+
+def test_a_user_without_the_feed_sees_his_own_jobs_on_this_node(tmp_path, capsys):
+    """The feed is root's: a user's `malleable status` shows his own jobs on this node, from
+    his jobs' targets (root's, readable by each job's user alone) and his ranks' records; which
+    jobs are his, Slurm says (squeue --me)."""
+    import argparse
+    import json
+
+    from malleable_protocol import RankStatus, RunLayout, Target
+    from slurm_plugin.commands.status import own_rows_here
+    from slurm_plugin.commands.status import run as status
+    layout = RunLayout(tmp_path / "run")
+    layout.targets_dir.mkdir(parents=True)
+    layout.target_file(7, "n1").write_bytes(Target(frozenset({0, 1, 2})).encode())
+    layout.job_dir(7).mkdir(parents=True)
+    layout.status_file(7, 0, "step_batch").write_bytes(RankStatus(
+        pid=1, rank=0, local_rank=0, local_size=1, intra_active=3, intra_pool=4,
+        inter_active=1, inter_pool=1, steps_per_s={3: 12.5}).encode())
+    rows = own_rows_here(layout, "n1", [7, 8], "alice", 1000)
+    assert [(r.job_id, r.current_cpus, r.threads, r.steps_per_s, r.uid) for r in rows] == \
+        [(7, "0-2", [3], [12.5], 1000)]          # job 8: no target, no record here
+    agent_json = tmp_path / "agent.json"
+    agent_json.write_text(AgentConfig(node="n1", run_dir=tmp_path / "run").to_json())
+    asked = []
+
+    def squeue(argv, **kw):
+        asked.append(argv)
+        return argparse.Namespace(stdout="7\n")
+    args = argparse.Namespace(feed_dir=str(tmp_path / "no-feed"), config=str(agent_json),
+                              node="n1", json=True, all=False, job_id=None, jobs=None,
+                              user=None, me=False)
+    assert status(args, uid=1000, runner=squeue) == 0
+    out = capsys.readouterr()
+    assert [r["job_id"] for r in json.loads(out.out)] == [7]
+    assert "your jobs on n1 only" in out.err
+    assert asked == [["squeue", "--me", "--noheader", "--states=RUNNING", "--nodelist=n1",
+                      "--format=%A"]]
+
