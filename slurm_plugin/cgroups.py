@@ -30,8 +30,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from malleable_protocol.cgroupfs import Mount, cpuset_cgroup, parse_mountinfo, parse_status_uid
 from malleable_protocol.layout import check_job_id, check_node_name, check_step_name
 from malleable_protocol.errors import FixableError
-from slurm_plugin.settings import root_settings
-from slurm_plugin.slurm.paths import local_slurm_conf
+from slurm_plugin.settings import local_slurm_conf, root_settings
 
 DEFAULT_MOUNT = Path("/sys/fs/cgroup")
 CPUS_FILE = "cpuset.cpus"

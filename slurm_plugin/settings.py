@@ -18,12 +18,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from malleable_protocol import check_node_name
 from malleable_protocol.errors import FixableError
 
 DEFAULT_FEED_DIR = Path("/run/malleable/feed")
+DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
+CONFIGLESS_SLURM_CONF = Path("/run/slurm/conf/slurm.conf")   # a configless slurmd's copy
 DEFAULT_CLUSTER_DIR = Path("/tmp/malleable-cluster")
 
 
@@ -94,3 +96,20 @@ def _word(environ: Mapping[str, str], name: str) -> str | None:
     if any(c.isspace() for c in value):
         raise SettingsError(f"{name} must be one command (no spaces), not {value!r:.64}")
     return value
+
+
+def local_slurm_conf(given: Path | None, printed: str | None = None,
+                     exists: Callable[[Path], bool] = Path.is_file) -> Path:
+    """The slurm.conf this host's Slurm reads, found as Slurm's clients find it
+    (read_config.c): the one given (agent.json's, SLURM_CONF), else /etc/slurm's where there
+    is one (a local file wins even on a configless site), else a configless slurmd's copy
+    (/run/slurm/conf, a link to its SlurmdSpoolDir/conf-cache), else ``printed``, the path
+    `scontrol show config` printed (SLURM_CONF: the controller's, right where a build has
+    another sysconfdir on every host), else /etc/slurm's."""
+    if given:
+        return Path(given)
+    for path in (DEFAULT_SLURM_CONF, CONFIGLESS_SLURM_CONF):
+        if exists(path):
+            return path
+    return Path(printed) if printed and printed.startswith("/") else DEFAULT_SLURM_CONF
+

@@ -21,9 +21,8 @@ from slurm_plugin.slurm.parsers import (AllocationUnit, allocation_unit, parse_c
                                         parse_config_values)
 from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError
 from slurm_plugin.hooks.slurm_conf import HOOK_KEYS, hook_runs_ours
-from slurm_plugin.slurm.paths import local_slurm_conf
 from slurm_plugin.node.config import AgentConfig, load_agent_config
-from slurm_plugin.settings import RootSettings, root_settings
+from slurm_plugin.settings import RootSettings, local_slurm_conf, root_settings
 
 SPANK_SO = "malleable_spank.so"
 
@@ -185,7 +184,8 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     try:
         text = f.slurm_config or ""
         plugstack = plugstack_path(text, local_slurm_conf(
-            config.slurm_conf or root_settings().slurm_conf, text))
+            config.slurm_conf or root_settings().slurm_conf,
+            parse_config_value(text, "SLURM_CONF")))
         f.plugstack_lines = _plugstack_lines(plugstack)
         so = next((line.split()[1] for line in f.plugstack_lines
                    if SPANK_SO in line and len(line.split()) > 1), None)

@@ -12,8 +12,8 @@ from malleable_protocol.safe_io import write_atomic
 
 from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError
 from slurm_plugin.hooks.slurm_conf import Wanted, plan, render
-from slurm_plugin.slurm.paths import CONFIGLESS_SLURM_CONF, local_slurm_conf
-from slurm_plugin.settings import RootSettings
+from slurm_plugin.settings import CONFIGLESS_SLURM_CONF, RootSettings, local_slurm_conf
+from slurm_plugin.slurm.parsers import parse_config_value
 
 
 def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, *, runner: CommandRunner = run_command) -> int
     except CommandError as exc:
         raise CliError(f"scontrol show config failed ({exc}): slurm-conf checks against the "
                        "running slurmctld's configuration; is it up?") from None
-    local = local_slurm_conf(None, text)
+    local = local_slurm_conf(None, parse_config_value(text, "SLURM_CONF"))
     slurm_etc = args.slurm_etc or local.parent
     p = plan(text, Wanted.of(slurm_etc, args.malleable_etc))
     if args.write_include and p.to_add:

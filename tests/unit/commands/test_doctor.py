@@ -7,7 +7,7 @@ from pathlib import Path
 from slurm_plugin.commands.doctor import (Facts, Status, _plugstack_lines, diagnose,
                                           plugstack_path, render)
 from slurm_plugin.hooks.slurm_conf import HOOK_KEYS, hook_runs_ours, runs_ours
-from slurm_plugin.slurm.paths import CONFIGLESS_SLURM_CONF, local_slurm_conf
+from slurm_plugin.settings import CONFIGLESS_SLURM_CONF, local_slurm_conf
 from slurm_plugin.hooks.install import render_hook
 from slurm_plugin.slurm.parsers import parse_config_values
 
@@ -146,7 +146,7 @@ def test_plugstack_path_is_slurms_default_where_unset():
 def test_the_slurm_conf_in_use_is_found_as_slurms_clients_find_it():
     """A configless node has no /etc/slurm/slurm.conf: slurmd's copy in /run/slurm/conf. The
     SLURM_CONF scontrol prints is the controller's: the last resort."""
-    printed = "SLURM_CONF              = /opt/slurm/etc/slurm.conf\n"
+    printed = "/opt/slurm/etc/slurm.conf"
     on = lambda *present: (lambda p: str(p) in present)   # noqa: E731
     assert local_slurm_conf(Path("/x/slurm.conf"), printed, on()) == Path("/x/slurm.conf")
     assert local_slurm_conf(None, printed, on("/etc/slurm/slurm.conf", str(
@@ -154,7 +154,7 @@ def test_the_slurm_conf_in_use_is_found_as_slurms_clients_find_it():
     assert local_slurm_conf(None, printed, on(str(CONFIGLESS_SLURM_CONF))) == \
         CONFIGLESS_SLURM_CONF
     assert local_slurm_conf(None, printed, on()) == Path("/opt/slurm/etc/slurm.conf")
-    assert local_slurm_conf(None, "", on()) == Path("/etc/slurm/slurm.conf")
+    assert local_slurm_conf(None, None, on()) == Path("/etc/slurm/slurm.conf")
     assert plugstack_path("", CONFIGLESS_SLURM_CONF) == Path("/run/slurm/conf/plugstack.conf")
 
 
