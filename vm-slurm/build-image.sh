@@ -167,6 +167,12 @@ done)
 sed -e "s#@TASKPLUGIN@#${taskplugin:-task/cgroup}#" /etc/slurm/slurm.conf.in |
   awk -v lines="$nodelines" '$0 == "@NODELINES@" { print lines; next } { print }' \
   > /etc/slurm/slurm.conf
+if [ "$(arg configless)" = 1 ]; then
+  # Configless: no Slurm configuration of the node's own (a local slurm.conf would win over
+  # the server's); slurmd fetches vm1's into /run/slurm/conf, the client commands read it there.
+  rm -f /etc/slurm/slurm.conf /etc/slurm/site.conf /etc/slurm/cgroup.conf /etc/slurm/plugstack.conf
+  printf 'SLURMD_OPTIONS=--conf-server vm1\nSLURM_CONF_SERVER=vm1\n' >> /etc/default/slurmd
+fi
 if [ "$hwloc_x86" = 0 ]; then
   echo "HWLOC_COMPONENTS=-x86" >> /etc/default/slurmd
 fi
@@ -202,6 +208,10 @@ for unit in munge slurmd slurmctld ssh; do
   printf '[Unit]\nWants=vmslurm-setup.service\nAfter=vmslurm-setup.service\n' \
     > "$R/etc/systemd/system/$unit.service.d/vm-slurm.conf"
 done
+# A configless slurmd has no slurm.conf: no condition on one (a packaging may set it); it
+# retries every 10 s until vm1's slurmctld serves its configuration (both boot at once).
+printf 'ConditionPathExists=\n[Service]\nTimeoutStartSec=900\n' \
+  >> "$R/etc/systemd/system/slurmd.service.d/vm-slurm.conf"
 # slurmctld only where the command line says vmslurm.ctld=1 (vm1); slurmd everywhere.
 printf '[Unit]\nConditionKernelCommandLine=vmslurm.ctld=1\n' \
   >> "$R/etc/systemd/system/slurmctld.service.d/vm-slurm.conf"
@@ -235,9 +245,23 @@ ReturnToService=2
 SlurmdTimeout=120
 SlurmctldTimeout=60
 MessageTimeout=30
+# Nodes may run configless (vmslurm.configless=1: slurmd --conf-server vm1).
+SlurmctldParameters=enable_configless
 @NODELINES@
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# The site's own settings, in a file of their own: a Prolog of its own (docs/install.md's
+# slurm-conf step must keep it, and add ours beside it).
+Include site.conf
 EOF
+cat > "$R/etc/slurm/site.conf" <<'EOF'
+# vm-slurm: the site's Prolog (it leaves a mark per job: /run/site-prolog/<job id>).
+Prolog=/etc/slurm/site-prolog.sh
+EOF
+cat > "$R/etc/slurm/site-prolog.sh" <<'EOF'
+#!/bin/sh
+mkdir -p /run/site-prolog && touch "/run/site-prolog/$SLURM_JOB_ID"
+EOF
+chmod 755 "$R/etc/slurm/site-prolog.sh"
 cat > "$R/etc/slurm/cgroup.conf" <<'EOF'
 CgroupPlugin=cgroup/v2
 ConstrainCores=yes

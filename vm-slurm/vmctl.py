@@ -14,7 +14,8 @@ VM_SLURM_MEM (1024 MB), VM_SLURM_SMP (2), VM_SLURM_TASK_PLUGIN (the image's task
 VM_SLURM_HWLOC_X86 (set 0: slurmd runs with HWLOC_COMPONENTS=-x86), VM_SLURM_SHARE (a host
 folder every VM mounts at /shared over virtio-9p; default STATE/run/share, "none": no share),
 VM_SLURM_TOPOLOGY (VMs numbered as servers are, "vm2=2x2x2,...": SOCKETSxCORESxTHREADS; see
-`Topology`).
+`Topology`), VM_SLURM_CONFIGLESS (VMs whose slurmd runs configless, "vm2,...": no slurm.conf of
+their own, slurmd fetches vm1's with --conf-server; vm1, the controller, never).
 
 The image comes from build-image.sh (STATE/current). Emulation only (-accel tcg): KVM does not
 run guests on the project's machines. Each VM has two NICs:
@@ -58,6 +59,8 @@ SHARE = os.environ.get("VM_SLURM_SHARE", "")
 SHARE_TAG = "vmshare"
 # VMs whose CPUs Linux numbers as a two-socket Intel server does, not in Slurm's abstract order.
 TOPOLOGY = os.environ.get("VM_SLURM_TOPOLOGY", "")
+# VMs whose slurmd takes its configuration from slurmctld (configless), as many sites run them.
+CONFIGLESS = os.environ.get("VM_SLURM_CONFIGLESS", "")
 HERE = Path(__file__).resolve().parent
 
 
@@ -233,6 +236,7 @@ def vm_argv(cluster: dict, i: int, share: Path | None) -> list[str]:
     layouts = ",".join(f"vm{k}={t}" for k, t in sorted(topology.items()))
     append = (f"{KERNEL_OPTIONS} vmslurm.name={name} vmslurm.n={n} vmslurm.net={cluster['net']}"
               + (" vmslurm.ctld=1" if i == 1 else "")
+              + (" vmslurm.configless=1" if name in cluster.get("configless", []) else "")
               + (f" vmslurm.layouts={layouts}" if layouts else "")
               + (" acpi_apic_instance=2" if server else "")
               + (f" vmslurm.taskplugin={TASK_PLUGIN}" if TASK_PLUGIN else "")
@@ -307,6 +311,11 @@ def cmd_up(args) -> int:
     if any(not 1 <= k <= n for k in servers):
         log(f"VM_SLURM_TOPOLOGY names a VM outside vm1..vm{n}: {TOPOLOGY}")
         return 2
+    configless = sorted({name.strip() for name in CONFIGLESS.split(",") if name.strip()})
+    if any(name not in {f"vm{i}" for i in range(2, n + 1)} for name in configless):
+        log(f"VM_SLURM_CONFIGLESS names a VM outside vm2..vm{n} (vm1 holds slurm.conf): "
+            f"{CONFIGLESS}")
+        return 2
     ssh_ports = [PORT_BASE + i for i in range(1, n + 1)]
     udp_ports = [PORT_BASE + 100 + i for i in range(1, n + 1)]
     busy = [p for p in ssh_ports if not port_free(p, socket.SOCK_STREAM)]
@@ -325,7 +334,8 @@ def cmd_up(args) -> int:
     cluster = {"n": n, "image": str(image), "ssh": ssh_ports, "udp": udp_ports,
                "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN),
                "share": str(share) if share else None,
-               "topology": {str(k): str(t) for k, t in servers.items()}}
+               "topology": {str(k): str(t) for k, t in servers.items()},
+               "configless": configless}
     (RUN / "cluster.json").write_text(json.dumps(cluster, indent=1))
 
     hub_log = open(RUN / "hub.log", "w")
@@ -463,6 +473,12 @@ def cmd_smoke(args) -> int:
         out = r.stdout.split()
         check(f"vm{i} cgroup2 with cpuset", r.returncode == 0 and out[:1] == ["cgroup2"]
               and "cpuset" in out, r.stdout + r.stderr)
+    for name in cluster.get("configless", []):
+        r = run_in(cluster, node_index(name), "test ! -e /etc/slurm/slurm.conf && "
+                   "grep -c '^SlurmctldHost=vm1' /run/slurm/conf/slurm.conf", timeout=60,
+                   capture=True)
+        check(f"{name} configless (no slurm.conf of its own; vm1's in /run/slurm/conf)",
+              r.returncode == 0 and r.stdout.strip() == "1", r.stdout + r.stderr)
     r = run_in(cluster, 1, f"srun -N{n} hostname", timeout=120, capture=True)
     names = sorted(r.stdout.split())
     check(f"srun -N{n} hostname", r.returncode == 0

@@ -82,11 +82,14 @@ while not stop_file.exists():
     if now - last_t >= 0.5:
         rates[active] = round((total - last_steps) / (now - last_t), 2)
         last_steps, last_t = total, now
-    write_status(status, RankStatus(
-        pid=os.getpid(), rank=rank, local_rank=local_rank, local_size=local_size,
-        intra_active=active, intra_pool=max_threads, inter_active=1, inter_pool=1,
-        node=env.get("SLURMD_NODENAME", ""), allowed_cpus=follower.current.cpus,
-        share_cpus=frozenset(share), steps_per_s=rates, steps=total, updated=time.time(),
-        reload_signal=signal.SIGUSR1))
+    try:                             # as malleable_tf's Telemetry.write: never fatal
+        write_status(status, RankStatus(
+            pid=os.getpid(), rank=rank, local_rank=local_rank, local_size=local_size,
+            intra_active=active, intra_pool=max_threads, inter_active=1, inter_pool=1,
+            node=env.get("SLURMD_NODENAME", ""), allowed_cpus=follower.current.cpus,
+            share_cpus=frozenset(share), steps_per_s=rates, steps=total, updated=time.time(),
+            reload_signal=signal.SIGUSR1))
+    except OSError:                  # its folder gone (an uninstall): the rank runs on
+        pass
     time.sleep(0.05)
 print(f"stopped: {sum(steps)} steps; active {active} of {max_threads}", flush=True)

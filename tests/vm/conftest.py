@@ -9,11 +9,18 @@ written by packaging/guide.py (the guide's defaults: the feed link, nothing shar
 - the project copied into /opt/malleable/src on every VM (tar over ssh; no image rebuild for a
   code change); the user side (malleable_tf) on the jobs' Python path with a .pth file, as a
   site's user environment would have it;
+- the cluster as a site has it: vm1's slurm.conf Includes the site's site.conf, which sets a
+  Prolog of the site's own; vm2's slurmd runs configless (no Slurm file of its own, vm1's
+  served into /run/slurm/conf);
 - step build on vm1 (the Debian package, its SPANK plugin compiled against the guest's
   libslurm-dev), the package put on the 9p share; steps install-package, configure, slurm-conf
-  and job-submit on every VM; restart-slurm (vm1 first); services (the watcher on vm1, the
+  (it writes malleable.conf on vm1, the controller) and job-submit on every VM; the admin's
+  merge (one `Include malleable.conf` line in vm1's slurm.conf, both files copied to any other
+  node with a slurm.conf of its own); restart-slurm (vm1 first); services (the watcher on vm1, the
   agent malleable-agent@<node> on each node, both systemd units of the package; `journalctl
-  -u` shows their logs); check (`malleable doctor` on every node);
+  -u` shows their logs); check (`malleable doctor` on every node); then every Slurm file of
+  every node compared with what it was before (the install's own files and the Include line,
+  nothing else), and a job on every node runs the site's Prolog and ours;
 - the run dir /run/malleable (agent state in /run/malleable/agent, each node's copy of its
   feed in /run/malleable/feed) on each VM's own tmpfs; the watcher's folder
   /var/lib/malleable/watcher on vm1; the agents reach it over the feed link (TCP 6826 to
@@ -36,6 +43,7 @@ import pytest
 
 from malleable_protocol import parse_cpu_list
 from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
+from slurm_plugin.slurm.parsers import parse_config_values
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("malleable_protocol", "malleable_policy", "malleable_runtime", "malleable_tf",
@@ -55,6 +63,8 @@ GUIDE_ENV = ""
 # agent.json's input_cpu_budget_ms in the emulated guests (20 on a real node): see `cosched`.
 EMULATED_INPUT_BUDGET_MS = 1000
 TIMES: list[tuple[str, float]] = []
+# Each node's Slurm files before the install (``slurm_files``), for the uninstall's test.
+SLURM_FILES_BEFORE: dict[str, dict[str, str]] = {}
 NOTES: list[str] = []    # what was observed, printed in the summary
 
 
@@ -103,6 +113,9 @@ class VMs:
             pytest.fail("no vm-slurm cluster is running (vmctl.py up N)")
         self.n = int(os.environ["VM_SLURM_NODES"])
         self.nodes = [f"vm{i}" for i in range(1, self.n + 1)]
+        # Nodes whose slurmd runs configless (vmctl.py's VM_SLURM_CONFIGLESS): no slurm.conf of
+        # their own, vm1's served into /run/slurm/conf.
+        self.configless = list(self.cluster.get("configless", []))
 
     def argv(self, node: str) -> list[str]:
         return self.vmctl.ssh_argv(self.cluster, self.vmctl.node_index(node))
@@ -238,6 +251,49 @@ def vms() -> VMs:
     return VMs()
 
 
+# Every file and link of a node's Slurm configuration (its own, and the copy a configless slurmd
+# fetched): a digest of each file, a link's target.
+SLURM_FILES = r"""for d in /etc/slurm /run/slurm/conf/; do [ -d "$d" ] && find "$d" \( -type f -o -type l \); done |
+  sort | while read -r f; do
+    if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; else echo "$f $(sha256sum < "$f" | cut -c1-12)"; fi
+  done"""
+
+
+def slurm_files(vms: VMs, node: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in vms.out(node, SLURM_FILES).splitlines()
+                if " " in line)
+
+
+def changed_files(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
+    """{path: new | changed | removed}."""
+    out = {p: "new" if p not in before else "changed" for p in after
+           if before.get(p) != after[p]}
+    out.update({p: "removed" for p in before if p not in after})
+    return out
+
+
+# What the install may change in a node's Slurm files: the drop-ins of step configure, the
+# include line it adds to a plugstack.conf of the node's own (where the file lacked it),
+# job_submit.lua and malleable.conf on the controller, and slurm.conf's one Include line the
+# admin adds; on a configless node, the copies slurmd fetched of the controller's. Anything
+# else is a defect.
+NEW, CHANGED = frozenset({"new"}), frozenset({"changed"})
+CONFIGURE_DROP_INS = {"/etc/slurm/plugstack.conf.d/malleable.conf": NEW,
+                      "/etc/slurm/prolog.d/50-malleable": NEW,
+                      "/etc/slurm/epilog.d/50-malleable": NEW}
+OWN_FILES = {"/etc/slurm/malleable.conf": NEW, "/etc/slurm/slurm.conf": CHANGED,
+             "/etc/slurm/plugstack.conf": NEW | CHANGED}
+SERVED_FILES = {"/run/slurm/conf/slurm.conf": CHANGED, "/run/slurm/conf/malleable.conf": NEW,
+                "/run/slurm/conf/plugstack.conf": NEW | CHANGED}
+
+
+def allowed_changes(vms: VMs, node: str) -> dict[str, frozenset[str]]:
+    if node in vms.configless:
+        return {**CONFIGURE_DROP_INS, **SERVED_FILES}
+    return {**CONFIGURE_DROP_INS, **OWN_FILES,
+            **({"/etc/slurm/job_submit.lua": NEW} if node == "vm1" else {})}
+
+
 @pytest.fixture(scope="session")
 def cosched(vms: VMs) -> VMs:
     """Stage 1: the co-scheduler installed by docs/install.md's steps and running (see the
@@ -253,6 +309,13 @@ def cosched(vms: VMs) -> VMs:
                           f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
                           f" && mkdir -p $d && echo {USER_SIDE} > $d/malleable-user.pth", data=data)
     vms.run("vm1", "touch /run/malleable-install-start")
+    files_before = {node: slurm_files(vms, node) for node in vms.nodes}
+    SLURM_FILES_BEFORE.update(files_before)
+    conf_before = {node: vms.out(node, f"cat {SLURM_CONF}") for node in vms.nodes
+                   if node not in vms.configless}
+    for node in vms.configless:
+        assert vms.out(node, f"test -e {SLURM_CONF} || echo none").strip() == "none", \
+            f"{node} is configless but has a {SLURM_CONF} of its own"
     with Stage("install: the package's share (9p) is mounted in every VM"):
         for node in vms.nodes:
             fs = vms.out(node, "findmnt -n -o FSTYPE /shared || true").strip()
@@ -267,8 +330,10 @@ def cosched(vms: VMs) -> VMs:
         NOTES.append("build: " + " ".join(out.split()[-12:]))
     with Stage("install: guide steps install-package, configure, slurm-conf, job-submit on "
                "every VM"):
-        vms.parallel(lambda node: f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package "
-                                  f"configure slurm-conf job-submit 2>&1", timeout=600)
+        outs = vms.parallel(lambda node: f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package "
+                                         f"configure slurm-conf job-submit 2>&1", timeout=600)
+        said = outs["vm1"][outs["vm1"].index("[guide] step slurm-conf"):]
+        NOTES.append("slurm-conf on vm1:\n" + said[:said.find("[guide] step job-submit")].strip())
         # The guests' CPUs are emulated (TCG), 10x or more slower than the host's and shared
         # by 10 vCPUs on 2 host cores, whose waits a guest counts as its threads' CPU time:
         # reading a clean job's records there cost root more than the 20 ms budget of a real
@@ -279,6 +344,15 @@ def cosched(vms: VMs) -> VMs:
                                   f"{EMULATED_INPUT_BUDGET_MS}; "
                                   f"open(p, \"w\").write(json.dumps(d, indent=2))' "
                                   f"{HOOKS}/agent.json")
+    with Stage("install: the admin's merge: 'Include malleable.conf' in vm1's slurm.conf, both "
+               "files copied to every node with a slurm.conf of its own (not the configless)"):
+        include = vms.out("vm1", "cat /etc/slurm/malleable.conf")
+        for node in vms.nodes:
+            if node in vms.configless:
+                continue
+            if node != "vm1":
+                vms.run(node, "cat > /etc/slurm/malleable.conf", data=include.encode())
+            vms.run(node, f"echo 'Include malleable.conf' >> {SLURM_CONF}")
     with Stage("install: guide step restart-slurm (vm1 first), every node idle again"):
         vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
         vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
@@ -291,12 +365,12 @@ def cosched(vms: VMs) -> VMs:
         wait_for(idle, timeout=240, interval=2, what="every node idle after the restart",
                  show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
                                       check=False))
-        # 24.11 lists the hook scripts as "Prolog[0] = ...".
-        conf = {k.strip().removesuffix("[0]"): v.strip() for k, _, v in
-                (ln.partition("=") for ln in vms.out("vm1", "scontrol show config").splitlines())}
-        assert conf.get("JobSubmitPlugins") == "lua", conf.get("JobSubmitPlugins")
-        assert conf.get("Prolog") == "/etc/slurm/prolog.d/*", conf.get("Prolog")
-        assert conf.get("PrologSlurmctld") == f"{HOOKS}/ctld_event.sh", conf
+        # 24.11 runs every Prolog line: the site's (site.conf, Included) and ours.
+        text = vms.out("vm1", "scontrol show config")
+        assert parse_config_values(text, "JobSubmitPlugins") == ["lua"], text
+        assert parse_config_values(text, "Prolog") == ["/etc/slurm/site-prolog.sh",
+                                                       "/etc/slurm/prolog.d/*"], text
+        assert parse_config_values(text, "PrologSlurmctld") == [f"{HOOKS}/ctld_event.sh"], text
     with Stage("install: guide step services (the watcher on vm1, an agent per node)"):
         vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run services 2>&1")
 
@@ -322,6 +396,32 @@ def cosched(vms: VMs) -> VMs:
     with Stage("install: guide step check (malleable doctor on every node)"):
         outs = vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run check 2>&1", timeout=180)
         NOTES.append("doctor on vm1:\n" + outs["vm1"].strip())
+        for node in vms.configless:
+            NOTES.append(f"doctor on {node} (configless):\n" + outs[node].strip())
+        again = vms.out("vm1", "malleable slurm-conf")
+        assert "nothing to merge" in again, again
+    with Stage("install: what changed in every node's Slurm files (the guide's and the "
+               "admin's Include line, nothing else); both Prologs run on every node"):
+        for node in vms.nodes:
+            changes = changed_files(files_before[node], slurm_files(vms, node))
+            NOTES.append(f"{node}'s Slurm files changed by the install"
+                         + (" (configless)" if node in vms.configless else "") + ": "
+                         + ", ".join(f"{p} {c}" for p, c in sorted(changes.items())))
+            allowed = allowed_changes(vms, node)
+            assert all(c in allowed.get(p, ()) for p, c in changes.items()), \
+                f"{node}: changes beyond the install's: {changes} (allowed: {allowed})"
+            if node in conf_before:
+                assert vms.out(node, f"cat {SLURM_CONF}") == \
+                    conf_before[node] + "Include malleable.conf\n"
+            else:
+                assert vms.out(node, f"test -e {SLURM_CONF} || echo none").strip() == "none"
+                assert "Include malleable.conf" in vms.out(node, "cat /run/slurm/conf/slurm.conf")
+        ids = vms.out("vm1", f"srun -N{vms.n} -w {','.join(vms.nodes)} "
+                             "sh -c 'echo $SLURM_JOB_ID'", timeout=180).split()
+        assert len(set(ids)) == 1, ids
+        for node in vms.nodes:
+            marks = vms.out(node, "ls /run/site-prolog/ 2>/dev/null", check=False).split()
+            assert ids[0] in marks, f"{node}: the site's Prolog did not run for job {ids[0]}"
     return vms
 
 

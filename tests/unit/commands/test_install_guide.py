@@ -1,9 +1,11 @@
 """docs/install.md's steps as packaging/guide.py reads and runs them: the order a site follows,
 the site job_submit.lua the guide writes (run in Lua 5.1 with the rendered module, as slurmctld
-would), the lines the guide tells a site to merge by hand, and slurm.conf's edit."""
+would), the lines the guide tells a site to merge by hand, and the slurm.conf lines it writes for an
+Include (never slurm.conf itself)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.commands.doctor import HOOK_KEYS
+from slurm_plugin.hooks.slurm_conf import HOOK_KEYS
 from slurm_plugin.hooks.install import LUA_MODULE, render_job_submit
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,7 +39,8 @@ def run_steps(names: list[str], env: dict[str, str], cwd: Path) -> subprocess.Co
 
 def test_the_guide_has_a_sites_steps_in_order():
     assert list(steps()) == ["settings", "build", "install-package", "configure", "slurm-conf",
-                             "job-submit", "restart-slurm", "services", "check"]
+                             "job-submit", "restart-slurm", "services", "check",
+                             "uninstall-return", "uninstall-unhook", "uninstall-remove"]
 
 
 def test_a_marker_without_its_block_an_open_block_and_a_repeated_name_are_errors():
@@ -60,20 +63,50 @@ def test_settings_come_first_and_the_environment_overrides_them(tmp_path):
     assert out.stdout.split() == ["/shared/feed", "/etc/malleable"]
 
 
-def test_slurm_conf_step_adds_the_hooks_once_and_refuses_to_guess(tmp_path):
-    conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=c\n")
-    env = {"PATH": "/usr/bin:/bin", "SLURM_ETC": str(tmp_path), "MALLEABLE_ETC": "/etc/m"}
-    assert run_steps(["slurm-conf"], env, tmp_path).returncode == 0
-    added = dict(line.split("=", 1) for line in conf.read_text().splitlines()[1:]
-                 if "=" in line)
+def fake_commands(folder: Path, show_config: str) -> dict[str, str]:
+    """An environment whose systemctl says slurmctld runs, whose scontrol prints
+    ``show_config``, and whose malleable is this checkout's: the step's own commands, with
+    Slurm played (the VM cluster runs them against a real slurmctld)."""
+    folder.mkdir()
+    (folder / "config.txt").write_text(show_config)
+    scripts = {"systemctl": "exit 0",
+               "scontrol": f'cat {folder / "config.txt"}',
+               "malleable": f'PYTHONPATH={REPO} exec {sys.executable} -m '
+                            'slurm_plugin.commands.main "$@"'}
+    for name, body in scripts.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}:/usr/bin:/bin"}
+
+
+def test_slurm_conf_step_writes_an_include_file_and_never_slurm_conf(tmp_path):
+    slurm_etc = tmp_path / "slurm"
+    slurm_etc.mkdir()
+    conf = slurm_etc / "slurm.conf"
+    conf.write_text("ClusterName=c\nInclude site.conf\n")
+    show = "SLURM_VERSION           = 22.05.8\nProlog                  = (null)\n"
+    env = {**fake_commands(tmp_path / "bin", show), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": "/etc/m"}
+    out = run_steps(["slurm-conf"], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    added = dict(line.split("=", 1) for line in (slurm_etc / "malleable.conf").read_text()
+                 .splitlines() if "=" in line and not line.startswith("#"))
     assert set(added) == {"JobSubmitPlugins", *HOOK_KEYS}    # what `malleable doctor` checks
-    assert added["Prolog"] == f"{tmp_path}/prolog.d/*"
+    assert added["Prolog"] == f"{slurm_etc}/prolog.d/*"
     assert added["PrologSlurmctld"] == "/etc/m/ctld_event.sh"
-    before = conf.read_text()
-    again = run_steps(["slurm-conf"], env, tmp_path)
-    assert again.returncode == 1 and "merge these lines by hand" in again.stderr
-    assert conf.read_text() == before
+    assert "Include malleable.conf" in out.stdout
+    assert conf.read_text() == "ClusterName=c\nInclude site.conf\n"
+
+
+def test_slurm_conf_step_stops_where_a_prolog_must_be_chained_by_hand(tmp_path):
+    slurm_etc = tmp_path / "slurm"
+    slurm_etc.mkdir()
+    show = "SLURM_VERSION           = 23.11.9\nProlog                  = /site/prolog.sh\n"
+    env = {**fake_commands(tmp_path / "bin", show), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": "/etc/m"}
+    out = run_steps(["slurm-conf"], env, tmp_path)
+    assert out.returncode == 1 and "need a hand: Prolog" in out.stderr
+    assert "ln -s /site/prolog.sh" in out.stdout
 
 
 LUA_DRIVER = r"""
@@ -100,7 +133,8 @@ def test_the_guides_job_submit_lua_runs_the_module(tmp_path):
     etc.mkdir()
     slurm_etc.mkdir()
     (etc / LUA_MODULE).write_text(render_job_submit(tmp_path / "events", module=True))
-    env = {"PATH": "/usr/bin:/bin", "SLURM_ETC": str(slurm_etc), "MALLEABLE_ETC": str(etc)}
+    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": str(etc)}
     assert run_steps(["job-submit"], env, tmp_path).returncode == 0
     driver = tmp_path / "driver.lua"
     driver.write_text(f"SITE = {str(slurm_etc / 'job_submit.lua')!r}\n" + LUA_DRIVER)
@@ -115,6 +149,25 @@ def test_the_guides_job_submit_lua_runs_the_module(tmp_path):
     again = run_steps(["job-submit"], env, tmp_path)
     assert again.returncode == 1 and "add the two lines" in again.stderr
     assert (slurm_etc / "job_submit.lua").read_text() == "-- the site's\n"
+    # A site's own that calls ours is kept, and touched: slurmctld reloads Lua on a new mtime.
+    own = "-- the site's\nlocal malleable = dofile('/etc/malleable/job_submit_malleable.lua')\n"
+    (slurm_etc / "job_submit.lua").write_text(own)
+    os.utime(slurm_etc / "job_submit.lua", (1, 1))
+    kept = run_steps(["job-submit"], env, tmp_path)
+    assert kept.returncode == 0 and "kept, touched" in kept.stderr
+    assert (slurm_etc / "job_submit.lua").read_text() == own
+    assert (slurm_etc / "job_submit.lua").stat().st_mtime > 1
+    # Ours is written again (a new version's), its time new too.
+    (slurm_etc / "job_submit.lua").unlink()
+    assert run_steps(["job-submit"], env, tmp_path).returncode == 0
+    first = (slurm_etc / "job_submit.lua").read_text()
+    assert run_steps(["job-submit"], env, tmp_path).returncode == 0
+    assert (slurm_etc / "job_submit.lua").read_text() == first
+    # A host without slurmctld gets none.
+    (slurm_etc / "job_submit.lua").unlink()
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")
+    assert run_steps(["job-submit"], env, tmp_path).returncode == 0
+    assert not (slurm_etc / "job_submit.lua").exists()
 
 
 def test_the_lines_a_site_merges_by_hand_are_the_ones_the_step_writes():
@@ -125,3 +178,27 @@ def test_the_lines_a_site_merges_by_hand_are_the_ones_the_step_writes():
     assert len(added) == 3
     for line in added:
         assert line in step, line
+
+
+def test_uninstall_unhook_removes_only_ours_and_waits_for_the_include_line(tmp_path):
+    slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
+    for d in (slurm_etc / "prolog.d", slurm_etc / "epilog.d", slurm_etc / "plugstack.conf.d",
+              etc):
+        d.mkdir(parents=True)
+    (slurm_etc / "prolog.d" / "50-malleable").symlink_to(etc / "prolog.sh")
+    (slurm_etc / "prolog.d" / "10-site").symlink_to("/opt/site/prolog.sh")
+    (slurm_etc / "epilog.d" / "50-malleable").symlink_to(etc / "epilog.sh")
+    (slurm_etc / "plugstack.conf.d" / "malleable.conf").symlink_to(etc / "plugstack.conf")
+    (slurm_etc / "malleable.conf").write_text("Prolog=x\n")
+    (slurm_etc / "slurm.conf").write_text("ClusterName=c\nInclude malleable.conf\n")
+    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": str(etc)}
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")   # nothing running
+    refused = run_steps(["uninstall-unhook"], env, tmp_path)
+    assert refused.returncode == 1 and "still Includes malleable.conf" in refused.stderr
+    assert (slurm_etc / "malleable.conf").exists()              # nothing removed yet
+    assert (slurm_etc / "prolog.d" / "50-malleable").is_symlink()
+    (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
+    assert run_steps(["uninstall-unhook"], env, tmp_path).returncode == 0
+    left = sorted(str(p.relative_to(slurm_etc)) for p in slurm_etc.rglob("*"))
+    assert left == ["prolog.d", "prolog.d/10-site", "slurm.conf"], left
