@@ -37,7 +37,7 @@ from slurm_plugin.feed.store import FeedStore
 from slurm_plugin.node.accounting import so_far
 from slurm_plugin.node.core_usage import CoreUsage
 from slurm_plugin.node.ledger import LedgerFile
-from slurm_plugin.node.config import AgentConfigError, load_agent_config
+from slurm_plugin.node.config import AgentConfig, AgentConfigError, load_agent_config
 from slurm_plugin.settings import DEFAULT_FEED_DIR, RootSettings, root_settings
 
 
@@ -134,13 +134,19 @@ def own_jobs_on(node: str, runner: CommandRunner) -> list[int]:
     return sorted({int(w) for w in out.split() if w.isdigit() and w.isascii() and len(w) < 12})
 
 
-def feed_dir_here(agent_json: Path) -> Path:
+def installed_config(agent_json: Path) -> AgentConfig | None:
+    """The install's agent.json on this host (readable by every user), None without one."""
+    try:
+        return load_agent_config(agent_json)
+    except AgentConfigError:
+        return None
+
+
+def feed_dir_here(config: AgentConfig | None) -> Path:
     """The feed this host holds, by the install's agent.json: on a watcher's host (the
     controller) the watcher's folder, every node's feed; on a node, its own feed. Without a
     readable agent.json, the default."""
-    try:
-        config = load_agent_config(agent_json)
-    except AgentConfigError:
+    if config is None:
         return DEFAULT_FEED_DIR
     if config.watcher_dir is not None and config.watcher_dir.is_dir():   # the watcher makes it
         return config.watcher_dir
@@ -244,39 +250,29 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
     st.set_defaults(func=run)
 
 
-def _own_view_here(args: argparse.Namespace, uid: int, agent_json: Path, why: str,
-                   runner: CommandRunner) -> int:
-    """A user who may not read the feed: his own jobs on this node (``own_rows_here``)."""
+def _own_view_here(args: argparse.Namespace, uid: int, config: AgentConfig | None,
+                   jobs: set[int], why: str, runner: CommandRunner) -> int:
+    """A user who may not read the feed: his own jobs on this node (``own_rows_here``), only
+    ``jobs`` where given."""
     node = getattr(args, "node", None) or root_settings().node or \
         socket.gethostname().split(".")[0]
     try:
-        run_dir = load_agent_config(agent_json).run_dir
-    except AgentConfigError:
-        run_dir = DEFAULT_RUN_DIR
-    try:
-        jobs = own_jobs_on(node, runner)
+        mine = own_jobs_on(node, runner)
     except CommandError as exc:
         raise CliError(f"{why}; and your own jobs on this node could not be listed (squeue: "
                        f"{exc})") from None
-    user = pwd.getpwuid(uid).pw_name if _has_user(uid) else str(uid)
-    rows = own_rows_here(RunLayout(run_dir), node, jobs, user, uid)
-    wanted = set(getattr(args, "jobs", None) or ()) | (
-        {args.job_id} if getattr(args, "job_id", None) is not None else set())
-    if wanted:
-        rows = [r for r in rows if r.job_id in wanted]
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    layout = RunLayout(config.run_dir if config is not None else DEFAULT_RUN_DIR)
+    rows = [r for r in own_rows_here(layout, node, mine, user, uid)
+            if not jobs or r.job_id in jobs]
     print(f"your jobs on {node} only (the cluster's feed is root's); every node of job J: "
           "srun --jobid J --overlap --ntasks-per-node=1 malleable status", file=sys.stderr)
     print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json
           else format_table(rows))
     return 0
-
-
-def _has_user(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return True
 
 
 def run(args: argparse.Namespace, *, uid: int | None = None,
@@ -286,16 +282,16 @@ def run(args: argparse.Namespace, *, uid: int | None = None,
     no status to show: no feed folder, a feed no node was published into yet, a feed this user
     may not read, a job (``job_id``) not in it; also when a node reports a problem."""
     uid = os.geteuid() if uid is None else uid
-    agent_json = Path(getattr(args, "config", None) or DEFAULT_AGENT_CONFIG)
-    store = FeedStore(Path(args.feed_dir) if args.feed_dir else feed_dir_here(agent_json))
+    config = installed_config(Path(getattr(args, "config", None) or DEFAULT_AGENT_CONFIG))
+    store = FeedStore(Path(args.feed_dir) if args.feed_dir else feed_dir_here(config))
+    job_id = getattr(args, "job_id", None)
+    jobs = set(getattr(args, "jobs", None) or ()) | ({job_id} if job_id is not None else set())
     try:
         check_feed(store)
     except FeedUnreadable as exc:
         if uid == 0:
             raise CliError(str(exc)) from None
-        return _own_view_here(args, uid, agent_json, str(exc), runner)
-    job_id = getattr(args, "job_id", None)
-    jobs = set(getattr(args, "jobs", None) or ()) | ({job_id} if job_id is not None else set())
+        return _own_view_here(args, uid, config, jobs, str(exc), runner)
     users = set(getattr(args, "user", None) or ()) | ({uid} if getattr(args, "me", False)
                                                        else set())
     state_dir = Path(getattr(args, "state_dir", None) or store.feed_dir.parent / "agent")

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from slurm_plugin.slurm.parsers import parse_config_value, parse_config_values
+from slurm_plugin.slurm.parsers import (SlurmParseError, parse_config_value,
+                                        parse_config_values, parse_slurm_version)
 
 HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld")
 # From this release on, read_config.c takes several programs for each of HOOK_KEYS, one per
@@ -117,11 +118,10 @@ WHAT = {"Prolog": "takes the job's cores back from the jobs that borrowed them",
 
 def release_of(config_text: str) -> tuple[int, int] | None:
     """(major, minor) from ``SLURM_VERSION = 24.11.5``; None when not printed."""
-    value = parse_config_value(config_text, "SLURM_VERSION") or ""
-    head = value.split(".")
-    if len(head) >= 2 and head[0].isdigit() and head[1].isdigit() and len(value) < 32:
-        return int(head[0]), int(head[1])
-    return None
+    try:
+        return parse_slurm_version(parse_config_value(config_text, "SLURM_VERSION") or "")
+    except SlurmParseError:
+        return None
 
 
 def is_configless(config_text: str) -> bool:

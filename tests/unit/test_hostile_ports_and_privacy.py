@@ -389,19 +389,19 @@ def test_status_reads_the_feed_the_install_left_on_this_host(tmp_path, capsys):
     import json
 
     from slurm_plugin.commands.main import main
-    from slurm_plugin.commands.status import feed_dir_here
+    from slurm_plugin.commands.status import feed_dir_here, installed_config
     from slurm_plugin.feed import FeedStore
     from slurm_plugin.settings import DEFAULT_FEED_DIR
     agent_json = tmp_path / "agent.json"
     config = AgentConfig(node="n1", feed_dir=tmp_path / "node-feed", feed_link_hosts=("ctl",),
                          watcher_dir=tmp_path / "watcher")
     agent_json.write_text(config.to_json())
-    assert feed_dir_here(agent_json) == tmp_path / "node-feed"      # no watcher ran here
+    assert feed_dir_here(installed_config(agent_json)) == tmp_path / "node-feed"      # no watcher ran here
     store = FeedStore(tmp_path / "watcher")
     store.prepare()
     feed_of_three_jobs(store)
-    assert feed_dir_here(agent_json) == tmp_path / "watcher"
-    assert feed_dir_here(tmp_path / "missing.json") == DEFAULT_FEED_DIR
+    assert feed_dir_here(installed_config(agent_json)) == tmp_path / "watcher"
+    assert feed_dir_here(installed_config(tmp_path / "missing.json")) == DEFAULT_FEED_DIR
     if os.geteuid() == 0:       # root's view: every malleable job of the watcher's feed
         assert main(["status", "--config", str(agent_json), "--json"]) == 0
         assert [r["job_id"] for r in json.loads(capsys.readouterr().out)] == [1, 2]
