@@ -20,11 +20,8 @@ command -v python3 >/dev/null || die "python3 is missing"
 source "$REPO/packaging/lib/node-side.sh"
 release=$(slurm_release /usr/include) \
   || die "no Slurm headers in /usr/include/slurm (apt-get install libslurm-dev gcc): the SPANK plugin is built against them"
-# 22.05 -> the next release 22.06 bounds the dependency.
-major=${release%.*}; minor=$((10#${release#*.}))
-next="$major.$(printf %02d $((minor + 1)))"
-project=$(sed -n -E 's/^version = "([^"]+)"/\1/p' "$REPO/pyproject.toml" | head -1)
-[ -n "$project" ] || die "no version in $REPO/pyproject.toml"
+next=$(next_release "$release")
+project=$(project_version "$REPO") || die "no version in $REPO/pyproject.toml"
 version="$project+slurm$release"
 arch=$(dpkg --print-architecture)
 

@@ -2,6 +2,8 @@
 # into a root folder the package tool then wraps. Sourced; needs bash, python3 and gcc.
 #   slurm_release INCLUDE_DIR      -> 22.05: the release of the Slurm headers the plugin is built
 #                                     against (slurm/slurm_version.h), whatever packaged them
+#   next_release 22.05             -> 22.06: the first release the package must not meet
+#   project_version REPO           -> 0.1.0: pyproject.toml's
 #   stage_node_side ROOT SITE UNITS SHEBANG VERSION INSTALLER
 #     ROOT/SITE: the Python packages (the co-scheduler, its policy, the protocol, the templates;
 #     not the simulator, nor the development cluster) and their dist-info (VERSION, INSTALLER);
@@ -13,6 +15,17 @@ slurm_release() {
   number=$(sed -n -E 's/^#define SLURM_VERSION_NUMBER (0x[0-9a-fA-F]+).*/\1/p' "$header" 2>/dev/null)
   [ -n "$number" ] || return 1
   printf '%d.%02d\n' $(( (number >> 16) & 0xff )) $(( (number >> 8) & 0xff ))
+}
+
+next_release() {
+  local major=${1%.*} minor=$((10#${1#*.}))
+  printf '%s.%02d\n' "$major" $((minor + 1))
+}
+
+project_version() {
+  local v
+  v=$(sed -n -E 's/^version = "([^"]+)"/\1/p' "$1/pyproject.toml" | head -1)
+  [ -n "$v" ] && echo "$v"
 }
 
 stage_node_side() {

@@ -21,10 +21,8 @@ case "$PYTHON_VERSION" in 3.1[1-9]) ;; *) die "PYTHON_VERSION must be 3.11 or ne
 source "$REPO/packaging/lib/node-side.sh"
 release=$(slurm_release "$INCLUDE") \
   || die "no Slurm headers in $INCLUDE/slurm (slurm-devel): the SPANK plugin is built against them"
-major=${release%.*}; minor=$((10#${release#*.}))
-next="$major.$(printf %02d $((minor + 1)))"
-project=$(sed -n -E 's/^version = "([^"]+)"/\1/p' "$REPO/pyproject.toml" | head -1)
-[ -n "$project" ] || die "no version in $REPO/pyproject.toml"
+next=$(next_release "$release")
+project=$(project_version "$REPO") || die "no version in $REPO/pyproject.toml"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
