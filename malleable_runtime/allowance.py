@@ -238,11 +238,19 @@ class AllowanceFollower:
         return Allowance(cpus=capped, quota_cpus=self.current.quota_cpus)
 
 
+# Set by torchrun (torch.distributed.run) in every worker it starts: only then are RANK and
+# LOCAL_RANK its (other programs set variables of these names for their own purposes).
+TORCHRUN_MARK = "TORCHELASTIC_RUN_ID"
+
+
 def local_rank_and_size(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     """This process's rank among the ranks of its node, from the launcher's environment:
+    torchrun's (the innermost launcher: under srun, Slurm's variables are its agent's), then
     Open MPI's mpirun, then Slurm's srun, then Horovod's gloo runner; (0, 1) alone. A bad value
     raises ValueError naming its variable."""
     env = os.environ if env is None else env
+    if TORCHRUN_MARK in env and "LOCAL_RANK" in env and "LOCAL_WORLD_SIZE" in env:
+        return _env_count(env, "LOCAL_RANK"), _env_count(env, "LOCAL_WORLD_SIZE")
     for rank_key, size_key in (("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
                                ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")):
         if rank_key in env and size_key in env:

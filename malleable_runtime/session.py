@@ -6,6 +6,7 @@ reload signal; the target read before the first resize; the first resize before 
 starts."""
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -14,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from malleable_protocol import RunLayout
 
@@ -130,3 +131,28 @@ def start_runtime(pools: ThreadPools, wakeups: Wakeups, env: Settings, where: Pl
         before_watcher(rt)
     rt.start_watcher()
     return rt
+
+
+def check_join(init: Callable[..., Any], asked: Mapping[str, object],
+               have: Mapping[str, object], *, package: str, env_names: str) -> None:
+    """A second ``init()`` (the script's, after the package's runner started the runtime): every
+    argument it gives must match what the runtime runs with (``have``); else MalleableError
+    names each difference and how to settle it."""
+    from .runtime import MalleableError
+    defaults = {n: p.default for n, p in inspect.signature(init).parameters.items()}
+    conflicts = []
+    for name, value in asked.items():
+        if value is None or (name in defaults and value is defaults[name]):
+            continue
+        current = have.get(name)
+        if name == "status_path":
+            fields = have.get("_fields", {})
+            value = Path(str(value).format(**(fields if isinstance(fields, dict) else {})))
+        if value != current or isinstance(value, bool) != isinstance(current, bool):
+            conflicts.append(f"{name}={value!r} (it runs with {current!r})")
+    if conflicts:
+        raise MalleableError(
+            f"{package}.init() already ran ({package}.run started it, before the script) "
+            "with other settings than this call asks: " + ", ".join(conflicts) + ". Drop these "
+            f"arguments or set them in the environment ({env_names}), or run the script "
+            f"without {package}.run (malleable-srun --no-auto-init)")

@@ -18,8 +18,8 @@ the co-scheduler's rank defaults (``malleable_protocol.RunLayout.rank_env``) set
   hold {rank}, {local_rank}, {pid}, {job}, {node}, {step}. A status set empty: no record (and
   no joining the co-scheduler's defaults).
 - MALLEABLE_TF_ALLOWANCE, MALLEABLE_TF_PIN: one of a few words each (the enums below).
-- Where the process runs, from its launcher and Slurm: its rank (OMPI_COMM_WORLD_RANK,
-  SLURM_PROCID, HOROVOD_RANK), local rank and size (``allowance.local_rank_and_size``),
+- Where the process runs, from its launcher and Slurm: its rank (torchrun's RANK,
+  OMPI_COMM_WORLD_RANK, SLURM_PROCID, HOROVOD_RANK), local rank and size (``allowance.local_rank_and_size``),
   SLURM_JOB_ID, SLURM_STEP_ID, SLURMD_NODENAME and MALLEABLE_RUN_DIR (the co-scheduler's folder).
 
 Not here: MALLEABLE_TF_AUTO_INIT (malleable-srun's, read before any runtime code runs).
@@ -38,7 +38,7 @@ from typing import Any, Mapping, TypeVar
 from malleable_protocol import step_folder
 from malleable_protocol.layout import DEFAULT_RUN_DIR
 
-from .allowance import local_rank_and_size
+from .allowance import TORCHRUN_MARK, local_rank_and_size
 from .control import DEFAULT_SIGNALS, Action, parse_signal_spec
 
 
@@ -182,8 +182,10 @@ def _path_template(environ: Mapping[str, str], name: str) -> str | None:
 
 
 def _rank(environ: Mapping[str, str]) -> int:
-    """The global rank: Open MPI's mpirun, then Slurm's srun, then Horovod's gloo runner."""
-    for name in ("OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "HOROVOD_RANK"):
+    """The global rank: torchrun's (under srun, SLURM_PROCID is its agent's), then Open MPI's
+    mpirun, then Slurm's srun, then Horovod's gloo runner."""
+    names = ("OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "HOROVOD_RANK")
+    for name in (("RANK", *names) if TORCHRUN_MARK in environ else names):
         value = environ.get(name, "")
         if value:
             if not _DIGITS.fullmatch(value):

@@ -39,10 +39,8 @@ Steps/s per thread count (the status record) come from the optimizers' apply_gra
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import threading
-from pathlib import Path
 from typing import Callable
 
 from malleable_runtime.control import Action
@@ -158,26 +156,10 @@ def init(max_threads: int | None = None, *, inter_max_threads: int | None = None
 
 
 def _join(asked: dict) -> ThreadState:
-    """init() again, the runtime running (started by malleable_tf.run): every argument the call
-    gives must match what the runtime runs with; it then gets the current state."""
-    have = _settings or {}
-    defaults = {n: p.default for n, p in inspect.signature(init).parameters.items()}
-    conflicts = []
-    for name, value in asked.items():
-        if value is None or (name in defaults and value is defaults[name]):
-            continue
-        current = have.get(name)
-        if name == "status_path":
-            value = Path(str(value).format(**have.get("_fields", {})))
-        if value != current or isinstance(value, bool) != isinstance(current, bool):
-            conflicts.append(f"{name}={value!r} (it runs with {current!r})")
-    if conflicts:
-        raise MalleableError(
-            "malleable_tf.init() already ran (malleable_tf.run started it, before the script) "
-            "with other settings than this call asks: " + ", ".join(conflicts) + ". Drop these "
-            "arguments or set them in the environment (MALLEABLE_TF_MAX_THREADS, "
-            "MALLEABLE_TF_SIGNALS, MALLEABLE_TF_STATUS, MALLEABLE_TF_FOLLOW), or run the script "
-            "without malleable_tf.run (malleable-srun --no-auto-init)")
+    """init() again, the runtime running (started by malleable_tf.run)."""
+    session.check_join(init, asked, _settings or {}, package="malleable_tf",
+                       env_names="MALLEABLE_TF_MAX_THREADS, MALLEABLE_TF_SIGNALS, "
+                                 "MALLEABLE_TF_STATUS, MALLEABLE_TF_FOLLOW")
     return runtime().state()
 
 

@@ -14,77 +14,15 @@ environment: MALLEABLE_TF_MAX_THREADS, MALLEABLE_TF_STATUS, MALLEABLE_TF_SIGNALS
 (``horovod.init`` still runs ``hvd.init()``), and raises MalleableError only if it asks for other
 settings.
 
-``malleable-srun python SCRIPT`` runs every rank through this module.
+``malleable-srun python SCRIPT`` runs every rank through this module; the command line and
+how the script runs are ``malleable_runtime.runner``'s.
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
-import runpy
 import sys
-from dataclasses import dataclass
 
-USAGE = "usage: python -m malleable_tf.run SCRIPT [ARGS...]  |  -m MODULE [ARGS...]"
-
-
-class UsageError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Program:
-    """What to run: a script path or a module name, and its own arguments."""
-    path: str | None
-    module: str | None
-    args: list[str]
-
-    @property
-    def argv(self) -> list[str]:
-        return [self.path or self.module or "", *self.args]
-
-
-def module_exists(name: str) -> bool:
-    """Whether the top-level package of ``name`` can be found (importing nothing: a package
-    that imports TensorFlow must not do so before init)."""
-    top = name.split(".")[0]
-    try:   # the current folder too: run() puts it first on the path, as python -m does
-        return (importlib.util.find_spec(top) or
-                importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def parse_args(args: list[str], *, is_file=os.path.isfile,
-               module_exists=module_exists) -> Program | None:
-    """The runner's own command line; None for --help. Everything after SCRIPT (or -m MODULE)
-    belongs to the script, options included."""
-    if not args:
-        raise UsageError("no script given")
-    first = args[0]
-    if first in ("-h", "--help"):
-        return None
-    if first == "--":
-        args = args[1:]
-        if not args:
-            raise UsageError("no script given after --")
-        first = args[0]
-    elif first == "-m" or (first.startswith("-m") and len(first) > 2):
-        module = first[2:] or (args[1] if len(args) > 1 else "")
-        rest = args[1:] if first != "-m" else args[2:]
-        if not module or module.startswith("-"):
-            raise UsageError("-m needs a module name")
-        if not module_exists(module):
-            raise UsageError(f"no module named {module.split('.')[0]!r}")
-        return Program(None, module, list(rest))
-    elif first.startswith("-") and first != "-":
-        raise UsageError(f"unknown option {first!r} (options for the script go after it)")
-    if first == "-":
-        raise UsageError("a script from standard input cannot be run: give its path")
-    if not is_file(first):
-        what = "is a folder, not a script" if os.path.isdir(first) else "no such file"
-        raise UsageError(f"{first}: {what}")
-    return Program(first, None, list(args[1:]))
+from malleable_runtime import runner
 
 
 def init_from_launcher() -> object:
@@ -105,44 +43,10 @@ def init_from_launcher() -> object:
     return state
 
 
-def run(program: Program) -> None:
-    """Run the script or module as ``__main__``, like the interpreter would."""
-    sys.argv = program.argv
-    if program.path is not None:
-        folder = os.path.dirname(os.path.abspath(program.path))
-        if sys.path:
-            sys.path[0] = folder
-        else:
-            sys.path.insert(0, folder)
-        runpy.run_path(program.path, run_name="__main__")
-    else:
-        # Like ``python -m``: the current folder first on the path.
-        cwd = os.getcwd()
-        if sys.path:
-            sys.path[0] = cwd
-        else:
-            sys.path.insert(0, cwd)
-        runpy.run_module(program.module, run_name="__main__", alter_sys=True)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        program = parse_args(args)
-    except UsageError as exc:
-        print(f"malleable_tf.run: {exc}\n{USAGE}", file=sys.stderr)
-        return 2
-    if program is None:
-        print(__doc__)
-        return 0
-    try:
-        init_from_launcher()
-    except Exception as exc:  # noqa: BLE001 - a bad setting, a failed build: say so, run nothing
-        print(f"malleable_tf.run: malleable_tf.init() failed, {program.argv[0]} not started: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    run(program)
-    return 0
+    # A lambda: tests replace init_from_launcher on this module.
+    return runner.main(argv, prog="malleable_tf.run", start=lambda: init_from_launcher(),
+                       start_name="malleable_tf.init()", doc=__doc__ or "")
 
 
 if __name__ == "__main__":

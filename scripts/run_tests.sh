@@ -3,7 +3,8 @@
 # (TensorFlow 2.15, Keras 2, Horovod), then ruff and mypy (pyproject.toml), then malleable_tf's
 # own tests again in .venv-keras3
 # (TensorFlow 2.21, Keras 3; Horovod does not support it, so tests marked horovod are left out),
-# then a subset of them in each .venv-tf-<version> (the versions between: scripts/lib/tf-matrix.sh,
+# then malleable_torch's in .venv-torch (torch 2.13.0: `scripts/setup.sh --torch`), then a
+# subset of malleable_tf's in each .venv-tf-<version> (the versions between: scripts/lib/tf-matrix.sh,
 # made by `scripts/setup.sh --tf-matrix`). A failure on any version fails the run.
 # With arguments (a focused run: -k, a file) only the first suite runs, with them; with
 # --tf-matrix alone, only the subset on each version between.
@@ -17,6 +18,9 @@ KERAS3_TESTS=(tests/integration/test_malleable_tf.py tests/unit/runtime/test_all
               tests/unit/runtime/test_runtime_logic.py tests/unit/tf/test_run.py
               tests/unit/test_package_edges.py tests/unit/runtime/test_step_windows.py
               tests/unit/tf/test_horovod_guard.py)
+# malleable_torch on PyTorch (.venv-torch, `scripts/setup.sh --torch`): its tests on real PyTorch,
+# and the runtime's and the adapter's unit tests again beside that PyTorch.
+TORCH_TESTS=(tests/torch tests/unit/torch tests/unit/runtime tests/unit/test_package_edges.py)
 # On each version between: the native library built against that TensorFlow's headers (the full
 # variant: the split width reads a private member) and loaded, its parked threads at exit;
 # resizes (API, signals, 1,000 during training: same losses); following taskset and a cpuset
@@ -67,7 +71,8 @@ if [ "$*" = "--tf-matrix" ]; then
   exit $?
 fi
 
-.venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm "$@" tests
+.venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm \
+  --ignore=tests/torch "$@" tests
 check "TensorFlow 2.15 suite" $?; rc=$?
 [ $# -gt 0 ] && exit $rc
 # The linter on everything, the type checker (strict) on the pure packages: pyproject.toml.
@@ -78,8 +83,13 @@ start=$(date +%s)
 .venv-keras3/bin/python -m pytest -v -rs --durations=5 -m "not horovod" "${KERAS3_TESTS[@]}"
 check "Keras 3 suite" $?; rc3=$?
 echo "[test] Keras 3 suite (TensorFlow $(.venv-keras3/bin/python -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')): exit $rc3 in $(( $(date +%s) - start )) s"
+start=$(date +%s)
+.venv-torch/bin/python -m pytest -v -rs --durations=5 "${TORCH_TESTS[@]}"
+check "PyTorch suite" $?; rct=$?
+echo "[test] PyTorch suite (torch $(.venv-torch/bin/python -c 'from importlib.metadata import version; print(version("torch"))')): exit $rct in $(( $(date +%s) - start )) s"
 tf_matrix; rcm=$?
 [ $rc -ne 0 ] && exit $rc
 [ $rcl -ne 0 ] && exit $rcl
 [ $rc3 -ne 0 ] && exit $rc3
+[ $rct -ne 0 ] && exit $rct
 exit $rcm

@@ -7,14 +7,19 @@
 #   --tf-matrix  also one environment per TensorFlow version of scripts/lib/tf-matrix.sh
 #                (2.16 ... 2.20, Keras 3, no Horovod) at .venv-tf-<version>, made as the Keras 3
 #                one is, for the subset of malleable_tf's tests run_tests.sh runs in each (make test)
+#   --torch      also the PyTorch environment (.venv-torch: torch 2.13.0, the CPU build pip takes
+#                from this machine kind's disk, ../shared/FACTS.md) that malleable_torch's tests
+#                run in (make test)
 set -euo pipefail
 WITH_KERAS3=0
 WITH_TF_MATRIX=0
+WITH_TORCH=0
 for arg in "$@"; do
   case "$arg" in
     --keras3) WITH_KERAS3=1 ;;
     --tf-matrix) WITH_TF_MATRIX=1 ;;
-    *) echo "usage: setup.sh [--keras3] [--tf-matrix]" >&2; exit 2 ;;
+    --torch) WITH_TORCH=1 ;;
+    *) echo "usage: setup.sh [--keras3] [--tf-matrix] [--torch]" >&2; exit 2 ;;
   esac
 done
 
@@ -183,12 +188,12 @@ chmod -R a+rX "$SITE_VENV"
 chmod a+rx "$(dirname "$SITE_VENV")"
 done_step
 
-# An environment for malleable_tf's own tests on another TensorFlow, at $1 with $2 (a pin such as
-# tensorflow-cpu==2.21.0): on $PY, with the test tools, and this project installed editable
-# without its dependencies (no Horovod, no Slurm side's packages).
+# An environment for a framework package's own tests, at $1 with $2 (a pin such as
+# tensorflow-cpu==2.21.0 or torch==2.13.0): on $PY, with the test tools, and this project
+# installed editable without its dependencies (no Horovod, no Slurm side's packages).
 tf_test_env() {
   local venv="$1" tf_pin="$2" installed_at
-  local deps=("$tf_pin" pytest pytest-timeout psutil prometheus-client)
+  local deps=("$tf_pin" pytest pytest-timeout psutil prometheus-client numpy)
   make_venv "$venv"
   if VENV="$venv" have_versions "${deps[@]}"; then
     echo "[setup] already installed"
@@ -214,6 +219,16 @@ if [ "$WITH_TF_MATRIX" = 1 ]; then
     tf_test_env "$REPO/.venv-tf-$version" "tensorflow-cpu==$version"
     done_step
   done
+fi
+
+# torch==2.13.0 exactly: the CPU build on this machine kind's disk. A range, or a newer release,
+# makes pip download a CUDA build of several GB (the env entry of this machine kind).
+TORCH_VENV="${MALLEABLE_TORCH_VENV:-$REPO/.venv-torch}"
+TORCH_PIN="torch==2.13.0"
+if [ "$WITH_TORCH" = 1 ]; then
+  step "PyTorch environment at $TORCH_VENV ($TORCH_PIN, for malleable_torch's tests)"
+  tf_test_env "$TORCH_VENV" "$TORCH_PIN"
+  done_step
 fi
 
 echo "[setup] ready: $VENV (tests, agents) and $SITE_VENV (jobs of every user)"

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = tuple(p.rstrip("*") for p in tomllib.loads((REPO / "pyproject.toml").read_text())
                  ["tool"]["setuptools"]["packages"]["find"]["include"])
 # The training stack a user brings (never required: requiring one would replace another).
-USERS_OWN = {"tensorflow", "keras", "numpy", "horovod", "sklearn", "pyslurm"}
+USERS_OWN = {"tensorflow", "keras", "numpy", "horovod", "sklearn", "pyslurm", "torch"}
 # Distribution name -> import name, where they differ.
 IMPORT_NAME = {"prometheus-client": "prometheus_client", "pyslurm": "pyslurm"}
 
@@ -60,8 +60,9 @@ def test_every_import_is_required_offered_or_the_users_own():
     assert imports.get("psutil", set()) <= {"slurm_plugin/cluster/local.py"}
 
 
-def test_no_tensorflow_is_required_and_mpi4py_is_gone():
+def test_no_framework_is_required_and_mpi4py_is_gone():
     text = (REPO / "pyproject.toml").read_text()
     project = tomllib.loads(text)["project"]
     every = project["dependencies"] + sum(project["optional-dependencies"].values(), [])
-    assert not [r for r in every if r.startswith(("tensorflow", "keras", "mpi4py"))], every
+    # A torch requirement would also make pip fetch a CUDA build of several GB over a user's CPU one.
+    assert not [r for r in every if r.startswith(("tensorflow", "keras", "mpi4py", "torch"))], every

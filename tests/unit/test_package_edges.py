@@ -25,7 +25,8 @@ def imported_modules(package: str) -> dict[str, set[str]]:
 
 
 def test_job_side_never_imports_the_root_daemon():
-    for package in ("malleable_runtime", "malleable_tf", "examples", "malleable_protocol"):
+    for package in ("malleable_runtime", "malleable_tf", "malleable_torch", "examples",
+                    "malleable_protocol"):
         for path, names in imported_modules(package).items():
             bad = sorted(n for n in names if n.split(".")[0] == "slurm_plugin")
             assert not bad, f"{path} imports {bad}"
@@ -65,6 +66,7 @@ LAYERS = {
     "slurm_plugin.logs": 1, "sbatch_templates": 1,
     "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_runtime": 2,
     "slurm_plugin.node": 3, "malleable_tf": 3,      # TensorFlow's adapter to malleable_runtime
+    "malleable_torch": 3,                           # PyTorch's
     "examples": 4,                                  # example training programs
     "slurm_plugin.daemon": 4, "slurm_plugin.hooks": 4, "slurm_plugin.containers": 4,
     "slurm_plugin.cluster": 5,

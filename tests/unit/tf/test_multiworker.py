@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from malleable_protocol.hostlist import expand_counts
-from malleable_tf.multiworker import (PORT_RANGE, WorkerPlacementError, node_address, port_base,
-                                      slurm_workers)
+from malleable_runtime.slurm_step import (PORT_RANGE, WorkerPlacementError, node_address,
+                                          port_base, slurm_workers)
+from malleable_tf.multiworker import tf_config
 from malleable_tf.settings import Settings, Strategy
 
 ADDR = {"an1": "10.0.0.1", "an2": "10.0.0.2", "an3": "10.0.0.3"}
@@ -26,7 +27,7 @@ def env(rank, local, node, nodelist="an[1-2]", per_node="1(x2)", tasks=2, **extr
 def test_one_worker_per_node_in_node_order():
     w = slurm_workers(env(1, 0, "an2"), ADDR.__getitem__)
     base = port_base(env(1, 0, "an2"))
-    assert w.tf_config() == {"cluster": {"worker": [f"10.0.0.1:{base}", f"10.0.0.2:{base + 1}"]},
+    assert tf_config(w) == {"cluster": {"worker": [f"10.0.0.1:{base}", f"10.0.0.2:{base + 1}"]},
                              "task": {"type": "worker", "index": 1}}
     assert (w.rank, w.local_rank, w.local_size) == (1, 0, 1)
 

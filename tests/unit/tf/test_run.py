@@ -9,12 +9,13 @@ import pytest
 
 import malleable_tf
 from malleable_runtime import session
+from malleable_runtime import runner as shared
 from malleable_tf import run as runner
 from malleable_tf import Action, MalleableError
 
 
 def parse(args, files=("t.py",), modules=("pkg",)):
-    return runner.parse_args(args, is_file=lambda p: p in files,
+    return shared.parse_args(args, is_file=lambda p: p in files,
                              module_exists=lambda m: m.split(".")[0] in modules)
 
 
@@ -43,13 +44,13 @@ def test_parse_help():
     (["-m", "-u"], "-m needs a module name"), (["-m", "nothere.x"], "no module named 'nothere'"),
 ])
 def test_parse_errors(args, message):
-    with pytest.raises(runner.UsageError, match=message):
+    with pytest.raises(shared.UsageError, match=message):
         parse(args)
 
 
 def test_a_folder_is_not_a_script(tmp_path):
-    with pytest.raises(runner.UsageError, match="is a folder"):
-        runner.parse_args([str(tmp_path)])
+    with pytest.raises(shared.UsageError, match="is a folder"):
+        shared.parse_args([str(tmp_path)])
 
 
 @pytest.fixture
