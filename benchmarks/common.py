@@ -19,6 +19,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 REPO = HERE.parent
 TF_WORKER = "benchmarks.framework.tf_worker"    # the measuring process BurstWorker runs
+TORCH_WORKER = "benchmarks.framework.torch_worker"   # PyTorch's, run by .venv-torch's Python
+TORCH_PYTHON = REPO / ".venv-torch" / "bin" / "python"   # scripts/setup.sh --torch
 PWA = REPO / "tests" / "fixtures" / "swf" / "pwa"      # Parallel Workloads Archive logs
 # Each trace on a cluster of its machine's processors: (file, nodes, cores per node). NASA's
 # iPSC/860 had 128 single-processor nodes and KTH's SP2 100; grouped into multi-core nodes here
@@ -84,9 +86,10 @@ class BurstWorker:
     with one "RESULT {json}" line.
     """
 
-    def __init__(self, args: list[str], *, env: dict | None = None):
+    def __init__(self, args: list[str], *, env: dict | None = None, python: str = sys.executable):
         self.args = args
         self.env = {**os.environ, **(env or {})}
+        self.python = python   # the interpreter (an environment with another framework)
         self.proc: subprocess.Popen | None = None
         self._stderr = tempfile.TemporaryFile(mode="w+")   # shown when the worker fails
 
@@ -95,7 +98,7 @@ class BurstWorker:
         """Start the worker and wait until it is READY; then stop it. A worker that prints
         "STARTED" first (tf_worker.py) is resized by ``resize(self)`` and told "GO". Returns the
         JSON the READY line carries ({} if none)."""
-        self.proc = subprocess.Popen([sys.executable, "-m", *self.args], cwd=REPO, text=True,
+        self.proc = subprocess.Popen([self.python, "-m", *self.args], cwd=REPO, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=self.env)
         if resize is not None:
@@ -245,3 +248,17 @@ def percentile(xs, q: float) -> float:
         return float("nan")
     k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
     return xs[k]
+
+
+def steps_per_second(step, *, seconds: float = 3.0, warmup: int = 3) -> dict[str, float]:
+    """Steps per wall-clock second, and per second of this process's CPU time. The second is
+    less disturbed by other tenants of a shared machine (it still counts cache and frequency
+    effects), so the benchmarks report both."""
+    for _ in range(warmup):
+        step()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        n += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"wall": n / wall, "cpu": n / cpu if cpu > 0 else float("nan")}

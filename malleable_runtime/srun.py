@@ -18,7 +18,9 @@ When PROGRAM is a Python interpreter (``python``, ``python3``, ``python3.11``, a
 running a script, with or without interpreter options (``python -u train.py``), each rank runs
 it through ``python -m malleable_tf.run``, which calls ``malleable_tf.init()`` before the script
 starts: an unchanged TensorFlow script is malleable (one that calls ``malleable_tf.init()`` or
-``malleable_tf.horovod.init()`` itself works too). ``python -m MODULE``, ``python -c CODE`` and
+``malleable_tf.horovod.init()`` itself works too). A script whose first framework import is
+PyTorch's (torch, lightning) runs through ``python -m malleable_torch.run`` instead (its source is
+parsed, not run; MALLEABLE_FRAMEWORK=torch or tensorflow says it outright). ``python -m MODULE``, ``python -c CODE`` and
 any other program run as they are. ``--no-auto-init`` (or MALLEABLE_TF_AUTO_INIT=0) turns this
 off; the interpreter must be able to import malleable_tf.
 
@@ -38,6 +40,8 @@ ranks here under mpirun.
 """
 from __future__ import annotations
 
+import ast
+import enum
 import os
 import re
 import shutil
@@ -46,6 +50,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping
 
 from malleable_protocol import RunLayout
 from malleable_protocol.layout import DEFAULT_RUN_DIR
@@ -82,6 +87,57 @@ SRUN_LONG_WITHOUT_VALUE = frozenset("""
 PYTHON_FLAGS = frozenset("bBdEiIOPqsSuvx")
 PYTHON_WITH_VALUE = frozenset("WX")
 RUNNER = ["-m", "malleable_tf.run"]
+
+
+class Framework(enum.Enum):
+    """Whose runner a Python script runs through (MALLEABLE_FRAMEWORK, else its imports)."""
+
+    TENSORFLOW = "tensorflow"
+    TORCH = "torch"
+
+
+RUNNERS = {Framework.TENSORFLOW: RUNNER, Framework.TORCH: ["-m", "malleable_torch.run"]}
+# The top-level modules that say which framework a script trains with.
+FRAMEWORK_MODULES = {"tensorflow": Framework.TENSORFLOW, "keras": Framework.TENSORFLOW,
+                     "horovod": Framework.TENSORFLOW, "torch": Framework.TORCH,
+                     "lightning": Framework.TORCH, "pytorch_lightning": Framework.TORCH}
+MAX_SCRIPT_BYTES = 4 << 20   # a script larger than this is not read: TensorFlow's runner
+
+
+def framework_of(script: str, environ: Mapping[str, str],
+                 read: Callable[[str], bytes] = lambda path: _read_head(path)) -> Framework:
+    """MALLEABLE_FRAMEWORK when set; else the first framework the script imports (its source
+    parsed, not run); TensorFlow's when it names none or cannot be read (the default before
+    PyTorch's runner existed). A bad MALLEABLE_FRAMEWORK raises LaunchError."""
+    given = environ.get("MALLEABLE_FRAMEWORK", "").strip().lower()
+    if given:
+        try:
+            return Framework(given)
+        except ValueError:
+            raise LaunchError(f"MALLEABLE_FRAMEWORK must be tensorflow or torch, "
+                              f"not {given!r:.32}") from None
+    try:
+        tree = ast.parse(read(script))
+    except (OSError, SyntaxError, ValueError):
+        return Framework.TENSORFLOW
+    found = []
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and \
+            not node.level else []
+        for name in names:
+            framework = FRAMEWORK_MODULES.get(name.split(".")[0])
+            if framework is not None:
+                found.append((node.lineno, node.col_offset, framework))
+    return min(found)[2] if found else Framework.TENSORFLOW
+
+
+def _read_head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(MAX_SCRIPT_BYTES + 1)
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise ValueError("too large to scan")
+    return data
 
 
 def _long_takes_value(name: str) -> bool:
@@ -121,16 +177,23 @@ def is_python(program: str) -> bool:
     return re.fullmatch(r"python(\d+(\.\d+)?)?", os.path.basename(program)) is not None
 
 
-def with_runner(command: list[str]) -> list[str]:
-    """``python [options] SCRIPT ARGS`` -> ``python [options] -m malleable_tf.run SCRIPT ARGS``;
-    any other command (``python -m``, ``python -c``, not Python) unchanged."""
+def with_runner(command: list[str], environ: Mapping[str, str] | None = None,
+                read: Callable[[str], bytes] = lambda path: _read_head(path)) -> list[str]:
+    """``python [options] SCRIPT ARGS`` -> ``python [options] -m malleable_tf.run SCRIPT ARGS``
+    (``malleable_torch.run`` for a PyTorch script: ``framework_of``); any other command
+    (``python -m``, ``python -c``, not Python) unchanged."""
     if not command or not is_python(command[0]):
         return command
+    environ = os.environ if environ is None else environ
+
+    def runner(script: str) -> list[str]:
+        return RUNNERS[framework_of(script, environ, read)]
+
     i = 1
     while i < len(command):
         arg = command[i]
         if arg == "--":   # python -- SCRIPT: the runner takes "-- SCRIPT" the same way
-            return ([*command[:i], *RUNNER, *command[i:]] if command[i + 1:] and
+            return ([*command[:i], *runner(command[i + 1]), *command[i:]] if command[i + 1:] and
                     command[i + 1] != "-" else command)
         if not arg.startswith("-") or arg == "-":
             break
@@ -146,7 +209,7 @@ def with_runner(command: list[str]) -> list[str]:
         i += 1
     if i >= len(command) or command[i].startswith("-"):
         return command  # no script: the interactive interpreter or standard input ("-")
-    return [*command[:i], *RUNNER, *command[i:]]
+    return [*command[:i], *runner(command[i]), *command[i:]]
 
 
 def auto_init_wanted(environ: dict[str, str]) -> bool:

@@ -2,7 +2,7 @@
 
 PyTorch's intra-op thread count is a setting of the thread that runs the ops:
 ``torch.set_num_threads`` called in another thread leaves the training thread's parallelism as
-it was (checked on torch 2.13: ../shared/FACTS.md). So a resize is not applied where the runtime
+it was (checked on torch 2.13: docs/FACTS.md). So a resize is not applied where the runtime
 decides it (its watcher thread): it is posted here, and applied in the training thread at the
 first of
 - the main thread's next bytecode, through the wake-ups' handler (``PythonWakeups``,
@@ -10,10 +10,10 @@ first of
 - the next optimizer step, in whatever thread calls it (``malleable_torch.hooks``);
 - ``malleable_torch.step()`` or ``set_threads()`` called in the training thread.
 When the training thread is the main thread (the usual script; the optimizer hook says otherwise)
-``resize`` waits, up to ``wait_s``, until the count is applied, so that the runtime narrows the
-CPU set only after the threads beyond it have stopped (an op under way keeps its threads until it
-returns: PyTorch cannot change a running parallel region). Otherwise it returns at once, and the
-count applies at the next optimizer step.
+``resize`` waits, up to ``wait_s`` (at most ``MAX_WAIT_S``), until the count is applied, so that
+the runtime narrows the CPU set only after the threads beyond it have stopped (an op under way
+keeps its threads until it returns: PyTorch cannot change a running parallel region). Otherwise
+it returns at once, and the count applies at the next optimizer step.
 
 What cannot follow (docs/pytorch.md): the inter-op pool (``torch.set_num_interop_threads``
 works once, before inter-op work starts), so the runtime manages one inter-op "thread" and leaves
@@ -23,6 +23,12 @@ from __future__ import annotations
 
 import threading
 from typing import Callable
+
+
+# The longest a resize waits for the training thread. An op under way keeps its threads until it
+# returns; a main thread in a long C++ call (a DDP all-reduce waiting for a slow peer) must not
+# hold the runtime's watcher (signals, status records) for the runtime's 5 s.
+MAX_WAIT_S = 1.0
 
 
 class TorchThreads:
@@ -63,7 +69,7 @@ class TorchThreads:
         if wait_s > 0:
             with self._cond:
                 self._cond.wait_for(lambda: self._applied == self._wanted or self._released,
-                                    timeout=wait_s)
+                                    timeout=min(wait_s, MAX_WAIT_S))
 
     def apply_here(self) -> None:
         """In the training thread: run with the count last asked for."""

@@ -1,11 +1,13 @@
 #!/bin/bash
 # Builds the user side's wheel, malleable-tf (docs/install.md section 9): malleable_runtime (the
 # framework-neutral runtime and the launcher, the `malleable-srun` command), malleable_tf
-# (TensorFlow's adapter) and the protocol they share with the node side. Installed into a user's environment beside the TensorFlow there:
-# it requires none (pip cannot say "tensorflow or tensorflow-cpu or a site build", and requiring
-# one would install it beside, or over, another); the extra [tensorflow] asks for the tested
-# range. Pure Python: the native part (malleable_tf/native) is compiled on first use against the
-# TensorFlow it finds.
+# (TensorFlow's adapter), malleable_torch (PyTorch's) and the protocol they share with the node
+# side. Installed into a user's environment beside the TensorFlow or PyTorch there: it requires
+# neither (pip cannot say "tensorflow or tensorflow-cpu or a site build", and requiring one would
+# install it beside, or over, another; a torch requirement would fetch a CUDA build of several GB
+# over a CPU one); the extra [tensorflow] asks for TensorFlow's tested range. Pure Python: the
+# native part (malleable_tf/native) is compiled on first use against the TensorFlow it finds;
+# malleable_torch has none.
 #   packaging/build-wheels.sh [OUT_DIR]     (default: dist/) -> OUT_DIR/malleable_tf-*.whl
 # Needs python3 with pip, setuptools and wheel (the project's .venv has them); no network.
 set -euo pipefail
@@ -22,6 +24,7 @@ copy() {   # copy SRC_PACKAGE DEST_FOLDER: the package's files, no caches
     install -D -m 0644 "$REPO/$f" "$work/$2/${f#"$1"/}"; done
 }
 copy malleable_tf malleable_tf
+copy malleable_torch malleable_torch
 copy malleable_protocol malleable_protocol
 copy malleable_runtime malleable_runtime
 cp "$REPO/README.md" "$work/"
@@ -33,7 +36,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "malleable-tf"
 version = "$version"
-description = "TensorFlow thread pools that follow a Slurm job's cores as they grow and shrink"
+description = "TensorFlow and PyTorch threads that follow a Slurm job's cores as they grow and shrink"
 readme = "README.md"
 requires-python = ">=3.10"
 license = { text = "Apache-2.0" }
@@ -48,7 +51,7 @@ horovod = ["horovod==0.28.1"]
 malleable-srun = "malleable_runtime.srun:main"
 
 [tool.setuptools.packages.find]
-include = ["malleable_tf*", "malleable_runtime*", "malleable_protocol*"]
+include = ["malleable_tf*", "malleable_torch*", "malleable_runtime*", "malleable_protocol*"]
 
 [tool.setuptools.package-data]
 malleable_tf = ["native/*.cc", "native/*.h"]

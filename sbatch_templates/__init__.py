@@ -1,4 +1,4 @@
-"""Batch scripts for malleable jobs (Horovod, or Keras 3 multi-worker), as package templates
+"""Batch scripts for malleable jobs (Horovod, Keras 3 multi-worker, PyTorch DDP), as package templates
 (string.Template).
 
 Each template declares its parameters and their kinds. A value goes into a ``#SBATCH`` line only
@@ -62,8 +62,9 @@ TEMPLATES: dict[str, dict[str, Param]] = {
 }
 
 
-# Keras 3 workers take the multi-node job's parameters.
+# Keras 3 workers and PyTorch DDP workers take the multi-node job's parameters.
 TEMPLATES["multi-worker"] = {**TEMPLATES["multi-node"], "job_name": Param("name", "malleable-mw")}
+TEMPLATES["pytorch-ddp"] = {**TEMPLATES["multi-node"], "job_name": Param("name", "malleable-ddp")}
 
 # Every template runs PROGRAM with this interpreter through this launcher.
 for _params in TEMPLATES.values():

@@ -20,9 +20,14 @@ bootstrap 95% confidence interval that resamples whole pairs.
 
     python -m benchmarks.framework.fidelity [--pairs 5] [--rounds 3] [--seconds 1]
                                   [--groups floating,pinned,overhead] [--env K=V] [--name NAME]
+                                  [--framework tensorflow|torch]
 
-Writes benchmarks/results/NAME.json and NAME.png (NAME: fidelity). --env sets a variable in every
-worker, e.g. TF_ENABLE_ONEDNN_OPTS=0 to see what oneDNN's kernels contribute.
+Writes benchmarks/results/NAME.json and NAME.png (NAME: fidelity, or fidelity_torch). --env sets
+a variable in every worker, e.g. TF_ENABLE_ONEDNN_OPTS=0 to see what oneDNN's kernels
+contribute. --framework torch measures malleable_torch against plain PyTorch started with N
+threads (torch.set_num_threads at start), its workers run by .venv-torch's Python
+(torch_worker.py, torch_workloads.py); PyTorch's inter-op pool is not managed, so only the
+intra-op count is compared.
 """
 from __future__ import annotations
 
@@ -31,18 +36,36 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.common import (RESULTS, TF_WORKER, BurstWorker, CpusetFolder, machine, median, ratio_stats, save,
-                    take_turns)
+from benchmarks.common import (RESULTS, TF_WORKER, TORCH_PYTHON, TORCH_WORKER, BurstWorker,
+                               CpusetFolder, machine, median, ratio_stats, save, take_turns)
 
 from malleable_protocol import Target, format_cpu_list
 
 WORKLOADS = ("keras_cnn", "matmul", "tf_data")
+
+
+@dataclass(frozen=True)
+class Framework:
+    """Which framework's workers measure: their module, interpreter and workloads."""
+    name: str
+    worker: str
+    python: str
+    workloads: tuple[str, ...]
+    plain_name: str
+
+
+FRAMEWORKS = {
+    "tensorflow": Framework("tensorflow", TF_WORKER, sys.executable, WORKLOADS, "plain TF"),
+    "torch": Framework("torch", TORCH_WORKER, str(TORCH_PYTHON),
+                       ("mlp_train", "cnn_train", "matmul"), "plain PyTorch"),
+}
 GOALS = {"fidelity": 0.95, "overhead": 0.98}
 # Signals for the signal path: one step down of each pool per signal.
 SIGNAL_SPEC = "USR1=reload,USR2=intra-down,URG=inter-down"
@@ -147,28 +170,29 @@ def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
                       "--data-pool", str(m if overhead else n)]
         if pinned:
             plain_args += ["--cpus", cpu_list(n)]
-        workers = {"plain": BurstWorker([TF_WORKER, *plain_args], env=env)}
+        fw = args.fw
+        workers = {"plain": BurstWorker([fw.worker, *plain_args], env=env, python=fw.python)}
         for k in names:
             extra, extra_env = [], {}
             if k != "none":
                 extra = PATHS[k].args(ctx, resources[k])
                 extra_env = PATHS[k].env(ctx)
-            workers[k] = BurstWorker([TF_WORKER, "malleable", "--pool", str(m), "--expect",
+            workers[k] = BurstWorker([fw.worker, "malleable", "--pool", str(m), "--expect",
                                       str(m if overhead else n), *extra],
-                                     env={**env, **extra_env})
+                                     env={**env, **extra_env}, python=fw.python)
         try:
             workers["plain"].start(resize=lambda w: None)
             for k in names:
                 how = (lambda w: None) if k == "none" else (
                     lambda w, k=k: PATHS[k].resize(ctx, w, resources[k]))
                 states[k].append(workers[k].start(resize=how))
-            for k, got in take_turns(workers, WORKLOADS, args.rounds, args.seconds,
+            for k, got in take_turns(workers, fw.workloads, args.rounds, args.seconds,
                                      rng).items():
                 rates[k].append(got)
             print(f"N={n}/{m} pair {pair}: " + "; ".join(
                 f"{k}: " + " ".join(
                     f"{wl} {ratio_stats([rates[k][pair]], [rates['plain'][pair]], wl)['median']:.2f}"
-                    for wl in WORKLOADS) for k in names), flush=True)
+                    for wl in fw.workloads) for k in names), flush=True)
         finally:
             for w in workers.values():
                 w.close()
@@ -183,7 +207,7 @@ def run_group(paths: list[str], n: int, m: int, args, rng: random.Random,
         row = {"path": k, "pinned": pinned, "active": m if overhead else n, "pool": m,
                "goal": GOALS["overhead" if overhead else "fidelity"],
                "worker_state_when_ready": states[k][0], "workloads": {}}
-        for wl in WORKLOADS:
+        for wl in args.fw.workloads:
             row["workloads"][wl] = {
                 **ratio_stats(rates[k], rates["plain"], wl),
                 # Per CPU-second: where plain TF uses more cores than its thread settings say
@@ -205,8 +229,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--groups", default="floating,pinned,overhead")
     ap.add_argument("--env", action="append", default=[], help="K=V for every worker")
-    ap.add_argument("--name", default="fidelity")
+    ap.add_argument("--name", help="default: fidelity (TensorFlow), fidelity_torch (PyTorch)")
+    ap.add_argument("--framework", choices=sorted(FRAMEWORKS), default="tensorflow")
     args = ap.parse_args()
+    args.fw = FRAMEWORKS[args.framework]
+    args.name = args.name or ("fidelity" if args.framework == "tensorflow" else "fidelity_torch")
     args.env = dict(kv.split("=", 1) for kv in args.env)
     m = len(os.sched_getaffinity(0))
     rng = random.Random(1)
@@ -218,11 +245,14 @@ def main() -> None:
         for n in range(1, m):
             rows.update({f"{k} N={n}" if m > 2 else k: v
                          for k, v in run_group(GROUPS[group], n, m, args, rng).items()})
-    data = {"benchmark": "fidelity per control path", "machine": machine(),
+    data = {"benchmark": "fidelity per control path", "framework": args.framework,
+            "framework_version": framework_version(args.fw), "machine": machine(),
+            "workloads": list(args.fw.workloads), "plain": args.fw.plain_name,
             "rounds_per_pair": args.rounds, "pairs": args.pairs,
             "seconds_per_burst": args.seconds, "goal": GOALS, "worker_env": args.env,
             "method": "a malleable process started with pools of M on all cores, resized to N "
-                      "from outside through the path, against plain TF started with N threads "
+                      f"from outside through the path, against {args.fw.plain_name} started "
+                      "with N threads "
                       "in the same placement; interleaved bursts, idle workers SIGSTOPped; "
                       "ratio = malleable/plain steps/s per round; median of all rounds with a "
                       "bootstrap 95% CI resampling pairs of processes",
@@ -236,16 +266,24 @@ def main() -> None:
     plot(data, args.name)
 
 
+def framework_version(fw: Framework) -> str:
+    module = "tensorflow" if fw.name == "tensorflow" else "torch"
+    return subprocess.run([fw.python, "-c", f"import importlib.metadata as m; "
+                           f"print(m.version('{'tensorflow-cpu' if module == 'tensorflow' else 'torch'}'))"],
+                          capture_output=True, text=True).stdout.strip()
+
+
 def plot(data: dict, name: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = data["rows"]
     names = list(rows)
+    workloads = data.get("workloads", WORKLOADS)
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    width = 0.8 / len(WORKLOADS)
-    for i, wl in enumerate(WORKLOADS):
-        xs = [j + (i - (len(WORKLOADS) - 1) / 2) * width for j in range(len(names))]
+    width = 0.8 / len(workloads)
+    for i, wl in enumerate(workloads):
+        xs = [j + (i - (len(workloads) - 1) / 2) * width for j in range(len(names))]
         meds = [rows[k]["workloads"][wl]["median"] for k in names]
         err = [[m - rows[k]["workloads"][wl]["ci95"][0] for m, k in zip(meds, names)],
                [rows[k]["workloads"][wl]["ci95"][1] - m for m, k in zip(meds, names)]]
@@ -259,11 +297,13 @@ def plot(data: dict, name: str) -> None:
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([f"{k}\nN={rows[k]['active']}/{rows[k]['pool']}" for k in names],
                        fontsize=8)
-    ax.set_ylabel("steps/s malleable / plain TF with N threads")
+    ax.set_ylabel(f"steps/s malleable / {data.get('plain', 'plain TF')} with N threads")
     env = " ".join(f"{k}={v}" for k, v in data["worker_env"].items())
-    ax.set_title(f"Fidelity per control path {env}, interleaved bursts, {data['pairs']} fresh groups\n"
+    ax.set_title(f"Fidelity per control path ({data.get('framework', 'tensorflow')} "
+                 f"{data.get('framework_version', '')}) {env}, interleaved bursts, "
+                 f"{data['pairs']} fresh groups\n"
                  "(bars: median ratio, 95% CI over groups; dots: group medians)", fontsize=10)
-    top = max(r for k in names for wl in WORKLOADS
+    top = max(r for k in names for wl in workloads
               for r in rows[k]["workloads"][wl]["pair_medians"] + rows[k]["workloads"][wl]["ci95"])
     ax.set_ylim(0.5, max(1.3, top) + 0.15)
     ax.legend(fontsize=7, loc="upper center", ncol=5)

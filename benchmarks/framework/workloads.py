@@ -7,9 +7,10 @@ stage (malleable_tf.data.map in a malleable process; None: ``dataset.map``).
 """
 from __future__ import annotations
 
-import time
 
 import tensorflow as tf
+
+from benchmarks.common import steps_per_second  # noqa: F401 - the workers' measure, with the workloads
 
 
 def _train_step(model, x, y):
@@ -87,17 +88,3 @@ def tf_data_step(data_map=None, batch: int = 8):
 
 WORKLOADS = {"keras_cnn": keras_cnn_step, "mobilenet_v2": mobilenet_v2_step,
              "matmul": matmul_step, "tf_data": tf_data_step}
-
-
-def steps_per_second(step, *, seconds: float = 3.0, warmup: int = 3) -> dict[str, float]:
-    """Steps per wall-clock second, and per second of this process's CPU time. The second is
-    less disturbed by other tenants of a shared machine (it still counts cache and frequency
-    effects), so the benchmarks report both."""
-    for _ in range(warmup):
-        step()
-    n, t0, c0 = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - t0 < seconds:
-        step()
-        n += 1
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"wall": n / wall, "cpu": n / cpu if cpu > 0 else float("nan")}

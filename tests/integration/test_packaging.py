@@ -17,7 +17,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
+TORCH_PY = REPO / ".venv-torch" / "bin" / "python"
 TF_VERSION = "import tensorflow as tf; print(tf.__version__)"
+TORCH_VERSION = "import torch; print(torch.__version__)"
 
 
 def run(argv, **kw) -> subprocess.CompletedProcess:
@@ -54,7 +56,37 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
     assert usage.startswith("``malleable-srun``: run a Horovod TensorFlow program")
     top = run([py, "-I", "-c", "import importlib.metadata as m; "
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
-    assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf"]
+    assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf",
+                                   "malleable_torch"]
+
+
+def test_the_user_wheel_installs_beside_pytorch_and_replaces_nothing(tmp_path):
+    assert TORCH_PY.exists(), "the PyTorch environment is missing: scripts/setup.sh --torch"
+    run(["bash", REPO / "packaging" / "build-wheels.sh", tmp_path / "dist"])
+    wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
+    env_dir = tmp_path / "venv"
+    run([TORCH_PY, "-m", "venv", env_dir])
+    py = env_dir / "bin" / "python"
+    torch_site = run([TORCH_PY, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+                     ).stdout.strip()
+    own_site = run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+                   ).stdout.strip()
+    Path(own_site, "torch-env.pth").write_text(torch_site + "\n")
+    before = run([py, "-c", TORCH_VERSION]).stdout.strip()
+    report = tmp_path / "report.json"
+    run([py, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", report,
+         wheel])
+    installs = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
+    assert installs == ["malleable-tf"], installs
+    run([py, "-m", "pip", "install", "--no-index", "--quiet", wheel])
+    assert run([py, "-I", "-c", TORCH_VERSION]).stdout.strip() == before == "2.13.0+cpu"
+    # The wheel's malleable_torch, started as a job would, with nothing on PATH: no compiler, no
+    # native build.
+    code = ("import malleable_torch, torch; s = malleable_torch.init(max_threads=2); "
+            "print(malleable_torch.__file__, s.intra_active, torch.get_num_threads())")
+    out = run([py, "-I", "-c", code], cwd=tmp_path,
+              env={"PATH": "/nonexistent", "MALLEABLE_TF_LOG": "0"}).stdout.split()
+    assert out[0].startswith(own_site) and out[1:] == ["2", "2"], out
 
 
 def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tmp_path):

@@ -33,6 +33,11 @@ def test_multi_worker_golden():
         **FIXED, "program": "examples/train_multiworker.py", "args": "--epochs 20"}))
 
 
+def test_pytorch_ddp_golden():
+    golden("pytorch-ddp.sbatch", render("pytorch-ddp", {
+        **FIXED, "program": "examples/train_torch_ddp.py", "args": "--epochs 20"}))
+
+
 def test_coschedule_golden():
     golden("coschedule.sbatch", render("coschedule", {**FIXED, "program": "train.py",
                                                       "nodelist": "n1", "weight": "2"}))

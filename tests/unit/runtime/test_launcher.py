@@ -167,3 +167,43 @@ def test_no_program_after_the_options():
             plan_launch(args, {"SLURM_JOB_ID": "1"}, which=which, pmix=lambda srun: True)
     with pytest.raises(LaunchError, match="usage"):
         plan_launch(["--local", "2", "--no-auto-init"], {}, which=which, pmix=lambda srun: True)
+
+
+# --- which framework's runner -------------------------------------------------------------------
+
+SOURCES = {"tf.py": b"import os\nimport tensorflow as tf\n",
+           "torch.py": b"import os\nimport torch.distributed as dist\nfrom torch import nn\n",
+           "lit.py": b"from lightning.pytorch import Trainer\n",
+           "both.py": b"import torch\nimport tensorflow\n",
+           "none.py": b"print('hi')\n", "broken.py": b"def (:\n",
+           "in_function.py": b"def main():\n    import torch\n"}
+
+
+def read_source(path):
+    try:
+        return SOURCES[path]
+    except KeyError:
+        raise FileNotFoundError(path) from None
+
+
+@pytest.mark.parametrize("script,runner", [
+    ("tf.py", "malleable_tf.run"), ("torch.py", "malleable_torch.run"),
+    ("lit.py", "malleable_torch.run"), ("both.py", "malleable_torch.run"),
+    ("in_function.py", "malleable_torch.run"),
+    # Nothing named, unparsable or unreadable: TensorFlow's, as before PyTorch's runner existed.
+    ("none.py", "malleable_tf.run"), ("broken.py", "malleable_tf.run"),
+    ("missing.py", "malleable_tf.run")])
+def test_the_runner_is_the_framework_the_script_imports_first(script, runner):
+    got = with_runner(["python3", "-u", script, "--x"], {}, read_source)
+    assert got == ["python3", "-u", "-m", runner, script, "--x"]
+    assert with_runner(["python", "--", script], {}, read_source) == \
+        ["python", "-m", runner, "--", script]
+
+
+def test_malleable_framework_says_it_outright():
+    assert with_runner(["python", "tf.py"], {"MALLEABLE_FRAMEWORK": "torch"}, read_source) == \
+        ["python", "-m", "malleable_torch.run", "tf.py"]
+    assert with_runner(["python", "torch.py"], {"MALLEABLE_FRAMEWORK": "TensorFlow"},
+                       read_source)[2] == "malleable_tf.run"
+    with pytest.raises(LaunchError, match="MALLEABLE_FRAMEWORK must be tensorflow or torch"):
+        with_runner(["python", "tf.py"], {"MALLEABLE_FRAMEWORK": "jax"}, read_source)

@@ -3,7 +3,7 @@ setting (what PyTorch's is, ../shared/FACTS.md), so the test sees in which threa
 import threading
 import time
 
-from malleable_torch.threads import TorchThreads
+from malleable_torch.threads import MAX_WAIT_S, TorchThreads
 
 
 class PerThread:
@@ -91,6 +91,17 @@ def test_training_in_another_thread_gets_the_count_at_its_optimizer_step():
     go.set()
     t.join(5)
     assert seen["n"] == 1 and threads.applied == 1
+
+
+def test_a_long_wait_is_cut_to_max_wait():
+    threads, counts = make()
+    t0 = time.monotonic()
+    t = threading.Thread(target=lambda: threads.resize(1, 1, wait_s=30))
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < MAX_WAIT_S + 2
+    threads.on_main_thread()            # the main thread's next bytecode applies it after all
+    assert counts.get() == 1
 
 
 def test_after_release_nothing_applies():

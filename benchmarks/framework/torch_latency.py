@@ -1,0 +1,91 @@
+"""malleable_torch's resize latency during training, per control path: from the trigger (the
+API called from another thread, a control signal, a cpuset change, an affinity change from
+outside) to the moment the training thread runs with the new count (its torch.get_num_threads()
+changed between two training steps: the worker's APPLIED line). An MLP trains continuously in
+the worker's main thread (a step takes a few ms here, so the latency includes up to one step).
+
+    python -m benchmarks.framework.torch_latency [--resizes 40]
+
+The worker runs on .venv-torch's Python (scripts/setup.sh --torch). Writes
+benchmarks/results/torch_latency.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from benchmarks.common import REPO, TORCH_PYTHON, machine, median, percentile, save
+from malleable_protocol.cpulist import parse_cpu_list
+from malleable_runtime.runtime import pin_all_threads
+
+CPUSET = Path("/sys/fs/cgroup/cpuset")
+
+
+def measure(path: str, count: int) -> list[float]:
+    cg = CPUSET / f"malleable_torch_lat_{os.getpid()}"
+    cg.mkdir()
+    proc = None
+    try:
+        (cg / "cpuset.mems").write_text((CPUSET / "cpuset.mems").read_text())
+        full = (CPUSET / "cpuset.cpus").read_text().strip()
+        (cg / "cpuset.cpus").write_text(full)
+        proc = subprocess.Popen([str(TORCH_PYTHON), "-m", "benchmarks.framework.torch_latency_worker"],
+                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True,
+                                env={**os.environ, "MALLEABLE_TF_LOG": "0"})
+        (cg / "cgroup.procs").write_text(str(proc.pid))
+        ready = proc.stdout.readline()
+        assert ready.startswith("READY 2"), ready
+        out = []
+        for i in range(count):
+            n = 1 if i % 2 == 0 else 2
+            t0 = time.time()
+            if path == "api":
+                proc.stdin.write(f"API {n}\n")
+                proc.stdin.flush()
+            elif path == "signal":
+                os.kill(proc.pid, signal.SIGUSR2 if n == 1 else signal.SIGURG)
+            elif path == "cpuset":
+                (cg / "cpuset.cpus").write_text("0" if n == 1 else full)
+            else:
+                pin_all_threads(frozenset({0}) if n == 1 else parse_cpu_list(full), pid=proc.pid)
+            line = proc.stdout.readline().split()
+            assert line[0] == "APPLIED" and int(line[2]) == n, line
+            out.append(float(line[1]) - t0)
+            time.sleep(0.3)
+        return out
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        cg.rmdir()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--resizes", type=int, default=40)
+    args = ap.parse_args()
+    rows = {}
+    for path in ("api", "signal", "cpuset", "affinity"):
+        ms = [s * 1000 for s in measure(path, args.resizes)]
+        rows[path] = {"n": len(ms), "p50_ms": median(ms), "p95_ms": percentile(ms, 95),
+                      "max_ms": max(ms), "ms": [round(x, 2) for x in ms]}
+        print(f"{path:9s} p50 {rows[path]['p50_ms']:.1f} ms  p95 {rows[path]['p95_ms']:.1f} ms  "
+              f"max {rows[path]['max_ms']:.1f} ms  (n={len(ms)})", flush=True)
+    version = subprocess.run([str(TORCH_PYTHON), "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True).stdout.strip()
+    save("torch_latency", {
+        "benchmark": "malleable_torch resize latency per control path", "torch": version,
+        "machine": machine(), "resizes": args.resizes,
+        "method": "an MLP trains in the worker's main thread; each trigger alternates 2 -> 1 -> 2 "
+                  "threads; latency = the time the training thread first ran a step with the new "
+                  "torch.get_num_threads() minus the trigger's time (one clock, one machine)",
+        "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

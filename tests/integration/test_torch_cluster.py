@@ -1,0 +1,122 @@
+"""PyTorch DDP across nodes on the real cluster: two workers of an unmodified DDP script
+(examples/train_torch_ddp.py: no import of this project; torch 2.13.0 from .venv-torch), one on
+each of two nodes with their agents, started by the pytorch-ddp batch template through
+malleable-srun (which finds the script's framework by its imports and runs it through
+malleable_torch.run, which sets the env:// rendezvous from the step). The job grows into idle
+cores, a Prolog takes a node's core back and gives it again, ``scontrol update`` resizes it
+1 -> 2 -> 1 -> 2 on both nodes, both workers' threads follow each time, and their weights stay
+equal after every epoch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sbatch_templates import render
+from slurm_plugin.slurm import JobState
+
+from .helpers import finish, rank_statuses, wait_for
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+TORCH_PY = REPO / ".venv-torch" / "bin" / "python"
+TRAIN = REPO / "examples" / "train_torch_ddp.py"
+
+
+def threads(folder: Path) -> dict[int, int] | None:
+    """Each worker's intra-op threads, once both have a status record."""
+    st = rank_statuses(folder)
+    return {r: d["intra_active"] for r, d in st.items()} if len(st) == 2 else None
+
+
+def resize_seconds(env, job_id: int, folder: Path, cpus: int) -> float:
+    """``scontrol update`` to ``cpus`` per node, then the seconds until both workers' status
+    records show that many threads (polled every 10 ms)."""
+    t0 = time.monotonic()
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"Comment=malleable:cpus={cpus}"],
+                   check=True, env=env, capture_output=True)
+    deadline = t0 + 20
+    while time.monotonic() < deadline:
+        if threads(folder) == {0: cpus, 1: cpus}:
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    raise AssertionError(f"workers at {threads(folder)} 20 s after cpus={cpus}")
+
+
+def epochs(report: Path, rank: int) -> list[dict]:
+    path = report / f"epochs-{rank}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_cluster,
+                                                                            tmp_path):
+    assert TORCH_PY.exists(), "the PyTorch environment is missing: scripts/setup.sh --torch"
+    assert "malleable" not in TRAIN.read_text().split('"""', 2)[2]    # no import of ours
+    c = agent_cluster
+    client = c.client()
+    env = {**os.environ, **c.env()}
+    tmp_path.chmod(0o777)
+    report, stop = tmp_path / "report", tmp_path / "stop"
+    script = tmp_path / "job.sh"
+    script.write_text(render("pytorch-ddp", {
+        "python": str(TORCH_PY), "launcher": str(TORCH_PY.parent / "malleable-srun"),
+        "program": str(TRAIN), "min_cpus": "1", "max_cpus": "2", "output": f"{tmp_path}/out",
+        "args": f"--epochs 1000 --steps 10 --width 512 --report {report} --until {stop}"}))
+    job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
+    folder = c.run_layout.job_dir(job_id)
+    other = None
+
+    def show():
+        return f"{threads(folder)}; job output: {(tmp_path / 'out').read_text()[-2000:]}" \
+            if (tmp_path / "out").exists() else str(threads(folder))
+    try:
+        wait_for(lambda: threads(folder) == {0: 2, 1: 2}, timeout=180,
+                 what="both workers at 2 threads", show=show)
+        other = client.submit(_sleeper(tmp_path),
+                              ["-N1", "-c1", "-w", "an2", f"-o{tmp_path}/other"])
+        wait_for(lambda: threads(folder) == {0: 1, 1: 1}, timeout=60,
+                 what="both workers at 1 thread after another job took an2's core", show=show)
+        client.cancel(other)
+        wait_for(lambda: threads(folder) == {0: 2, 1: 2}, timeout=60,
+                 what="both workers at 2 threads again", show=show)
+        seconds = [resize_seconds(env, job_id, folder, cpus) for cpus in (1, 2, 1, 2)]
+        print(f"\nscontrol update -> both DDP workers' threads: "
+              f"{', '.join(f'{s * 1000:.0f}' for s in seconds)} ms, "
+              f"p50 {sorted(seconds)[len(seconds) // 2] * 1000:.0f} ms")
+        wait_for(lambda: all(len(epochs(report, r)) >= 5 for r in (0, 1)), timeout=120,
+                 what="five epochs of both workers", show=show)
+        # Each worker's optimizer steps counted without a code change (the optimizer's hook).
+        statuses = rank_statuses(folder)
+        assert len(statuses) == 2 and all(s["steps"] >= 50 for s in statuses.values()), statuses
+        stop.touch()
+        assert finish(client, job_id) is JobState.COMPLETED, show()
+    finally:
+        stop.touch()
+        for j in (job_id, other):
+            if j is not None:
+                client.cancel(j)
+    # Every epoch both workers ended with the same weights: the gradients were averaged.
+    by_rank = [{e["epoch"]: e for e in epochs(report, r)} for r in (0, 1)]
+    common = sorted(set(by_rank[0]) & set(by_rank[1]))
+    assert len(common) >= 5, common
+    for epoch in common:
+        assert by_rank[0][epoch]["weights_sha256"] == by_rank[1][epoch]["weights_sha256"], epoch
+    # The script's own view: the threads its training thread ran with changed with the cores.
+    seen = {t for r in (0, 1) for e in by_rank[r].values() for t in e["threads"]}
+    assert seen == {1, 2}, seen
+    rates = {t: [e["samples_per_s"] for r in (0, 1) for e in by_rank[r].values()
+                 if e["threads"] == [t]] for t in (1, 2)}
+    print(f"{len(common)} epochs, weights equal on both workers after each; samples/s per "
+          f"worker at 1 thread {rates[1]}, at 2 {rates[2]}")
+
+
+def _sleeper(tmp_path: Path) -> Path:
+    script = tmp_path / "sleep.sh"
+    script.write_text("#!/bin/bash\nsleep 600\n")
+    return script
