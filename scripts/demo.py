@@ -178,28 +178,11 @@ def print_summary(summary: dict) -> None:
 
 
 def plot(timeline: list[dict], jobs: dict[str, int], png: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    names = {v: k for k, v in jobs.items()}
-    nodes = sorted({p["node"] for p in timeline})
-    fig, axes = plt.subplots(len(nodes), 1, figsize=(8, 2.2 * max(1, len(nodes))), sharex=True,
-                             squeeze=False)
-    colors = {job_id: f"C{i}" for i, job_id in enumerate(jobs.values())}
-    for ax, node in zip(axes[:, 0], nodes):
-        for job_id in jobs.values():
-            pts = [p for p in timeline if p["node"] == node and p["job"] == job_id]
-            if pts:
-                ax.step([p["t"] for p in pts], [p["cores"] for p in pts], where="post",
-                        label=f"job {names[job_id]} ({job_id})", lw=2, color=colors[job_id])
-        ax.set_ylabel(f"{node}\ncores")
-        ax.set_ylim(0, max(2, os.cpu_count()) + 0.5)
-        ax.legend(fontsize=7, loc="upper right")
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("seconds since job A was submitted")
-    fig.suptitle("Cores per job per node (cgroup cpusets set by the co-scheduler)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    from slurm_plugin.cluster.timeline import plot_stacked
+    plot_stacked(timeline, {job_id: name for name, job_id in jobs.items()}, png,
+                 cores_per_node=max(2, os.cpu_count() or 2),
+                 title="Cores per job per node, stacked (cgroup cpusets set by the co-scheduler;"
+                       " seconds since job A was submitted)")
 
 
 if __name__ == "__main__":

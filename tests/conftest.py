@@ -67,3 +67,21 @@ def cluster():
     with running_cluster("malleable-test-", nodes=3, node_prefix="tn", name="malleabletest",
                          port_base=int(os.environ.get("MALLEABLE_TEST_PORT", 27817))) as c:
         yield c
+
+
+@pytest.fixture
+def cpuset_cgroup():
+    """A cpuset cgroup of our own (cgroup v1, as on this machine), removed afterwards: a
+    framework's process joins it and the test changes its cpus."""
+    root = Path("/sys/fs/cgroup/cpuset")
+    path = root / f"malleable_test_{os.getpid()}"
+    path.mkdir()
+    (path / "cpuset.mems").write_text((root / "cpuset.mems").read_text())
+    (path / "cpuset.cpus").write_text((root / "cpuset.cpus").read_text())
+    yield path
+    for pid in (path / "cgroup.procs").read_text().split():
+        try:
+            (root / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+    path.rmdir()

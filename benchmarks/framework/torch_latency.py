@@ -16,28 +16,22 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-from benchmarks.common import REPO, TORCH_PYTHON, machine, median, percentile, save
+from benchmarks.common import (REPO, TORCH_PYTHON, CpusetFolder, machine, median, percentile,
+                               save)
 from malleable_protocol.cpulist import parse_cpu_list
 from malleable_runtime.runtime import pin_all_threads
 
-CPUSET = Path("/sys/fs/cgroup/cpuset")
-
-
 def measure(path: str, count: int) -> list[float]:
-    cg = CPUSET / f"malleable_torch_lat_{os.getpid()}"
-    cg.mkdir()
+    full = (CpusetFolder.ROOT / "cpuset.cpus").read_text().strip()
+    cg = CpusetFolder(f"torch_latency_{path}", full)
     proc = None
     try:
-        (cg / "cpuset.mems").write_text((CPUSET / "cpuset.mems").read_text())
-        full = (CPUSET / "cpuset.cpus").read_text().strip()
-        (cg / "cpuset.cpus").write_text(full)
         proc = subprocess.Popen([str(TORCH_PYTHON), "-m", "benchmarks.framework.torch_latency_worker"],
                                 cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True,
                                 env={**os.environ, "MALLEABLE_TF_LOG": "0"})
-        (cg / "cgroup.procs").write_text(str(proc.pid))
+        (cg.path / "cgroup.procs").write_text(str(proc.pid))
         ready = proc.stdout.readline()
         assert ready.startswith("READY 2"), ready
         out = []
@@ -50,7 +44,7 @@ def measure(path: str, count: int) -> list[float]:
             elif path == "signal":
                 os.kill(proc.pid, signal.SIGUSR2 if n == 1 else signal.SIGURG)
             elif path == "cpuset":
-                (cg / "cpuset.cpus").write_text("0" if n == 1 else full)
+                cg.set_cpus("0" if n == 1 else full)
             else:
                 pin_all_threads(frozenset({0}) if n == 1 else parse_cpu_list(full), pid=proc.pid)
             line = proc.stdout.readline().split()
@@ -62,7 +56,7 @@ def measure(path: str, count: int) -> list[float]:
         if proc is not None:
             proc.kill()
             proc.wait()
-        cg.rmdir()
+        cg.remove()
 
 
 def main() -> None:

@@ -79,7 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     except FixableError as exc:     # a bad variable of the environment
         print(f"malleable: {exc}", file=sys.stderr, flush=True)
         return 1
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # What follows "--" belongs to the program a command runs (malleable sbatch: sbatch's own
+    # options), untouched by argparse; a command that runs none refuses it.
+    tail: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if tail and not getattr(args, "takes_passthrough", False):
+        parser.error(f"malleable {args.command} takes no arguments after '--'")
+    args.passthrough = tail
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -108,3 +108,56 @@ def stop_then_cancel(client, job_id: int, stop: Path, timeout: float = 60.0) -> 
         finish(client, job_id, timeout)
     except AssertionError:
         client.cancel(job_id)
+
+
+# --- two workers of one job on two nodes (test_multiworker, test_torch_cluster) ------------------
+
+def two_workers_threads(folder: Path) -> dict[int, int] | None:
+    """Each of a job's two workers' active intra-op threads, once both have a status record."""
+    st = rank_statuses(folder)
+    return {r: d["intra_active"] for r, d in st.items()} if len(st) == 2 else None
+
+
+def two_workers_view(folder: Path, output: Path):
+    """What a failed wait shows: the workers' threads and the job output's tail."""
+    def show() -> str:
+        tail = output.read_text()[-2000:] if output.exists() else "(no output yet)"
+        return f"{two_workers_threads(folder)}; job output: {tail}"
+    return show
+
+
+def resize_seconds(env: dict, job_id: int, folder: Path, cpus: int) -> float:
+    """``scontrol update`` to ``cpus`` per node, then the seconds until both workers' status
+    records show that many threads (polled every 10 ms)."""
+    import subprocess
+    t0 = time.monotonic()
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"Comment=malleable:cpus={cpus}"],
+                   check=True, env=env, capture_output=True)
+    deadline = t0 + 20
+    while time.monotonic() < deadline:
+        if two_workers_threads(folder) == {0: cpus, 1: cpus}:
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    raise AssertionError(f"workers at {two_workers_threads(folder)} 20 s after cpus={cpus}")
+
+
+def grow_take_back_and_resize(client, env: dict, job_id: int, folder: Path, tmp_path: Path,
+                              show) -> list[float]:
+    """The scenario a two-worker job on an1 and an2 goes through with lend-idle agents: it grows
+    into each node's idle core (both workers at 2 threads); a second job on an2 takes that core
+    back in its Prolog (both at 1: the agents size a job across its nodes as one) and gives it
+    again at its end (2); ``scontrol update`` resizes it 1 -> 2 -> 1 -> 2. Returns the seconds
+    from each ``scontrol update`` to both workers' threads."""
+    wait_for(lambda: two_workers_threads(folder) == {0: 2, 1: 2}, timeout=180,
+             what="both workers at 2 threads", show=show)
+    sleeper = tmp_path / "sleep.sh"
+    sleeper.write_text("#!/bin/bash\nsleep 600\n")
+    other = client.submit(sleeper, ["-N1", "-c1", "-w", "an2", f"-o{tmp_path}/other"])
+    try:
+        wait_for(lambda: two_workers_threads(folder) == {0: 1, 1: 1}, timeout=60,
+                 what="both workers at 1 thread after another job took an2's core", show=show)
+    finally:
+        client.cancel(other)
+    wait_for(lambda: two_workers_threads(folder) == {0: 2, 1: 2}, timeout=60,
+             what="both workers at 2 threads again", show=show)
+    return [resize_seconds(env, job_id, folder, cpus) for cpus in (1, 2, 1, 2)]

@@ -228,23 +228,6 @@ def test_follows_taskset_from_outside():
         f.close()
 
 
-@pytest.fixture
-def cpuset_cgroup():
-    """A cpuset cgroup of our own, removed afterwards."""
-    root = Path("/sys/fs/cgroup/cpuset")
-    path = root / f"malleable_test_{os.getpid()}"
-    path.mkdir()
-    (path / "cpuset.mems").write_text((root / "cpuset.mems").read_text())
-    (path / "cpuset.cpus").write_text((root / "cpuset.cpus").read_text())
-    yield path
-    for pid in (path / "cgroup.procs").read_text().split():
-        try:
-            (root / "cgroup.procs").write_text(pid)
-        except OSError:
-            pass
-    path.rmdir()
-
-
 def test_follows_cpuset_cgroup_changes(cpuset_cgroup):
     f = Follower("2", NATIVE_POLL_ONLY, str(cpuset_cgroup))
     try:

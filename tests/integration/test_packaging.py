@@ -27,32 +27,40 @@ def run(argv, **kw) -> subprocess.CompletedProcess:
                           timeout=kw.pop("timeout", 300), **kw)
 
 
-def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp_path):
-    assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
+def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path
+                 ) -> tuple[Path, str, str]:
+    """The user wheel built, and installed into a new environment that sees a framework's
+    environment's packages (as a user's own environment holds its framework): the wheel must
+    install alone and leave the framework as it was. Returns the new environment's python, its
+    site folder and the framework's version."""
     run(["bash", REPO / "packaging" / "build-wheels.sh", tmp_path / "dist"])
     wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
-    # A new environment whose TensorFlow 2.21 is already there (.venv-keras3's packages).
     env_dir = tmp_path / "venv"
-    run([KERAS3_PY, "-m", "venv", env_dir])
+    run([framework_python, "-m", "venv", env_dir])
     py = env_dir / "bin" / "python"
-    keras3_site = run([KERAS3_PY, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
-                      ).stdout.strip()
-    own_site = run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
-                   ).stdout.strip()
-    Path(own_site, "keras3-env.pth").write_text(keras3_site + "\n")
-    before = run([py, "-c", TF_VERSION]).stdout.strip()
-    assert before.startswith("2.21"), before
+    site = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    framework_site = run([framework_python, "-c", site]).stdout.strip()
+    own_site = run([py, "-c", site]).stdout.strip()
+    Path(own_site, "framework-env.pth").write_text(framework_site + "\n")
+    before = run([py, "-c", version_code]).stdout.strip()
     report = tmp_path / "report.json"
     run([py, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", report,
          wheel])
     installs = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
     assert installs == ["malleable-tf"], installs
     run([py, "-m", "pip", "install", "--no-index", "--quiet", wheel])
-    assert run([py, "-I", "-c", TF_VERSION]).stdout.strip() == before
+    assert run([py, "-I", "-c", version_code]).stdout.strip() == before
+    return py, own_site, before
+
+
+def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp_path):
+    assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
+    py, own_site, version = wheel_beside(KERAS3_PY, TF_VERSION, tmp_path)
+    assert version.startswith("2.21"), version
     where = run([py, "-I", "-c", "import malleable_tf, malleable_runtime.srun as s; "
                  "print(malleable_tf.__file__)"]).stdout
     assert where.startswith(own_site), where       # the wheel's, not the checkout's
-    usage = run([env_dir / "bin" / "malleable-srun", "--help"], cwd=tmp_path).stdout
+    usage = run([py.parent / "malleable-srun", "--help"], cwd=tmp_path).stdout
     assert usage.startswith("``malleable-srun``: run a Horovod TensorFlow program")
     top = run([py, "-I", "-c", "import importlib.metadata as m; "
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
@@ -62,24 +70,8 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
 
 def test_the_user_wheel_installs_beside_pytorch_and_replaces_nothing(tmp_path):
     assert TORCH_PY.exists(), "the PyTorch environment is missing: scripts/setup.sh --torch"
-    run(["bash", REPO / "packaging" / "build-wheels.sh", tmp_path / "dist"])
-    wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
-    env_dir = tmp_path / "venv"
-    run([TORCH_PY, "-m", "venv", env_dir])
-    py = env_dir / "bin" / "python"
-    torch_site = run([TORCH_PY, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
-                     ).stdout.strip()
-    own_site = run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
-                   ).stdout.strip()
-    Path(own_site, "torch-env.pth").write_text(torch_site + "\n")
-    before = run([py, "-c", TORCH_VERSION]).stdout.strip()
-    report = tmp_path / "report.json"
-    run([py, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", report,
-         wheel])
-    installs = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
-    assert installs == ["malleable-tf"], installs
-    run([py, "-m", "pip", "install", "--no-index", "--quiet", wheel])
-    assert run([py, "-I", "-c", TORCH_VERSION]).stdout.strip() == before == "2.13.0+cpu"
+    py, own_site, version = wheel_beside(TORCH_PY, TORCH_VERSION, tmp_path)
+    assert version == "2.13.0+cpu", version
     # The wheel's malleable_torch, started as a job would, with nothing on PATH: no compiler, no
     # native build.
     code = ("import malleable_torch, torch; s = malleable_torch.init(max_threads=2); "

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,32 +17,13 @@ import pytest
 from sbatch_templates import render
 from slurm_plugin.slurm import JobState
 
-from .helpers import finish, rank_statuses, wait_for
+from .helpers import (finish, grow_take_back_and_resize, rank_statuses, two_workers_view,
+                      wait_for)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 TORCH_PY = REPO / ".venv-torch" / "bin" / "python"
 TRAIN = REPO / "examples" / "train_torch_ddp.py"
-
-
-def threads(folder: Path) -> dict[int, int] | None:
-    """Each worker's intra-op threads, once both have a status record."""
-    st = rank_statuses(folder)
-    return {r: d["intra_active"] for r, d in st.items()} if len(st) == 2 else None
-
-
-def resize_seconds(env, job_id: int, folder: Path, cpus: int) -> float:
-    """``scontrol update`` to ``cpus`` per node, then the seconds until both workers' status
-    records show that many threads (polled every 10 ms)."""
-    t0 = time.monotonic()
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"Comment=malleable:cpus={cpus}"],
-                   check=True, env=env, capture_output=True)
-    deadline = t0 + 20
-    while time.monotonic() < deadline:
-        if threads(folder) == {0: cpus, 1: cpus}:
-            return time.monotonic() - t0
-        time.sleep(0.01)
-    raise AssertionError(f"workers at {threads(folder)} 20 s after cpus={cpus}")
 
 
 def epochs(report: Path, rank: int) -> list[dict]:
@@ -70,22 +49,9 @@ def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_
         "args": f"--epochs 1000 --steps 10 --width 512 --report {report} --until {stop}"}))
     job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
     folder = c.run_layout.job_dir(job_id)
-    other = None
-
-    def show():
-        return f"{threads(folder)}; job output: {(tmp_path / 'out').read_text()[-2000:]}" \
-            if (tmp_path / "out").exists() else str(threads(folder))
+    show = two_workers_view(folder, tmp_path / "out")
     try:
-        wait_for(lambda: threads(folder) == {0: 2, 1: 2}, timeout=180,
-                 what="both workers at 2 threads", show=show)
-        other = client.submit(_sleeper(tmp_path),
-                              ["-N1", "-c1", "-w", "an2", f"-o{tmp_path}/other"])
-        wait_for(lambda: threads(folder) == {0: 1, 1: 1}, timeout=60,
-                 what="both workers at 1 thread after another job took an2's core", show=show)
-        client.cancel(other)
-        wait_for(lambda: threads(folder) == {0: 2, 1: 2}, timeout=60,
-                 what="both workers at 2 threads again", show=show)
-        seconds = [resize_seconds(env, job_id, folder, cpus) for cpus in (1, 2, 1, 2)]
+        seconds = grow_take_back_and_resize(client, env, job_id, folder, tmp_path, show)
         print(f"\nscontrol update -> both DDP workers' threads: "
               f"{', '.join(f'{s * 1000:.0f}' for s in seconds)} ms, "
               f"p50 {sorted(seconds)[len(seconds) // 2] * 1000:.0f} ms")
@@ -98,9 +64,7 @@ def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_
         assert finish(client, job_id) is JobState.COMPLETED, show()
     finally:
         stop.touch()
-        for j in (job_id, other):
-            if j is not None:
-                client.cancel(j)
+        client.cancel(job_id)
     # Every epoch both workers ended with the same weights: the gradients were averaged.
     by_rank = [{e["epoch"]: e for e in epochs(report, r)} for r in (0, 1)]
     common = sorted(set(by_rank[0]) & set(by_rank[1]))
@@ -115,8 +79,3 @@ def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_
     print(f"{len(common)} epochs, weights equal on both workers after each; samples/s per "
           f"worker at 1 thread {rates[1]}, at 2 {rates[2]}")
 
-
-def _sleeper(tmp_path: Path) -> Path:
-    script = tmp_path / "sleep.sh"
-    script.write_text("#!/bin/bash\nsleep 600\n")
-    return script

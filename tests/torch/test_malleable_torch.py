@@ -86,23 +86,6 @@ def test_the_training_thread_follows_taskset_from_outside(tmp_path):
         f.close()
 
 
-@pytest.fixture
-def cpuset_cgroup():
-    """A cpuset cgroup of our own (cgroup v1, as on this machine), removed afterwards."""
-    root = Path("/sys/fs/cgroup/cpuset")
-    path = root / f"malleable_torch_test_{os.getpid()}"
-    path.mkdir()
-    (path / "cpuset.mems").write_text((root / "cpuset.mems").read_text())
-    (path / "cpuset.cpus").write_text((root / "cpuset.cpus").read_text())
-    yield path
-    for pid in (path / "cgroup.procs").read_text().split():
-        try:
-            (root / "cgroup.procs").write_text(pid)
-        except OSError:
-            pass
-    path.rmdir()
-
-
 def test_the_training_thread_follows_a_cpuset_cgroup(tmp_path, cpuset_cgroup):
     f = Follower(tmp_path, str(cpuset_cgroup))
     try:

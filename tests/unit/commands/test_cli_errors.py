@@ -173,7 +173,7 @@ class _Slurm:
     def set_comment(self, job_id, text):
         raise self.exc
 
-    def submit(self, path):
+    def submit(self, path, args=()):
         raise self.exc
 
 
@@ -195,6 +195,7 @@ def test_sbatch_errors(capsys, monkeypatch, tmp_path):
     _fails(capsys, ["sbatch", "single-node", "--set", "program=x.py"], "sbatch",
            "invalid partition")
     assert list(tmp_path.iterdir()) == []      # a script not submitted is not left behind
+    _usage(capsys, ["status", "--", "x"], "takes no arguments after '--'")
 
 
 def test_agent_config_errors(tmp_path, capsys):

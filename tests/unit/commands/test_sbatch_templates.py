@@ -85,3 +85,31 @@ def test_every_template_renders_with_defaults():
         text = render(name, {"program": "p.py", "nodelist": "n1"} if name == "coschedule"
                       else {"program": "p.py"})
         assert text.startswith("#!/bin/bash\n#SBATCH --job-name=")
+
+
+def test_malleable_sbatch_passes_sbatch_options_through(monkeypatch, tmp_path, capsys):
+    """Options after -- reach sbatch's command line (where they win over #SBATCH lines): the
+    site's account, partition, memory, GRES and time, whatever the template has."""
+    import tempfile
+
+    from slurm_plugin.commands import common
+    from slurm_plugin.commands.main import main
+
+    submitted = []
+
+    class Recorder:
+        def submit(self, script, args=()):
+            submitted.append((Path(script).read_text(), list(args)))
+            return 42
+
+    monkeypatch.setattr(common, "client", lambda args: Recorder())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    options = ["--account=ml", "--partition", "cpu", "--mem=8G", "--gres=gpu:1",
+               "--time=2:00:00"]
+    assert main(["sbatch", "pytorch-ddp", "--set", "program=train.py", "--", *options]) == 0
+    (script, args), = submitted
+    assert args == options and "#SBATCH --malleable=1:node" in script
+    assert "submitted job 42" in capsys.readouterr().out
+    assert main(["sbatch", "single-node", "--set", "program=t.py", "--dry-run", "--",
+                 "--account=ml"]) == 0
+    assert capsys.readouterr().out.startswith("# sbatch --account=ml SCRIPT\n#!/bin/bash\n")
