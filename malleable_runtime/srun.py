@@ -5,8 +5,11 @@
 Inside an allocation (sbatch, salloc) it runs ``srun --mpi=pmix --cpu-bind=none`` (the cgroup,
 which the co-scheduler resizes, stays in charge of CPUs; a launch binding would not widen when
 the cgroup grows) with every other srun option passed through; ``--mpi`` only where this Slurm
-has the PMIx plugin (``srun --mpi=list``; Debian's 26.05 has none) and the options name no
-``--mpi`` of their own. It sets for each rank:
+has the PMIx plugin (``srun --mpi=list``; Debian's 26.05 has none), the options name no
+``--mpi`` of their own and the program is not a PyTorch script (its workers meet through
+torch.distributed: the site's MpiDefault applies); ``--cpu-bind=none`` unless the options name
+a binding of their own (then the processes the runtime does not pin, such as DataLoader
+workers, stay on the cores they started on). It sets for each rank:
 
 - MALLEABLE_TF_MAX_THREADS=node: each rank's pool is as large as its node's cores (the agent
   never gives a job more than its max= bound, so the extra threads stay parked);
@@ -20,8 +23,8 @@ it through ``python -m malleable_tf.run``, which calls ``malleable_tf.init()`` b
 starts: an unchanged TensorFlow script is malleable (one that calls ``malleable_tf.init()`` or
 ``malleable_tf.horovod.init()`` itself works too). A script whose first framework import is
 PyTorch's (torch, lightning) runs through ``python -m malleable_torch.run`` instead (its source is
-parsed, not run; MALLEABLE_FRAMEWORK=torch or tensorflow says it outright). ``python -m MODULE``, ``python -c CODE`` and
-any other program run as they are. ``--no-auto-init`` (or MALLEABLE_TF_AUTO_INIT=0) turns this
+parsed, not run; MALLEABLE_FRAMEWORK=torch or tensorflow says it outright). ``python -m
+MODULE``, ``python -c CODE`` and any other program run as they are. ``--no-auto-init`` (or MALLEABLE_TF_AUTO_INIT=0) turns this
 off; the interpreter must be able to import malleable_tf.
 
 Where the srun options end: getopt's rule, as srun itself follows it. The first argument that
@@ -271,8 +274,9 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
     if srun is None:
         raise LaunchError("srun not found on PATH")
     options, command = split_srun_options(args)
-    if any(a.startswith(("--cpu-bind", "--cpu_bind")) for a in options):
-        raise LaunchError("malleable-srun sets --cpu-bind=none itself: the cgroup decides")
+    # A binding the user asks for is kept; else none, so that the tasks' processes may run on
+    # every core the co-scheduler grows the cgroup to (a launch binding does not widen).
+    own_binding = any(a.startswith(("--cpu-bind", "--cpu_bind")) for a in options)
     if not command:
         raise LaunchError("no program to run after the srun options")
     if "--multi-prog" not in options:   # else PROGRAM is srun's configuration file
@@ -283,8 +287,12 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
         del env["MALLEABLE_TF_STATUS"]
         status_dir = None
     own_mpi = any(a == "--mpi" or a.startswith("--mpi=") for a in options)
-    mpi = [] if own_mpi or not pmix(srun) else ["--mpi=pmix"]
-    return LaunchPlan([srun, *mpi, "--cpu-bind=none", *options, *command], env, status_dir)
+    # PyTorch's workers meet through torch.distributed (gloo), not MPI: the site's MpiDefault
+    # stays in charge of them; Horovod's ranks (TensorFlow) need PMIx where this Slurm has it.
+    torch_program = RUNNERS[Framework.TORCH][1] in command
+    mpi = [] if own_mpi or torch_program or not pmix(srun) else ["--mpi=pmix"]
+    binding = [] if own_binding else ["--cpu-bind=none"]
+    return LaunchPlan([srun, *mpi, *binding, *options, *command], env, status_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,9 +64,19 @@ def test_outside_allocation_says_so():
         plan_launch(["python", "x.py"], {"SLURM_JOB_ID": "1/../2"}, which=which, pmix=lambda srun: True)
 
 
-def test_refuses_a_cpu_binding():
-    with pytest.raises(LaunchError, match="cpu-bind"):
-        plan_launch(["--cpu-bind=cores", "x"], {"SLURM_JOB_ID": "1"}, which=which, pmix=lambda srun: True)
+def test_a_binding_of_the_users_own_is_kept():
+    plan = plan_launch(["--cpu-bind=cores", "x"], {"SLURM_JOB_ID": "1"}, which=which,
+                       pmix=lambda srun: True)
+    assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=cores", "x"]
+
+
+def test_a_pytorch_script_gets_no_mpi_plugin(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text("import torch.distributed as dist\n")
+    plan = plan_launch(["-n", "2", "python", str(script)], {"SLURM_JOB_ID": "1"}, which=which,
+                       pmix=lambda srun: True)
+    assert plan.argv == ["/usr/bin/srun", "--cpu-bind=none", "-n", "2", "python", "-m",
+                         "malleable_torch.run", str(script)]
 
 
 def test_local_mode():
@@ -155,8 +165,9 @@ def test_multi_prog_and_programs_that_are_not_python_are_left_alone():
 
 
 def test_a_cpu_binding_only_counts_among_srun_options():
-    with pytest.raises(LaunchError, match="cpu-bind"):
-        plan_launch(["-n", "2", "--cpu-bind", "cores", "x"], {"SLURM_JOB_ID": "1"}, which=which, pmix=lambda srun: True)
+    plan = plan_launch(["-n", "2", "--cpu-bind", "cores", "x"], {"SLURM_JOB_ID": "1"},
+                       which=which, pmix=lambda srun: True)
+    assert "--cpu-bind=none" not in plan.argv
     # The program's own --cpu-bind argument is its business.
     assert srun_argv(["python", "t.py", "--cpu-bind=x"])[-1] == "--cpu-bind=x"
 
