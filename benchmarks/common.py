@@ -32,14 +32,17 @@ TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.g
           ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
 
 
-def trace_workload(name: str, *, first: int, malleable_fraction: float):
+def trace_workload(name: str, *, first: int, malleable_fraction: float,
+                   speedup: str = "calibrated"):
     """The first ``first`` jobs of the trace ``name`` of TRACES on its cluster, as every
-    benchmark replays it (seed 1 marks the malleable jobs): (SwfWorkload, nodes, cores). The
-    simulator is imported here, from whichever code root is on sys.path."""
-    from malleable_sim import read_swf, swf_workload
+    benchmark replays it (seed 1 marks the malleable jobs; ``speedup``: a SpeedupModel value):
+    (SwfWorkload, nodes, cores). The simulator is imported here, from whichever code root is on
+    sys.path."""
+    from malleable_sim import SpeedupModel, read_swf, swf_workload
     nodes, cores = next((n, c) for trace, n, c in TRACES if trace == name)
     return swf_workload(read_swf((PWA / name).read_bytes()), nodes=nodes, cores=cores,
-                        malleable_fraction=malleable_fraction, seed=1, first=first), nodes, cores
+                        malleable_fraction=malleable_fraction, seed=1, first=first,
+                        speedup=SpeedupModel(speedup)), nodes, cores
 
 
 def run_worker(module: str, args: list[str], *, code_root: Path = REPO, timeout: float = 600,

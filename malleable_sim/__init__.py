@@ -17,11 +17,11 @@ _HOMES = {
     "config": ["BF_WINDOW_S", "Backfill", "NodeBounds", "Placement", "QueueOrder", "SimPolicy"],
     "engine": ["Simulation", "simulate"],
     "results": ["JobResult", "SimResult"],
-    "lublin": ["Downey", "LublinModel", "generate_lublin", "offered_load", "scale_to_load"],
+    "lublin": ["LublinModel", "generate_lublin", "offered_load", "scale_to_load"],
     "swf": ["SWFError", "SWFHeader", "SWFLog", "SWFRecord", "parse_swf_text", "read_swf"],
-    "workload": ["Adjustment", "Amdahl", "DropReason", "Measured", "SimJob", "Workload",
-                 "WorkloadModel", "ask_share", "closed_batch", "fluid_lower_bound", "generate",
-                 "swf_workload"],
+    "workload": ["Adjustment", "Amdahl", "Downey", "DropReason", "Measured", "SimJob",
+                 "SpeedupModel", "Workload", "WorkloadModel", "ask_share", "closed_batch",
+                 "efficiency_at_request", "fluid_lower_bound", "generate", "swf_workload"],
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_HOME_OF)

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "without one whose jobs ask for the same (vs_same_asks: the agent's "
                          "own effect); nodes: malleable jobs of whole nodes shrink and grow "
                          "by whole nodes (Slurm's NumNodes, an expand job), no agent")
+    sm.add_argument("--speedup", default="calibrated", choices=["calibrated", "downey", "round2"],
+                    help="how each job's speedup curve is drawn: calibrated (Amdahl, parallel "
+                         "efficiency U(0.5, 0.9) at the requested size; the default), downey "
+                         "(A = the requested size), round2 (the second evaluation's model, "
+                         "a sensitivity case); the Lublin workload always uses Downey's")
     sm.add_argument("--seed", type=int, default=1)
     sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
                     choices=[b.value for b in Backfill],
@@ -92,25 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_workload(args: argparse.Namespace):
     """The jobs to simulate (an SWF log's, or generated) and what the summary says of them."""
-    from . import (Workload, WorkloadModel, generate, generate_lublin, offered_load, read_swf,
-                   scale_to_load, swf_workload)
+    from . import (SpeedupModel, Workload, WorkloadModel, generate, generate_lublin,
+                   offered_load, read_swf, scale_to_load, swf_workload)
+    speedup = SpeedupModel(args.speedup)
     if args.swf:
         log = read_swf(Path(args.swf).read_bytes())
         workload = swf_workload(log, nodes=args.nodes, cores=args.cores,
                                 malleable_fraction=args.malleable_fraction, seed=args.seed,
-                                first=args.jobs or None)
+                                first=args.jobs or None, speedup=speedup)
         if not workload.jobs:
             dropped = {k: v for k, v in workload.dropped.items() if v}
             raise ValueError(f"no job of {args.swf} to simulate: {workload.read} job lines "
                              f"read, dropped {dropped}")
-        about = {"swf_header": log.header.summary(),
+        about = {"swf_header": log.header.summary(), "speedup_model": speedup.value,
                  "natural_offered_load": offered_load(workload.jobs, args.nodes * args.cores),
                  "offered_load": args.swf_offered_load}
         if args.swf_offered_load is not None:
             workload = dataclasses.replace(workload, jobs=tuple(scale_to_load(
                 workload.jobs, args.swf_offered_load, args.nodes * args.cores)))
         return workload, about
-    about = {"workload_model": args.workload, "offered_load": args.offered_load}
+    about = {"workload_model": args.workload, "offered_load": args.offered_load,
+             "speedup_model": "downey" if args.workload == "lublin" else speedup.value}
     if args.workload == "lublin":
         return Workload(tuple(generate_lublin(args.jobs or 1000, args.nodes, args.cores,
                                               args.malleable_fraction, args.seed,
@@ -119,7 +126,7 @@ def load_workload(args: argparse.Namespace):
                           runtime_max_s=args.max_runtime_h * 3600.0)
     about["max_runtime_h"] = args.max_runtime_h
     return Workload(tuple(generate(args.jobs or 1000, args.nodes, args.cores,
-                                   args.malleable_fraction, args.seed, model))), about
+                                   args.malleable_fraction, args.seed, model, speedup))), about
 
 
 def simulate_regime(args: argparse.Namespace, policy, jobs):
@@ -161,9 +168,14 @@ def add_ratios(results: list[dict], policies) -> None:
 def run(args: argparse.Namespace) -> int:
     """Simulates every asked regime on one workload, prints a row each (and the ratios
     between them), and writes the summaries to ``--json``."""
-    from . import SimPolicy, closed_batch
+    from . import SimPolicy, closed_batch, efficiency_at_request
     workload, about = load_workload(args)
     jobs = closed_batch(workload.jobs) if args.closed_batch else list(workload.jobs)
+    # How efficiently the users' own sizes use the cores under this model (before any regime
+    # changes the asks): a model under which it is low makes shrinking look free.
+    about["efficiency_at_request"] = round(efficiency_at_request(jobs), 4)
+    print(f"efficiency at the requested size (core-second weighted): "
+          f"{about['efficiency_at_request']:.3f}")
     policies = list(SimPolicy) if args.policy == "all" else [SimPolicy(args.policy)]
     results = []
     print(f"{'policy':12s} {'makespan s':>11s} {'bound s':>11s} {'mean resp s':>11s} "

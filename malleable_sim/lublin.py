@@ -44,46 +44,13 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from malleable_policy.request import MalleableSpec
-from .workload import SimJob
+from .workload import Downey, SimJob
 
 SECONDS_PER_BUCKET = 1800.0     # the program's BUCKETS = 48 per day
 BUCKETS = 48
 CYCLIC_DAY_START = 11
 MAX_LN_RUNTIME = 12.0           # TOO_MUCH_TIME
 MAX_LN_INTERARRIVAL = 13.0      # TOO_MUCH_ARRIVE_TIME
-
-
-@dataclass(frozen=True)
-class Downey:
-    """Downey's speedup S(n) of a program of average parallelism A and variance in parallelism
-    sigma (1.0 at one core; flat at A beyond the widest useful width).
-
-    low variance (sigma <= 1):  A n / (A + sigma (n - 1) / 2)              1 <= n <= A
-                                A n / (sigma (A - 1/2) + n (1 - sigma/2))  A <= n <= 2A - 1
-                                A                                          n >= 2A - 1
-    high variance (sigma >= 1): n A (sigma + 1) / (sigma (n + A - 1) + A)  1 <= n <= A + A sigma
-                                                                           - sigma
-                                A                                          beyond
-    """
-
-    average_parallelism: float
-    sigma: float
-
-    def __post_init__(self) -> None:
-        if self.average_parallelism < 1 or self.sigma < 0:
-            raise ValueError("Downey's model needs A >= 1 and sigma >= 0")
-
-    def rate(self, cores: int) -> float:
-        a, s, n = self.average_parallelism, self.sigma, max(1, cores)
-        if s <= 1.0:
-            if n <= a:
-                return a * n / (a + s * (n - 1) / 2)
-            if n <= 2 * a - 1:
-                return a * n / (s * (a - 0.5) + n * (1 - s / 2))
-            return a
-        if n <= a + a * s - s:
-            return n * a * (s + 1) / (s * (n + a - 1) + a)
-        return a
 
 
 class JobClass(enum.Enum):

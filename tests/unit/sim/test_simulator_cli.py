@@ -1,6 +1,7 @@
 """``malleable-sim``'s exit codes and messages (0 done, 1 could not be done with one line
 ``malleable-sim: ...`` on stderr, 2 usage), and that the node's ``malleable`` command knows
 nothing of the simulator."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -67,5 +68,9 @@ def test_runs_as_a_module_and_writes_its_summary(tmp_path):
                           str(tmp_path / "s.json")], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert out.returncode == 0, out
-    assert out.stdout.splitlines()[1].startswith("static ")
-    assert '"policy": "static"' in (tmp_path / "s.json").read_text()
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("efficiency at the requested size") and \
+        lines[2].startswith("static ")
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["policy"] == "static" and summary["speedup_model"] == "calibrated"
+    assert 0.5 <= summary["efficiency_at_request"] <= 0.9

@@ -108,7 +108,8 @@ def test_the_cli_passes_placement_to_the_simulation(tmp_path):
         assert main(["--nodes", "4", "--cores", "4", "--jobs", "40", "--policy",
                      "static", "--placement", placement, "--json", str(out)]) == 0
         made[placement] = json.loads(out.read_text())
-    assert made["one-node"]["makespan_s"] != made["slurm-tasks"]["makespan_s"]
+    # Different schedules: some job starts elsewhere or later (the makespans may still agree).
+    assert made["one-node"]["mean_response_s"] != made["slurm-tasks"]["mean_response_s"]
     with pytest.raises(SystemExit) as exc:
         main(["--placement", "anywhere"])
     assert exc.value.code == 2
