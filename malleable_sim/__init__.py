@@ -14,7 +14,8 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "config": ["BF_WINDOW_S", "Backfill", "NodeBounds", "Placement", "QueueOrder", "SimPolicy"],
+    "config": ["BF_WINDOW_S", "Backfill", "NodeBounds", "Placement", "QueueOrder", "ResizeCosts",
+               "SimPolicy"],
     "engine": ["Simulation", "simulate"],
     "results": ["JobResult", "SimResult"],
     "lublin": ["LublinModel", "generate_lublin", "offered_load", "scale_to_load"],

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "efficiency U(0.5, 0.9) at the requested size; the default), downey "
                          "(A = the requested size), round2 (the second evaluation's model, "
                          "a sensitivity case); the Lublin workload always uses Downey's")
+    sm.add_argument("--node-resize-cost", type=float, default=0.0, metavar="SECONDS",
+                    help="a job given or taken a node does no work for this long (its cores "
+                         "held): a restart from a checkpoint, an elastic resync")
+    sm.add_argument("--core-move-cost", type=float, default=0.0, metavar="SECONDS",
+                    help="a job whose cores change within a node pauses this long (the cgroup "
+                         "write and the threads' resize)")
     sm.add_argument("--seed", type=int, default=1)
     sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
                     choices=[b.value for b in Backfill],
@@ -131,8 +137,10 @@ def load_workload(args: argparse.Namespace):
 
 def simulate_regime(args: argparse.Namespace, policy, jobs):
     """One regime's run of ``jobs`` with the command line's cluster and Slurm settings."""
-    from . import Backfill, Placement, QueueOrder, Simulation
+    from . import Backfill, Placement, QueueOrder, ResizeCosts, Simulation
     return Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
+                      resize_costs=ResizeCosts(node_s=args.node_resize_cost,
+                                               core_s=args.core_move_cost),
                       cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
                       backfill_depth=args.backfill_depth,
                       backfill_interval_s=args.backfill_interval,

@@ -59,6 +59,22 @@ class SimPolicy(enum.Enum):
 
 
 @dataclass(frozen=True)
+class ResizeCosts:
+    """What a resize costs the job, as a pause with its cores held and no work done: ``node_s``
+    for a node given or taken back (``--node-resize-cost``: a restart from a checkpoint, a
+    Horovod Elastic resync: reported at 0, 10, 60 and 300 s), ``core_s`` for a change of cores
+    within a node (``--core-move-cost``: the cgroup write and the threads' resize, which the
+    project's benchmarks measure in milliseconds)."""
+
+    node_s: float = 0.0
+    core_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.node_s < 0 or self.core_s < 0:
+            raise ValueError("a resize cost is a time: 0 or more seconds")
+
+
+@dataclass(frozen=True)
 class NodeBounds:
     """How far the ``nodes`` regime moves a malleable job's node count: down to ``shrink_to``
     of the nodes it asked for (rounded up, at least 1), up to ``grow_to`` times them, and a

@@ -50,7 +50,8 @@ from typing import Callable, Sequence
 from malleable_policy.decide import decide
 from malleable_policy.model import JobView, NodeSnapshot, RankView
 
-from .config import BF_WINDOW_S, Backfill, NodeBounds, Placement, QueueOrder, SimPolicy
+from .config import (BF_WINDOW_S, Backfill, NodeBounds, Placement, QueueOrder, ResizeCosts,
+                     SimPolicy)
 from .metrics import bounded_slowdown, percentile
 from .results import JobResult, SimResult
 from .slurm_standin import BackfillProfile, JobQueue, Reservation, peer_cap, select_nodes
@@ -120,6 +121,7 @@ class Simulation:
                  placement: Placement = Placement.SLURM_TASKS,
                  backfill_phase_s: float = 0.0, batch_sched_delay_s: float = 3.0,
                  backfill_window_s: float = BF_WINDOW_S,
+                 resize_costs: ResizeCosts = ResizeCosts(),
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= nodes * cores:
@@ -140,6 +142,8 @@ class Simulation:
         self._main_due = False         # a deferred main pass is queued
         self.node_bounds = node_bounds
         self.placement = placement
+        self.resize_costs = resize_costs
+        self.paused_core_s = 0.0        # cores held while resizes paused their jobs
         self._backfill_due = False     # a backfill pass is queued
         self._news = True              # a job arrived or ended since the last backfill pass
         self._clock = clock
@@ -582,9 +586,18 @@ class Simulation:
         r.offers, r.caps = [None] * len(r.nodes), [None] * len(r.nodes)
         if r.rate > 0.0:
             self.resizes += 1
+        self._pause(r, now, self.resize_costs.node_s)
         self._touched.add(job_id)
         self._regain(r)
         self._reenter_releasable(r)
+
+    def _pause(self, r: _Running, now: float, seconds: float) -> None:
+        """A resize's cost: the job does no work for ``seconds`` from now (its cores held)."""
+        if seconds <= 0.0 or now + seconds <= r.ready_at:
+            return
+        self.paused_core_s += sum(len(c) for c in r.current) * (now + seconds -
+                                                                max(now, r.ready_at))
+        r.ready_at = now + seconds
 
     # --- the nodes' agents ------------------------------------------------------------------
 
@@ -651,6 +664,7 @@ class Simulation:
                 if r.rate > 0.0:
                     self.resizes += 1
                 r.current[i] = target
+                self._pause(r, now, self.resize_costs.core_s)
                 self._touched.add(job_id)
             if len(r.nodes) > 1 and offers.get(job_id) != r.offers[i]:
                 r.offers[i] = offers.get(job_id)
@@ -714,7 +728,9 @@ class Simulation:
                          if makespan else 0.0),
             queue_order=self._queue.order.value, backfill=self.backfill.value,
             resizes=self.resizes, decide_calls=self.decide_calls, wall_s=wall_s,
-            per_job=tuple(res))
+            per_job=tuple(res), paused_core_s=self.paused_core_s,
+            node_resize_cost_s=self.resize_costs.node_s,
+            core_move_cost_s=self.resize_costs.core_s)
 
 
 def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
@@ -724,10 +740,11 @@ def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolic
              node_bounds: NodeBounds = NodeBounds(),
              placement: Placement = Placement.SLURM_TASKS, backfill_phase_s: float = 0.0,
              batch_sched_delay_s: float = 3.0,
-             backfill_window_s: float = BF_WINDOW_S) -> SimResult:
+             backfill_window_s: float = BF_WINDOW_S,
+             resize_costs: ResizeCosts = ResizeCosts()) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
                       queue_order=queue_order, node_bounds=node_bounds,
                       placement=placement, backfill_phase_s=backfill_phase_s,
                       batch_sched_delay_s=batch_sched_delay_s,
-                      backfill_window_s=backfill_window_s).run()
+                      backfill_window_s=backfill_window_s, resize_costs=resize_costs).run()

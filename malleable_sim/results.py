@@ -48,6 +48,10 @@ class SimResult:
     decide_calls: int
     wall_s: float
     per_job: tuple[JobResult, ...] = ()
+    # Cores held by jobs that resizes paused x seconds (engine.ResizeCosts), and those costs.
+    paused_core_s: float = 0.0
+    node_resize_cost_s: float = 0.0
+    core_move_cost_s: float = 0.0
 
     @property
     def mean_completion_s(self) -> float:

@@ -83,3 +83,33 @@ def test_the_bound_under_the_nodes_regime_lets_a_job_run_on_its_most_nodes():
     assert run([job], SimPolicy.STATIC).lower_bound_makespan_s == pytest.approx(100.0)
     r = run([job])
     assert r.lower_bound_makespan_s == pytest.approx(50.0) == r.makespan_s
+
+
+def test_a_node_resize_costs_its_job_a_pause_with_its_cores_held():
+    # As above, A gives a node to B at 10 and takes it back at 20; each change pauses A 5 s.
+    from malleable_sim import ResizeCosts
+    a = SimJob(1, 0.0, 16, 100.0, LINEAR, SPEC)
+    b = SimJob(2, 10.0, 4, 10.0, LINEAR)
+    free = run([a, b])
+    costly = run([a, b], resize_costs=ResizeCosts(node_s=5.0))
+    assert ends(costly)[2] == pytest.approx(20.0)       # B itself waits for nothing more
+    # A lost 5 s on 12 cores and 5 s on 16, 60 + 80 work units, which it does on 16 cores at
+    # the end: it ends 140 / 16 = 8.75 s later.
+    assert ends(costly)[1] == pytest.approx(ends(free)[1] + 140 / 16)
+    assert costly.paused_core_s == pytest.approx(5 * 12 + 5 * 16)
+    assert costly.node_resize_cost_s == 5.0 and free.paused_core_s == 0.0
+    with pytest.raises(ValueError):
+        ResizeCosts(node_s=-1.0)
+
+
+def test_a_core_move_costs_its_job_a_pause():
+    # Alone on a 4-core node, A (2 cores asked, up to the node) is grown to 4 when it starts;
+    # at 0.5 s a move, it ends 0.5 s later than free moves let it.
+    from malleable_sim import ResizeCosts
+    a = SimJob(1, 0.0, 2, 100.0, LINEAR, MalleableSpec(min_cpus=1))
+    free = run([a], SimPolicy.LEND_IDLE, nodes=1, cores=4)
+    costly = run([a], SimPolicy.LEND_IDLE, nodes=1, cores=4,
+                 resize_costs=ResizeCosts(core_s=0.5))
+    assert ends(free)[1] == pytest.approx(50.0)        # 200 work units on 4 cores
+    assert ends(costly)[1] == pytest.approx(50.5)
+    assert costly.paused_core_s == pytest.approx(4 * 0.5)
