@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--core-move-cost", type=float, default=0.0, metavar="SECONDS",
                     help="a job whose cores change within a node pauses this long (the cgroup "
                          "write and the threads' resize)")
+    sm.add_argument("--time-limits", default="enforced", choices=["enforced", "ignored"],
+                    help="enforced (as Slurm: a job still running at its time limit ends then, "
+                         "its work unfinished; the default) or ignored (every job runs to the "
+                         "end of its work, as the second evaluation round did)")
     sm.add_argument("--seed", type=int, default=1)
     sm.add_argument("--backfill", default=Backfill.CONSERVATIVE.value,
                     choices=[b.value for b in Backfill],
@@ -137,10 +141,11 @@ def load_workload(args: argparse.Namespace):
 
 def simulate_regime(args: argparse.Namespace, policy, jobs):
     """One regime's run of ``jobs`` with the command line's cluster and Slurm settings."""
-    from . import Backfill, Placement, QueueOrder, ResizeCosts, Simulation
+    from . import Backfill, Placement, QueueOrder, ResizeCosts, Simulation, TimeLimits
     return Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
                       resize_costs=ResizeCosts(node_s=args.node_resize_cost,
                                                core_s=args.core_move_cost),
+                      time_limits=TimeLimits(args.time_limits),
                       cores=args.cores, policy=policy, backfill=Backfill(args.backfill),
                       backfill_depth=args.backfill_depth,
                       backfill_interval_s=args.backfill_interval,

@@ -58,6 +58,17 @@ class SimPolicy(enum.Enum):
                 SimPolicy.THROUGHPUT: Policy.THROUGHPUT, SimPolicy.NODES: None}[self]
 
 
+class TimeLimits(enum.Enum):
+    """What a job's time limit does (``--time-limits``)."""
+
+    # As Slurm: a job still running at its start + time limit ends then (TIMEOUT), its work
+    # unfinished. A shrunk job can meet it: the regimes that shrink pay for it.
+    ENFORCED = "enforced"
+    # The second round's simulator: every job runs until its work is done (kept so that round 2's
+    # results reproduce).
+    IGNORED = "ignored"
+
+
 @dataclass(frozen=True)
 class ResizeCosts:
     """What a resize costs the job, as a pause with its cores held and no work done: ``node_s``

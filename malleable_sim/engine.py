@@ -51,7 +51,7 @@ from malleable_policy.decide import decide
 from malleable_policy.model import JobView, NodeSnapshot, RankView
 
 from .config import (BF_WINDOW_S, Backfill, NodeBounds, Placement, QueueOrder, ResizeCosts,
-                     SimPolicy)
+                     SimPolicy, TimeLimits)
 from .metrics import bounded_slowdown, percentile
 from .results import JobResult, SimResult
 from .slurm_standin import BackfillProfile, JobQueue, Reservation, peer_cap, select_nodes
@@ -122,6 +122,7 @@ class Simulation:
                  backfill_phase_s: float = 0.0, batch_sched_delay_s: float = 3.0,
                  backfill_window_s: float = BF_WINDOW_S,
                  resize_costs: ResizeCosts = ResizeCosts(),
+                 time_limits: TimeLimits = TimeLimits.IGNORED,
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= nodes * cores:
@@ -143,6 +144,7 @@ class Simulation:
         self.node_bounds = node_bounds
         self.placement = placement
         self.resize_costs = resize_costs
+        self.time_limits = time_limits
         self.paused_core_s = 0.0        # cores held while resizes paused their jobs
         self._backfill_due = False     # a backfill pass is queued
         self._news = True              # a job arrived or ended since the last backfill pass
@@ -208,6 +210,11 @@ class Simulation:
                 # job's earliest start is anchored on an end to come (or on now, then it ran).
                 backfill = self._news
                 self._news = False
+            elif kind == 4:                        # a time limit (after an end at that time)
+                r = self._running.get(payload)
+                if r is not None:
+                    self._finish(r, now, timed_out=True)
+                    self._news = main = True
             else:                                  # a main pass deferred by batch_sched_delay
                 self._main_due = False
                 main = True
@@ -443,6 +450,8 @@ class Simulation:
             self._on_node[node].add(job.job_id)
             self._hold(node, r.expected_end, job.job_id, placement[node])
         self._starts[job.job_id] = now
+        if self.time_limits is TimeLimits.ENFORCED:
+            self._push(r.expected_end, 4, job.job_id)
         self._dirty.update(nodes)
         self._touched.add(job.job_id)
         if self.policy is SimPolicy.NODES:
@@ -451,7 +460,7 @@ class Simulation:
             self._regain(r)
             self._reenter_releasable(r)
 
-    def _finish(self, r: _Running, now: float) -> None:
+    def _finish(self, r: _Running, now: float, *, timed_out: bool = False) -> None:
         self._settle(r, now)
         del self._running[r.job.job_id]
         self._gain_stamp.pop(r.job.job_id, None)
@@ -465,7 +474,7 @@ class Simulation:
         self._touched.discard(r.job.job_id)
         self._results.append(JobResult(r.job.job_id, r.job.submit_s, self._starts[r.job.job_id],
                                        now, r.job.cores, r.job.spec is not None, len(r.nodes),
-                                       r.job.reference_s))
+                                       r.job.reference_s, timed_out))
 
     # --- node-count malleability (the nodes regime) ------------------------------------------
 
@@ -730,7 +739,8 @@ class Simulation:
             resizes=self.resizes, decide_calls=self.decide_calls, wall_s=wall_s,
             per_job=tuple(res), paused_core_s=self.paused_core_s,
             node_resize_cost_s=self.resize_costs.node_s,
-            core_move_cost_s=self.resize_costs.core_s)
+            core_move_cost_s=self.resize_costs.core_s, time_limits=self.time_limits.value,
+            timed_out_jobs=sum(r.timed_out for r in res))
 
 
 def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolicy,
@@ -741,10 +751,12 @@ def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolic
              placement: Placement = Placement.SLURM_TASKS, backfill_phase_s: float = 0.0,
              batch_sched_delay_s: float = 3.0,
              backfill_window_s: float = BF_WINDOW_S,
-             resize_costs: ResizeCosts = ResizeCosts()) -> SimResult:
+             resize_costs: ResizeCosts = ResizeCosts(),
+             time_limits: TimeLimits = TimeLimits.IGNORED) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
                       queue_order=queue_order, node_bounds=node_bounds,
                       placement=placement, backfill_phase_s=backfill_phase_s,
                       batch_sched_delay_s=batch_sched_delay_s,
-                      backfill_window_s=backfill_window_s, resize_costs=resize_costs).run()
+                      backfill_window_s=backfill_window_s, resize_costs=resize_costs,
+                      time_limits=time_limits).run()

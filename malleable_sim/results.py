@@ -16,6 +16,7 @@ class JobResult:
     malleable: bool
     nodes: int = 1
     reference_s: float = 0.0   # start-up and runtime at its requested size (``SimJob``)
+    timed_out: bool = False    # ended at its time limit, its work unfinished (TimeLimits)
 
     @property
     def response_s(self) -> float:
@@ -52,6 +53,8 @@ class SimResult:
     paused_core_s: float = 0.0
     node_resize_cost_s: float = 0.0
     core_move_cost_s: float = 0.0
+    time_limits: str = "ignored"
+    timed_out_jobs: int = 0        # ended at their time limit, work unfinished
 
     @property
     def mean_completion_s(self) -> float:

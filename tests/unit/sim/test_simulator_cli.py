@@ -73,4 +73,5 @@ def test_runs_as_a_module_and_writes_its_summary(tmp_path):
         lines[2].startswith("static ")
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["policy"] == "static" and summary["speedup_model"] == "calibrated"
+    assert summary["time_limits"] == "enforced" and summary["timed_out_jobs"] == 0
     assert 0.5 <= summary["efficiency_at_request"] <= 0.9

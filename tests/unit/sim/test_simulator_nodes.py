@@ -113,3 +113,20 @@ def test_a_core_move_costs_its_job_a_pause():
     assert ends(free)[1] == pytest.approx(50.0)        # 200 work units on 4 cores
     assert ends(costly)[1] == pytest.approx(50.5)
     assert costly.paused_core_s == pytest.approx(4 * 0.5)
+
+
+def test_an_enforced_time_limit_ends_a_job_its_shrink_made_late():
+    # As above, A (limit 100 s) gives B a node for 10 s and so needs 102.5 s: under Slurm's
+    # rule it ends at 100 s with its work unfinished; ignored (round 2), it runs to 102.5 s.
+    from malleable_sim import TimeLimits
+    a = SimJob(1, 0.0, 16, 100.0, LINEAR, SPEC)
+    b = SimJob(2, 10.0, 4, 10.0, LINEAR)
+    ignored = run([a, b])
+    enforced = run([a, b], time_limits=TimeLimits.ENFORCED)
+    assert ends(ignored)[1] == pytest.approx(102.5) and ignored.timed_out_jobs == 0
+    assert ends(enforced)[1] == pytest.approx(100.0)
+    timed_out = {j.job_id: j.timed_out for j in enforced.per_job}
+    assert timed_out == {1: True, 2: False} and enforced.timed_out_jobs == 1
+    # Static never meets a limit its log gave: a job ending exactly at it completes.
+    static = run([a, b], SimPolicy.STATIC, time_limits=TimeLimits.ENFORCED)
+    assert static.timed_out_jobs == 0 and ends(static) == {1: 100.0, 2: 110.0}
