@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--core-move-cost", type=float, default=0.0, metavar="SECONDS",
                     help="a job whose cores change within a node pauses this long (the cgroup "
                          "write and the threads' resize)")
+    sm.add_argument("--regrow-after", type=float, default=0.0, metavar="SECONDS",
+                    help="nodes regime: a job that gave a node back is not given one again for "
+                         "this long (hysteresis; 0: at the next idle node)")
     sm.add_argument("--time-limits", default="enforced", choices=["enforced", "ignored"],
                     help="enforced (as Slurm: a job still running at its time limit ends then, "
                          "its work unfinished; the default) or ignored (every job runs to the "
@@ -141,8 +144,9 @@ def load_workload(args: argparse.Namespace):
 
 def simulate_regime(args: argparse.Namespace, policy, jobs):
     """One regime's run of ``jobs`` with the command line's cluster and Slurm settings."""
-    from . import Backfill, Placement, QueueOrder, ResizeCosts, Simulation, TimeLimits
+    from . import Backfill, NodeBounds, Placement, QueueOrder, ResizeCosts, Simulation, TimeLimits
     return Simulation(policy.submitted(jobs, args.malleable_ask, args.cores), nodes=args.nodes,
+                      node_bounds=NodeBounds(regrow_after_s=args.regrow_after),
                       resize_costs=ResizeCosts(node_s=args.node_resize_cost,
                                                core_s=args.core_move_cost),
                       time_limits=TimeLimits(args.time_limits),

@@ -90,11 +90,15 @@ class NodeBounds:
     """How far the ``nodes`` regime moves a malleable job's node count: down to ``shrink_to``
     of the nodes it asked for (rounded up, at least 1), up to ``grow_to`` times them, and a
     whole node more only if its cores add at least ``min_gain`` of what each of the job's cores
-    does now (its speedup curve: Downey's is flat beyond 2A - 1, so such a job never grows)."""
+    does now (its speedup curve: Downey's is flat beyond 2A - 1, so such a job never grows),
+    and not within ``regrow_after_s`` of giving one back."""
 
     shrink_to: float = 0.5
     grow_to: float = 2.0
     min_gain: float = 0.5
+    # Hysteresis: a job that gave a node back is not given one again for this long (0: at the
+    # next idle node, as the second round had it), so that nodes do not go back and forth.
+    regrow_after_s: float = 0.0
 
     def fewest(self, asked_nodes: int) -> int:
         return max(1, math.ceil(asked_nodes * self.shrink_to))

@@ -88,6 +88,7 @@ class _Running:
     # alive) or its peer cap changed. The steps/s dict is shared, so the view reads it live.
     # Made for every job at every replan, views cost a tenth of a cgroup-only run.
     views: dict[int, JobView] = field(default_factory=dict)
+    no_grow_until: float = 0.0    # the nodes regime's hysteresis (NodeBounds.regrow_after_s)
 
     @property
     def multi_node(self) -> bool:
@@ -210,6 +211,11 @@ class Simulation:
                 # job's earliest start is anchored on an end to come (or on now, then it ran).
                 backfill = self._news
                 self._news = False
+            elif kind == 5:                        # a job's hold-off on growing is over
+                r = self._running.get(payload)
+                if r is not None:
+                    self._regain(r, now)
+                    self._news = main = True
             elif kind == 4:                        # a time limit (after an end at that time)
                 r = self._running.get(payload)
                 if r is not None:
@@ -457,7 +463,7 @@ class Simulation:
         if self.policy is SimPolicy.NODES:
             if self._node_malleable(r):
                 self._node_jobs.add(job.job_id)
-            self._regain(r)
+            self._regain(r, now)
             self._reenter_releasable(r)
 
     def _finish(self, r: _Running, now: float, *, timed_out: bool = False) -> None:
@@ -540,10 +546,13 @@ class Simulation:
         more = r.job.speedup.rate(width + self.cores) - now_rate
         return more if more >= bounds.min_gain * self.cores * now_rate / width else None
 
-    def _regain(self, r: _Running) -> None:
-        """The job's nodes changed (or it started): its entry among the growth candidates."""
+    def _regain(self, r: _Running, now: float) -> None:
+        """The job's nodes changed (or it started, or its hold-off ended): its entry among the
+        growth candidates, none while it may not grow."""
         job_id = r.job.job_id
         self._gain_stamp.pop(job_id, None)
+        if now < r.no_grow_until:
+            return
         if not self._node_malleable(r) or (g := self._gain(r)) is None:
             return
         self._stamps += 1
@@ -586,6 +595,10 @@ class Simulation:
             self._take(node, placed.pop(node), give=True)
             self._on_node[node].discard(job_id)
             self._unhold(node, r.expected_end, job_id, self.cores)
+            hold = self.node_bounds.regrow_after_s
+            if hold > 0:
+                r.no_grow_until = now + hold
+                self._push(r.no_grow_until, 5, job_id)
         r.nodes = tuple(sorted(placed))
         r.allocation = tuple(placed[n] for n in r.nodes)
         r.current = list(r.allocation)
@@ -597,7 +610,7 @@ class Simulation:
             self.resizes += 1
         self._pause(r, now, self.resize_costs.node_s)
         self._touched.add(job_id)
-        self._regain(r)
+        self._regain(r, now)
         self._reenter_releasable(r)
 
     def _pause(self, r: _Running, now: float, seconds: float) -> None:

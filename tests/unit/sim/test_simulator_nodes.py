@@ -130,3 +130,14 @@ def test_an_enforced_time_limit_ends_a_job_its_shrink_made_late():
     # Static never meets a limit its log gave: a job ending exactly at it completes.
     static = run([a, b], SimPolicy.STATIC, time_limits=TimeLimits.ENFORCED)
     assert static.timed_out_jobs == 0 and ends(static) == {1: 100.0, 2: 110.0}
+
+
+def test_a_job_that_gave_a_node_back_waits_out_its_hold_off_before_growing_again():
+    # As above, but A may not grow for 30 s after giving B its node at 10: B ends at 20, the
+    # idle node goes back to A at 40. A: 160 units by 10, 12 cores x 30 s, then 16 cores.
+    a = SimJob(1, 0.0, 16, 100.0, LINEAR, SPEC)
+    b = SimJob(2, 10.0, 4, 10.0, LINEAR)
+    r = run([a, b], node_bounds=NodeBounds(regrow_after_s=30.0))
+    assert ends(r)[2] == pytest.approx(20.0)
+    assert ends(r)[1] == pytest.approx(40.0 + (1600 - 160 - 360) / 16)
+    assert r.resizes == 2
