@@ -7,6 +7,7 @@ start function and its help text (``malleable_tf.run``, ``malleable_torch.run``)
 """
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import os
@@ -32,6 +33,47 @@ class Program:
     @property
     def argv(self) -> list[str]:
         return [self.path or self.module or "", *self.args]
+
+
+MAX_SCRIPT_BYTES = 4 << 20   # a larger script is not read for what it uses
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What a script's source says it uses, read without running it (a launcher's or runner's
+    choice of framework and strategy)."""
+
+    imports: tuple[str, ...]    # the top-level modules it imports, in source order
+    names: frozenset[str]       # every name and attribute it mentions
+
+
+def read_head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(MAX_SCRIPT_BYTES + 1)
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise ValueError("too large to scan")
+    return data
+
+
+def source_facts(path: str, read: Callable[[str], bytes] = read_head) -> SourceFacts | None:
+    """The script's imports and names; None when it cannot be read or parsed."""
+    try:
+        tree = ast.parse(read(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    imports: list[tuple[int, int, str]] = []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports += [(node.lineno, node.col_offset, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imports.append((node.lineno, node.col_offset, node.module.split(".")[0]))
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+    return SourceFacts(tuple(m for _, _, m in sorted(imports)), frozenset(names))
 
 
 def module_exists(name: str) -> bool:
@@ -97,10 +139,10 @@ def run(program: Program) -> None:
         runpy.run_module(program.module, run_name="__main__", alter_sys=True)
 
 
-def main(argv: list[str] | None, *, prog: str, start: Callable[[], object], start_name: str,
-         doc: str) -> int:
-    """Parse the runner's command line, ``start()`` the framework's runtime (``start_name``:
-    what the user would call, for the error), run the program.
+def main(argv: list[str] | None, *, prog: str, start: Callable[[Program], object],
+         start_name: str, doc: str) -> int:
+    """Parse the runner's command line, ``start(program)`` the framework's runtime
+    (``start_name``: what the user would call, for the error), run the program.
     Exit codes: 2 for a bad command line, 1 when ``start()`` fails (nothing runs), else 0 (the
     program's own ``sys.exit`` passes through)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -113,7 +155,7 @@ def main(argv: list[str] | None, *, prog: str, start: Callable[[], object], star
         print(doc)
         return 0
     try:
-        start()
+        start(program)
     except Exception as exc:  # noqa: BLE001 - a bad setting, a failed build: say so, run nothing
         print(f"{prog}: {start_name} failed, {program.argv[0]} not started: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)

@@ -43,7 +43,6 @@ ranks here under mpirun.
 """
 from __future__ import annotations
 
-import ast
 import enum
 import os
 import re
@@ -57,6 +56,8 @@ from typing import Callable, Mapping
 
 from malleable_protocol import RunLayout
 from malleable_protocol.layout import DEFAULT_RUN_DIR
+
+from .runner import read_head, source_facts
 
 
 class LaunchError(RuntimeError):
@@ -104,11 +105,8 @@ RUNNERS = {Framework.TENSORFLOW: RUNNER, Framework.TORCH: ["-m", "malleable_torc
 FRAMEWORK_MODULES = {"tensorflow": Framework.TENSORFLOW, "keras": Framework.TENSORFLOW,
                      "horovod": Framework.TENSORFLOW, "torch": Framework.TORCH,
                      "lightning": Framework.TORCH, "pytorch_lightning": Framework.TORCH}
-MAX_SCRIPT_BYTES = 4 << 20   # a script larger than this is not read: TensorFlow's runner
-
-
 def framework_of(script: str, environ: Mapping[str, str],
-                 read: Callable[[str], bytes] = lambda path: _read_head(path)) -> Framework:
+                 read: Callable[[str], bytes] = read_head) -> Framework:
     """MALLEABLE_FRAMEWORK when set; else the first framework the script imports (its source
     parsed, not run); TensorFlow's when it names none or cannot be read (the default before
     PyTorch's runner existed). A bad MALLEABLE_FRAMEWORK raises LaunchError."""
@@ -119,28 +117,10 @@ def framework_of(script: str, environ: Mapping[str, str],
         except ValueError:
             raise LaunchError(f"MALLEABLE_FRAMEWORK must be tensorflow or torch, "
                               f"not {given!r:.32}") from None
-    try:
-        tree = ast.parse(read(script))
-    except (OSError, SyntaxError, ValueError):
-        return Framework.TENSORFLOW
-    found = []
-    for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module and \
-            not node.level else []
-        for name in names:
-            framework = FRAMEWORK_MODULES.get(name.split(".")[0])
-            if framework is not None:
-                found.append((node.lineno, node.col_offset, framework))
-    return min(found)[2] if found else Framework.TENSORFLOW
-
-
-def _read_head(path: str) -> bytes:
-    with open(path, "rb") as f:
-        data = f.read(MAX_SCRIPT_BYTES + 1)
-    if len(data) > MAX_SCRIPT_BYTES:
-        raise ValueError("too large to scan")
-    return data
+    facts = source_facts(script, read)
+    found = [FRAMEWORK_MODULES[m] for m in (facts.imports if facts else ())
+             if m in FRAMEWORK_MODULES]
+    return found[0] if found else Framework.TENSORFLOW
 
 
 def _long_takes_value(name: str) -> bool:
@@ -181,7 +161,7 @@ def is_python(program: str) -> bool:
 
 
 def with_runner(command: list[str], environ: Mapping[str, str] | None = None,
-                read: Callable[[str], bytes] = lambda path: _read_head(path)) -> list[str]:
+                read: Callable[[str], bytes] = read_head) -> list[str]:
     """``python [options] SCRIPT ARGS`` -> ``python [options] -m malleable_tf.run SCRIPT ARGS``
     (``malleable_torch.run`` for a PyTorch script: ``framework_of``); any other command
     (``python -m``, ``python -c``, not Python) unchanged."""

@@ -39,6 +39,9 @@ class Split(enum.Enum):
 class Strategy(enum.Enum):
     """What ``malleable_tf.run`` starts before the script (MALLEABLE_TF_STRATEGY)."""
 
+    # multiworker when the script names MultiWorkerMirroredStrategy (its source read, not run),
+    # else none: an unmodified multi-worker script needs no setting.
+    AUTO = "auto"
     NONE = "none"                  # malleable_tf.init() alone
     # malleable_tf.multiworker.init(): TF_CONFIG from the Slurm step and the strategy, which
     # must be made before TensorFlow's runtime starts (the script's mw.init() then returns it).
@@ -86,7 +89,7 @@ class Settings(RuntimeSettings):
     split: Split = Split.ACTIVE
     onednn: OneDnn = OneDnn.INLINE
     native: NativeBuild = NativeBuild()
-    strategy: Strategy = Strategy.NONE
+    strategy: Strategy = Strategy.AUTO
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -95,4 +98,4 @@ class Settings(RuntimeSettings):
                    split=env_choice(environ, "MALLEABLE_TF_SPLIT", Split.ACTIVE),
                    onednn=env_choice(environ, "MALLEABLE_TF_ONEDNN", OneDnn.INLINE),
                    native=NativeBuild.from_env(environ),
-                   strategy=env_choice(environ, "MALLEABLE_TF_STRATEGY", Strategy.NONE))
+                   strategy=env_choice(environ, "MALLEABLE_TF_STRATEGY", Strategy.AUTO))

@@ -20,7 +20,7 @@ from malleable_runtime import runner
 from malleable_runtime.settings import Settings
 
 
-def init_from_launcher() -> object:
+def init_from_launcher(program: runner.Program | None = None) -> object:
     """The rendezvous from the Slurm step, then ``malleable_torch.init()`` with the ranks the
     launcher gave this process; a script's own init() may then join it."""
     import malleable_torch
@@ -36,7 +36,8 @@ def init_from_launcher() -> object:
 
 def main(argv: list[str] | None = None) -> int:
     # A lambda: tests replace init_from_launcher on this module.
-    return runner.main(argv, prog="malleable_torch.run", start=lambda: init_from_launcher(),
+    return runner.main(argv, prog="malleable_torch.run",
+                       start=lambda program: init_from_launcher(program),
                        start_name="malleable_torch.init()", doc=__doc__ or "")
 
 

@@ -100,8 +100,31 @@ def test_a_node_that_does_not_resolve_is_reached_at_its_node_addr():
 
 
 def test_the_strategy_setting():
-    assert Settings.from_env({}).strategy is Strategy.NONE
+    assert Settings.from_env({}).strategy is Strategy.AUTO
+    assert Settings.from_env({"MALLEABLE_TF_STRATEGY": "none"}).strategy is Strategy.NONE
     assert Settings.from_env({"MALLEABLE_TF_STRATEGY": "multiworker"}).strategy is \
         Strategy.MULTIWORKER
     with pytest.raises(ValueError, match="MALLEABLE_TF_STRATEGY"):
         Settings.from_env({"MALLEABLE_TF_STRATEGY": "horovod"})
+
+
+def test_the_runner_makes_the_strategy_for_a_script_that_names_it(tmp_path):
+    """An unmodified MultiWorkerMirroredStrategy script needs no setting: the runner reads its
+    source (not runs it) and makes the strategy before the script, where it must be made."""
+    from malleable_runtime.runner import Program
+    from malleable_tf.run import strategy_for
+    mw = tmp_path / "mw.py"
+    mw.write_text("import tensorflow as tf\nstrategy = tf.distribute.MultiWorkerMirroredStrategy()\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import tensorflow as tf\nmodel = tf.keras.Sequential()\n")
+    imported = tmp_path / "imported.py"
+    imported.write_text("from tensorflow.distribute import MultiWorkerMirroredStrategy as M\n")
+    for script, expected in ((mw, Strategy.MULTIWORKER), (plain, Strategy.NONE),
+                             (imported, Strategy.MULTIWORKER),
+                             (tmp_path / "missing.py", Strategy.NONE)):
+        assert strategy_for(Program(str(script), None, []), Strategy.AUTO) is expected, script
+    # What the user set wins; a module run with -m is not read.
+    assert strategy_for(Program(str(mw), None, []), Strategy.NONE) is Strategy.NONE
+    assert strategy_for(Program(str(plain), None, []), Strategy.MULTIWORKER) is \
+        Strategy.MULTIWORKER
+    assert strategy_for(Program(None, "pkg.train", []), Strategy.AUTO) is Strategy.NONE

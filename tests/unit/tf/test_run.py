@@ -57,7 +57,7 @@ def test_a_folder_is_not_a_script(tmp_path):
 def fake_init(monkeypatch):
     """The runner's init() replaced: records its calls; sys.argv and sys.path restored after."""
     calls = []
-    monkeypatch.setattr(runner, "init_from_launcher", lambda: calls.append(1))
+    monkeypatch.setattr(runner, "init_from_launcher", lambda program=None: calls.append(1))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     return calls
@@ -127,7 +127,7 @@ def test_usage_errors_exit_2_before_init(fake_init, capsys):
 def test_a_failed_init_runs_nothing(tmp_path, monkeypatch, capsys):
     script = write(tmp_path / "t.py", "raise SystemExit('ran')\n")
 
-    def bad_init():
+    def bad_init(program=None):
         raise ValueError("MALLEABLE_TF_SPLIT must be active, eigen or pool, not 'x'")
     monkeypatch.setattr(runner, "init_from_launcher", bad_init)
     assert runner.main([str(script)]) == 1
