@@ -8,7 +8,8 @@
     ...                                  # a custom loop: strategy.run(step, ...) per batch
 
 Run one worker per Slurm task (``srun -N2 --ntasks-per-node=1 python train.py``, or
-``malleable-srun`` with MALLEABLE_TF_STRATEGY=multiworker, whose runner then makes the strategy
+``malleable-srun``, whose runner makes the strategy (a script that names
+MultiWorkerMirroredStrategy, or MALLEABLE_TF_STRATEGY=multiworker)
 before the script and ``mw.init()`` returns it). Each worker's pools follow its own node's
 cores, as every malleable_tf process's do; the agents size a job across its nodes as one.
 

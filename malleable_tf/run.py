@@ -10,7 +10,8 @@ mpirun, horovodrun) put in the environment, before the script runs, then runs SC
 through; an uncaught exception exits 1 with its traceback). A script that names
 ``MultiWorkerMirroredStrategy`` gets the strategy made first, from the Slurm step
 (``malleable_tf.multiworker``: it must exist before TensorFlow's runtime starts), unless
-MALLEABLE_TF_STRATEGY says otherwise. The settings come from the environment: MALLEABLE_TF_MAX_THREADS, MALLEABLE_TF_STATUS, MALLEABLE_TF_SIGNALS, ... (see
+MALLEABLE_TF_STRATEGY says otherwise. The settings come from the environment:
+MALLEABLE_TF_MAX_THREADS, MALLEABLE_TF_STATUS, MALLEABLE_TF_SIGNALS, ... (see
 ``malleable_tf.settings``). A script that calls ``malleable_tf.init()`` or
 ``malleable_tf.horovod.init()`` itself still works: that call returns the running state
 (``horovod.init`` still runs ``hvd.init()``), and raises MalleableError only if it asks for other
