@@ -22,7 +22,10 @@ from malleable_protocol.hostlist import expand_counts, expand_hostlist
 
 from .runtime import MalleableError
 
-PORT_RANGE = (20000, 40000)      # where the derived port bases fall (below Linux's ephemeral)
+# Where the derived port bases fall: below Linux's ephemeral ports (net.ipv4.ip_local_port_range,
+# 32768-60999 by default), where any outgoing connection may hold a port for a while (a base of
+# 38624 once could not be bound: docs/FACTS.md), leaving room for 768 tasks above the base.
+PORT_RANGE = (20000, 32000)
 _DIGITS = re.compile(r"^[0-9]{1,10}$")
 
 
