@@ -5,6 +5,7 @@ import json
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from malleable_protocol import parse_cpu_list
@@ -161,3 +162,44 @@ def grow_take_back_and_resize(client, env: dict, job_id: int, folder: Path, tmp_
     wait_for(lambda: two_workers_threads(folder) == {0: 2, 1: 2}, timeout=60,
              what="both workers at 2 threads again", show=show)
     return [resize_seconds(env, job_id, folder, cpus) for cpus in (1, 2, 1, 2)]
+
+
+@dataclass(frozen=True)
+class TwoWorkerJob:
+    """A job of one worker on an1 and one on an2, submitted from a batch template (-c1, up to
+    2 cores a node): what the two-worker tests watch."""
+
+    job_id: int
+    folder: Path        # its co-scheduler folder (the workers' status records)
+    env: dict           # the cluster's environment (scontrol)
+    report: Path        # where the training script writes its epochs
+    stop: Path          # the file that stops it
+    show: object        # what a failed wait shows
+
+
+def submit_two_workers(cluster, client, tmp_path: Path, template: str, python: Path,
+                       program: Path, args: str) -> TwoWorkerJob:
+    """Render ``template`` for ``program`` run by ``python`` through its environment's
+    malleable-srun, with ``--report``/``--until`` added to ``args``, and submit it."""
+    import os
+
+    from sbatch_templates import render
+    tmp_path.chmod(0o777)
+    report, stop = tmp_path / "report", tmp_path / "stop"
+    script = tmp_path / "job.sh"
+    script.write_text(render(template, {
+        "python": str(python), "launcher": str(python.parent / "malleable-srun"),
+        "program": str(program), "min_cpus": "1", "max_cpus": "2",
+        "output": f"{tmp_path}/out", "args": f"{args} --report {report} --until {stop}"}))
+    job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
+    folder = cluster.run_layout.job_dir(job_id)
+    return TwoWorkerJob(job_id, folder, {**os.environ, **cluster.env()}, report, stop,
+                        two_workers_view(folder, tmp_path / "out"))
+
+
+def epoch_lines(report: Path, rank: int) -> list[dict]:
+    """The JSON lines a training script wrote per epoch (``--report``)."""
+    path = report / f"epochs-{rank}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

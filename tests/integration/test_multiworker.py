@@ -5,44 +5,33 @@ into idle cores, a Prolog takes a node's core back and gives it again, and ``sco
 resizes it on both nodes, and both workers' threads follow each time."""
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sbatch_templates import render
 from slurm_plugin.slurm import JobState
 
-from .helpers import (finish, grow_take_back_and_resize, resize_seconds, two_workers_threads,
-                      two_workers_view, wait_for)
+from .helpers import (epoch_lines, finish, grow_take_back_and_resize, resize_seconds,
+                      submit_two_workers, two_workers_threads, wait_for)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
 TRAIN = REPO / "examples" / "train_multiworker.py"
+UNMODIFIED = REPO / "examples" / "train_multiworker_unmodified.py"   # no import of this project
 
 
 def test_two_keras3_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_cluster,
                                                                                tmp_path):
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
-    c = agent_cluster
-    client = c.client()
-    env = {**os.environ, **c.env()}
-    tmp_path.chmod(0o777)
-    report, stop = tmp_path / "report", tmp_path / "stop"
+    client = agent_cluster.client()
     # The batch template, through malleable-srun and the runner (which makes the strategy).
-    script = tmp_path / "job.sh"
-    script.write_text(render("multi-worker", {
-        "python": str(KERAS3_PY), "launcher": str(KERAS3_PY.parent / "malleable-srun"),
-        "program": str(TRAIN), "min_cpus": "1", "max_cpus": "2", "output": f"{tmp_path}/out",
-        "args": f"--epochs 1000 --steps 10 --width 512 --report {report} --until {stop}"}))
-    job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
-    folder = c.run_layout.job_dir(job_id)
-    show = two_workers_view(folder, tmp_path / "out")
+    job = submit_two_workers(agent_cluster, client, tmp_path, "multi-worker", KERAS3_PY, TRAIN,
+                             "--epochs 1000 --steps 10 --width 512")
+    job_id, folder, report, stop, show = job.job_id, job.folder, job.report, job.stop, job.show
     try:
-        seconds = grow_take_back_and_resize(client, env, job_id, folder, tmp_path, show)
+        seconds = grow_take_back_and_resize(client, job.env, job_id, folder, tmp_path, show)
         print(f"\nscontrol update -> both workers' threads: "
               f"{', '.join(f'{s * 1000:.0f}' for s in seconds)} ms, "
               f"p50 {float(np.median(seconds)) * 1000:.0f} ms")
@@ -66,10 +55,6 @@ def test_two_keras3_workers_on_two_nodes_train_as_one_and_follow_their_cores(age
     print(f"{len(epochs)} epochs, weights equal on both workers after each")
 
 
-
-UNMODIFIED = REPO / "examples" / "train_multiworker_unmodified.py"
-
-
 def test_an_unmodified_multiworker_script_needs_no_setting(agent_cluster, tmp_path):
     """A MultiWorkerMirroredStrategy script as TensorFlow's tutorials write it (no import of
     this project), through the plain multi-node template (no MALLEABLE_TF_STRATEGY): the runner
@@ -77,41 +62,25 @@ def test_an_unmodified_multiworker_script_needs_no_setting(agent_cluster, tmp_pa
     must be configured at program startup"; both workers train with equal weights and follow
     ``scontrol update``."""
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
-    source = UNMODIFIED.read_text()
-    assert "malleable" not in source.split('"""', 2)[2]
-    c = agent_cluster
-    client = c.client()
-    env = {**os.environ, **c.env()}
-    tmp_path.chmod(0o777)
-    report, stop = tmp_path / "report", tmp_path / "stop"
-    script = tmp_path / "job.sh"
-    script.write_text(render("multi-node", {
-        "python": str(KERAS3_PY), "launcher": str(KERAS3_PY.parent / "malleable-srun"),
-        "program": str(UNMODIFIED), "min_cpus": "1", "max_cpus": "2",
-        "output": f"{tmp_path}/out",
-        "args": f"--epochs 1000 --report {report} --until {stop}"}))
-    assert "MALLEABLE_TF_STRATEGY" not in script.read_text()
-    job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
-    folder = c.run_layout.job_dir(job_id)
-    show = two_workers_view(folder, tmp_path / "out")
-
-    def epochs(rank: int) -> list[dict]:
-        path = report / f"epochs-{rank}.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] \
-            if path.exists() else []
+    assert "malleable" not in UNMODIFIED.read_text().split('"""', 2)[2]
+    client = agent_cluster.client()
+    job = submit_two_workers(agent_cluster, client, tmp_path, "multi-node", KERAS3_PY,
+                             UNMODIFIED, "--epochs 1000")
+    assert "MALLEABLE_TF_STRATEGY" not in (tmp_path / "job.sh").read_text()
+    job_id, folder, report, stop, show = job.job_id, job.folder, job.report, job.stop, job.show
     try:
         wait_for(lambda: two_workers_threads(folder) == {0: 2, 1: 2}, timeout=180,
                  what="both workers at 2 threads", show=show)
-        seconds = resize_seconds(env, job_id, folder, 1)
+        seconds = resize_seconds(job.env, job_id, folder, 1)
         print(f"\nscontrol update cpus=1 -> both unmodified workers' threads: "
               f"{seconds * 1000:.0f} ms")
-        wait_for(lambda: all(len(epochs(r)) >= 3 for r in (0, 1)), timeout=120,
+        wait_for(lambda: all(len(epoch_lines(report, r)) >= 3 for r in (0, 1)), timeout=120,
                  what="three epochs of both workers", show=show)
         stop.touch()
         assert finish(client, job_id) is JobState.COMPLETED, show()
     finally:
         stop.touch()
         client.cancel(job_id)
-    by_rank = [{e["epoch"]: e["weights_sha256"] for e in epochs(r)} for r in (0, 1)]
+    by_rank = [{e["epoch"]: e["weights_sha256"] for e in epoch_lines(report, r)} for r in (0, 1)]
     common = sorted(set(by_rank[0]) & set(by_rank[1]))
     assert len(common) >= 3 and all(by_rank[0][e] == by_rank[1][e] for e in common), by_rank

@@ -8,17 +8,14 @@ cores, a Prolog takes a node's core back and gives it again, ``scontrol update``
 equal after every epoch."""
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 
-from sbatch_templates import render
 from slurm_plugin.slurm import JobState
 
-from .helpers import (finish, grow_take_back_and_resize, rank_statuses, two_workers_view,
-                      wait_for)
+from .helpers import (epoch_lines, finish, grow_take_back_and_resize, rank_statuses,
+                      submit_two_workers, wait_for)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -26,36 +23,20 @@ TORCH_PY = REPO / ".venv-torch" / "bin" / "python"
 TRAIN = REPO / "examples" / "train_torch_ddp.py"
 
 
-def epochs(report: Path, rank: int) -> list[dict]:
-    path = report / f"epochs-{rank}.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_cluster,
                                                                             tmp_path):
     assert TORCH_PY.exists(), "the PyTorch environment is missing: scripts/setup.sh --torch"
     assert "malleable" not in TRAIN.read_text().split('"""', 2)[2]    # no import of ours
-    c = agent_cluster
-    client = c.client()
-    env = {**os.environ, **c.env()}
-    tmp_path.chmod(0o777)
-    report, stop = tmp_path / "report", tmp_path / "stop"
-    script = tmp_path / "job.sh"
-    script.write_text(render("pytorch-ddp", {
-        "python": str(TORCH_PY), "launcher": str(TORCH_PY.parent / "malleable-srun"),
-        "program": str(TRAIN), "min_cpus": "1", "max_cpus": "2", "output": f"{tmp_path}/out",
-        "args": f"--epochs 1000 --steps 10 --width 512 --report {report} --until {stop}"}))
-    job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
-    folder = c.run_layout.job_dir(job_id)
-    show = two_workers_view(folder, tmp_path / "out")
+    client = agent_cluster.client()
+    job = submit_two_workers(agent_cluster, client, tmp_path, "pytorch-ddp", TORCH_PY, TRAIN,
+                             "--epochs 1000 --steps 10 --width 512")
+    job_id, folder, report, stop, show = job.job_id, job.folder, job.report, job.stop, job.show
     try:
-        seconds = grow_take_back_and_resize(client, env, job_id, folder, tmp_path, show)
+        seconds = grow_take_back_and_resize(client, job.env, job_id, folder, tmp_path, show)
         print(f"\nscontrol update -> both DDP workers' threads: "
               f"{', '.join(f'{s * 1000:.0f}' for s in seconds)} ms, "
               f"p50 {sorted(seconds)[len(seconds) // 2] * 1000:.0f} ms")
-        wait_for(lambda: all(len(epochs(report, r)) >= 5 for r in (0, 1)), timeout=120,
+        wait_for(lambda: all(len(epoch_lines(report, r)) >= 5 for r in (0, 1)), timeout=120,
                  what="five epochs of both workers", show=show)
         # Each worker's optimizer steps counted without a code change (the optimizer's hook).
         statuses = rank_statuses(folder)
@@ -66,7 +47,7 @@ def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_
         stop.touch()
         client.cancel(job_id)
     # Every epoch both workers ended with the same weights: the gradients were averaged.
-    by_rank = [{e["epoch"]: e for e in epochs(report, r)} for r in (0, 1)]
+    by_rank = [{e["epoch"]: e for e in epoch_lines(report, r)} for r in (0, 1)]
     common = sorted(set(by_rank[0]) & set(by_rank[1]))
     assert len(common) >= 5, common
     for epoch in common:
