@@ -161,7 +161,14 @@ def grow_take_back_and_resize(client, env: dict, job_id: int, folder: Path, tmp_
         client.cancel(other)
     wait_for(lambda: two_workers_threads(folder) == {0: 2, 1: 2}, timeout=60,
              what="both workers at 2 threads again", show=show)
-    return [resize_seconds(env, job_id, folder, cpus) for cpus in (1, 2, 1, 2)]
+    out = []
+    for cpus in (1, 2, 1, 2):
+        # Apart by more than the watcher's least gap between polls (event_min_gap_s, 0.25 s:
+        # a user's loop of updates costs slurmctld at most 4 polls a second), so that each
+        # time is one resize's, not the wait for that gap.
+        time.sleep(0.4)
+        out.append(resize_seconds(env, job_id, folder, cpus))
+    return out
 
 
 @dataclass(frozen=True)
