@@ -153,6 +153,17 @@ def test_at_one_thread_it_uses_the_cores_plain_pytorch_uses_at_one(tmp_path):
         f.close()
 
 
+def result_lines(text: str) -> list[dict]:
+    """Every "RESULT {json}" in ``text``: two workers printing at once (torchrun passes both
+    to one stdout) may put two on one line."""
+    decoder, out, at = json.JSONDecoder(), [], text.find("RESULT ")
+    while at >= 0:
+        value, end = decoder.raw_decode(text, at + len("RESULT "))
+        out.append(value)
+        at = text.find("RESULT ", end)
+    return out
+
+
 def run_train(tmp_path: Path, *args: str, runner: bool = True, env: dict | None = None,
               timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict, dict]:
     status = tmp_path / "status.json"
@@ -208,8 +219,7 @@ def test_ddp_under_torchrun_each_worker_takes_its_share(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=clean_env(MALLEABLE_TF_STATUS=str(status)))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = sorted((json.loads(line[7:]) for line in proc.stdout.splitlines()
-                      if "RESULT " in line), key=lambda r: r["rank"])
+    results = sorted(result_lines(proc.stdout), key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1] and all(r["world"] == 2 for r in results)
     # torchrun started each worker with OMP_NUM_THREADS=1; each now runs its share of the
     # node's 2 cores: 1 thread, on its own core.
