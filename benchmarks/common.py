@@ -265,3 +265,25 @@ def steps_per_second(step, *, seconds: float = 3.0, warmup: int = 3) -> dict[str
         n += 1
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"wall": n / wall, "cpu": n / cpu if cpu > 0 else float("nan")}
+
+
+@contextlib.contextmanager
+def torch_worker_in_cpuset(name: str, module: str, args: list[str] | None = None):
+    """A worker on .venv-torch's Python (``python -m module args``) in a cpuset folder of its
+    own, on every core at first: yields (the process, its CpusetFolder, the cores' list); the
+    process is killed and the folder removed after."""
+    full = (CpusetFolder.ROOT / "cpuset.cpus").read_text().strip()
+    folder = CpusetFolder(name, full)
+    proc = None
+    try:
+        proc = subprocess.Popen([str(TORCH_PYTHON), "-m", module, *(args or [])], cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True,
+                                env={**os.environ, "MALLEABLE_TF_LOG": "0"})
+        (folder.path / "cgroup.procs").write_text(str(proc.pid))
+        yield proc, folder, full
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        folder.remove()

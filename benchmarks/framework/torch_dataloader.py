@@ -11,27 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import time
 
-from benchmarks.common import REPO, TORCH_PYTHON, CpusetFolder, machine, save
+from benchmarks.common import machine, save, torch_worker_in_cpuset
 
 
 def measure(workers: int, seconds: float) -> dict:
-    full = (CpusetFolder.ROOT / "cpuset.cpus").read_text().strip()
-    cg = CpusetFolder(f"torch_dataloader_{workers}", full)
-    proc = None
-    try:
-        proc = subprocess.Popen(
-            [str(TORCH_PYTHON), "-c", f"import os; open('{cg.path}/cgroup.procs', 'w')"
-             f".write(str(os.getpid())); import runpy, sys; sys.argv = ['w', '--workers', "
-             f"'{workers}']; runpy.run_module('benchmarks.framework.torch_dataloader_worker', "
-             "run_name='__main__')"],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "MALLEABLE_TF_LOG": "0"})
+    with torch_worker_in_cpuset(f"torch_dataloader_{workers}",
+                                "benchmarks.framework.torch_dataloader_worker",
+                                ["--workers", str(workers)]) as (proc, cg, full):
         assert proc.stdout.readline().startswith("READY")
-        out = {}
+        out: dict[str, list] = {}
         for cpus in (full, "0", full):
             cg.set_cpus(cpus)
             time.sleep(1.0)                  # the runtime follows; the pipeline settles
@@ -41,11 +31,6 @@ def measure(workers: int, seconds: float) -> dict:
             assert line.startswith("RESULT "), line
             out.setdefault(cpus, []).append(json.loads(line[7:]))
         return out
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        cg.remove()
 
 
 def main() -> None:

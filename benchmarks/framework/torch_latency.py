@@ -17,21 +17,14 @@ import signal
 import subprocess
 import time
 
-from benchmarks.common import (REPO, TORCH_PYTHON, CpusetFolder, machine, median, percentile,
-                               save)
+from benchmarks.common import (TORCH_PYTHON, machine, median, percentile, save,
+                               torch_worker_in_cpuset)
 from malleable_protocol.cpulist import parse_cpu_list
 from malleable_runtime.runtime import pin_all_threads
 
 def measure(path: str, count: int) -> list[float]:
-    full = (CpusetFolder.ROOT / "cpuset.cpus").read_text().strip()
-    cg = CpusetFolder(f"torch_latency_{path}", full)
-    proc = None
-    try:
-        proc = subprocess.Popen([str(TORCH_PYTHON), "-m", "benchmarks.framework.torch_latency_worker"],
-                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True,
-                                env={**os.environ, "MALLEABLE_TF_LOG": "0"})
-        (cg.path / "cgroup.procs").write_text(str(proc.pid))
+    with torch_worker_in_cpuset(f"torch_latency_{path}",
+                                "benchmarks.framework.torch_latency_worker") as (proc, cg, full):
         ready = proc.stdout.readline()
         assert ready.startswith("READY 2"), ready
         out = []
@@ -52,11 +45,6 @@ def measure(path: str, count: int) -> list[float]:
             out.append(float(line[1]) - t0)
             time.sleep(0.3)
         return out
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        cg.remove()
 
 
 def main() -> None:
