@@ -34,7 +34,6 @@ class PythonWakeups:
         os.set_blocking(self._write_fd, False)   # a full pipe drops a byte; a poll follows anyway
         os.set_blocking(self._read_fd, False)    # the watcher drains it until EAGAIN
         self._codes: dict[int, int] = {}
-        self._previous: dict[int, object] = {}
         self._paths: tuple[str, ...] = ()
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -47,11 +46,10 @@ class PythonWakeups:
         if threading.current_thread() is not threading.main_thread():
             return -errno.EINVAL   # Python's rule: handlers are installed from the main thread
         try:
-            previous = signal.signal(signo, self._on_signal)
+            signal.signal(signo, self._on_signal)
             signal.siginterrupt(signo, False)
         except (OSError, ValueError) as exc:
             return -(getattr(exc, "errno", None) or errno.EINVAL)
-        self._previous.setdefault(signo, previous)
         self._codes[signo] = action
         return 0
 

@@ -75,15 +75,13 @@ class TorchThreads:
         """In the training thread: run with the count last asked for."""
         with self._cond:
             wanted, released = self._wanted, self._released
-        if released or self._get() == wanted:
-            with self._cond:
-                self._applied = self._get() if not released else self._applied
-                self._cond.notify_all()
-            return
-        self._set(wanted)
+        changed = not released and self._get() != wanted
+        if changed:
+            self._set(wanted)
         with self._cond:
-            self._applied = wanted
-            self.applied_count += 1
+            if not released:
+                self._applied = wanted
+            self.applied_count += changed
             self._cond.notify_all()
 
     def training_thread_is_here(self) -> None:

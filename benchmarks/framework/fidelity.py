@@ -59,12 +59,14 @@ class Framework:
     python: str
     workloads: tuple[str, ...]
     plain_name: str
+    distribution: str              # the installed distribution whose version is reported
 
 
 FRAMEWORKS = {
-    "tensorflow": Framework("tensorflow", TF_WORKER, sys.executable, WORKLOADS, "plain TF"),
+    "tensorflow": Framework("tensorflow", TF_WORKER, sys.executable, WORKLOADS, "plain TF",
+                            "tensorflow-cpu"),
     "torch": Framework("torch", TORCH_WORKER, str(TORCH_PYTHON),
-                       ("mlp_train", "cnn_train", "matmul"), "plain PyTorch"),
+                       ("mlp_train", "cnn_train", "matmul"), "plain PyTorch", "torch"),
 }
 GOALS = {"fidelity": 0.95, "overhead": 0.98}
 # Signals for the signal path: one step down of each pool per signal.
@@ -267,9 +269,8 @@ def main() -> None:
 
 
 def framework_version(fw: Framework) -> str:
-    module = "tensorflow" if fw.name == "tensorflow" else "torch"
-    return subprocess.run([fw.python, "-c", f"import importlib.metadata as m; "
-                           f"print(m.version('{'tensorflow-cpu' if module == 'tensorflow' else 'torch'}'))"],
+    return subprocess.run([fw.python, "-c", "import importlib.metadata as m; "
+                           f"print(m.version({fw.distribution!r}))"],
                           capture_output=True, text=True).stdout.strip()
 
 

@@ -165,9 +165,10 @@ def result_lines(text: str) -> list[dict]:
 
 
 def run_train(tmp_path: Path, *args: str, runner: bool = True, env: dict | None = None,
-              timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict, dict]:
+              prefix: tuple[str, ...] = (), timeout: float = 300
+              ) -> tuple[subprocess.CompletedProcess, dict, dict]:
     status = tmp_path / "status.json"
-    cmd = [sys.executable, *(["-m", "malleable_torch.run"] if runner else []),
+    cmd = [*prefix, sys.executable, *(["-m", "malleable_torch.run"] if runner else []),
            str(PROGRAMS / "torch_train.py"), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**clean_env(MALLEABLE_TF_STATUS=str(status)), **(env or {})})
@@ -199,17 +200,13 @@ def test_a_script_that_calls_init_itself_joins_the_runners(tmp_path):
 
 def test_training_in_a_thread_of_its_own_gets_the_count_at_its_optimizer_step(tmp_path):
     # One core allowed: the count (1) must reach the thread that trains, not only main.
-    cmd = ["taskset", "-c", "0", sys.executable, "-m", "malleable_torch.run",
-           str(PROGRAMS / "torch_train.py"), "--steps", "20", "--thread"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env=clean_env(MALLEABLE_TF_STATUS=str(tmp_path / "s.json"),
-                                       MALLEABLE_TF_MAX_THREADS="2", OMP_NUM_THREADS="2"))
-    result = next(json.loads(line[7:]) for line in out.stdout.splitlines()
-                  if line.startswith("RESULT "))
-    assert out.returncode == 0, out.stderr[-3000:]
+    proc, result, status = run_train(tmp_path, "--steps", "20", "--thread",
+                                     env={"MALLEABLE_TF_MAX_THREADS": "2", "OMP_NUM_THREADS": "2"},
+                                     prefix=("taskset", "-c", "0"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     # The thread started at OMP_NUM_THREADS=2; from its first optimizer step on it runs 1.
     assert result["threads"] == [1], result
-    assert json.loads((tmp_path / "s.json").read_text())["steps"] == 20
+    assert status["steps"] == 20
 
 
 def test_ddp_under_torchrun_each_worker_takes_its_share(tmp_path):
