@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,17 +21,40 @@ def make_cluster_root(prefix: str) -> Path:
     return root
 
 
+def _log_order(path: Path) -> tuple[int, str]:
+    """The watcher's and slurmctld's logs first, munged's (long and rarely the cause) last: CI
+    shows only part of a long report."""
+    first = ("watcher", "slurmctld", "agent-")
+    rank = next((i for i, p in enumerate(first) if path.name.startswith(p)), len(first))
+    return (len(first) + 1 if path.name.startswith("munged") else rank, path.name)
+
+
+def _slurm_view(c: LocalCluster) -> str:
+    """Slurm's own view when the test failed: every job and its state or reason, and the
+    nodes that are not up (a job that never started shows as pending here, not in the logs)."""
+    out = []
+    for argv in (["squeue", "-a", "-o", "%i %u %T %R %M %C %j"], ["sinfo", "-R", "-N"]):
+        try:
+            r = subprocess.run(argv, env={**os.environ, **c.env()}, capture_output=True,
+                               text=True, timeout=20)
+            out.append(f"$ {' '.join(argv)}\n{r.stdout.rstrip()}{r.stderr.rstrip()}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out.append(f"$ {' '.join(argv)}: {exc}")
+    return "\n".join(out)
+
+
 def cluster_log_tails(c: LocalCluster, lines: int = 25) -> str:
-    """Which of the cluster's daemons still run, and the last lines of their logs, of the
-    agents' event logs and of the hooks' logs: what a failed test shows, since the cluster's
-    folder goes with the cluster."""
+    """Slurm's view of the jobs and nodes, which of the cluster's daemons still run, and the
+    last lines of their logs, of the agents' event logs and of the hooks' logs: what a failed
+    test shows, since the cluster's folder goes with the cluster."""
     daemons.reap_children()
     alive = ", ".join(f"{r.name} (pid {r.pid}): {'running' if daemons.is_running(r) else 'gone'}"
                       for r in c.records())
     agent = c.paths.root / "agent"
-    logs = sorted(c.paths.log.glob("*.out")) + sorted(c.paths.log.glob("*.log")) + \
+    logs = sorted(list(c.paths.log.glob("*.out")) + list(c.paths.log.glob("*.log")),
+                  key=_log_order) + \
         sorted(agent.glob("events-*.jsonl")) + sorted(agent.glob("hooks-*.log"))
-    return "\n".join([f"daemons: {alive}"] +
+    return "\n".join([_slurm_view(c), f"daemons: {alive}"] +
                      [f"--- {path}\n{daemons.tail(path, lines)}" for path in logs])
 
 
