@@ -9,7 +9,8 @@
    rank's pace); the surplus goes to other jobs.
 3. Which cores: a job keeps what it holds where it can, its own Slurm cores come first, and
    borrowed cores are the idle ones nearest to what it has. Slurm's allocation is each job's
-   guarantee: its owner gets those cores back before anyone borrows them.
+   guarantee: its owner gets those cores back before anyone borrows them, and a job holds
+   fewer only when its owner asked (cpus=), never for a max= or the site's limit below it.
 4. Actions: what changes for each job, with each rank's thread target (the protocol's split),
    and each step's block of cores when ranks of several steps share the node.
 
@@ -45,9 +46,11 @@ def _bounds(job: JobView, snapshot: NodeSnapshot, *, peer_cap: bool = True) -> t
         n_node = min(n_node, max(snapshot.max_cpus, 1))
     if job.spec is None:
         raise PlanInvariantError(f"job {job.job_id} is rigid: it has no bounds")
-    lo = min(job.spec.min_cpus, n_node)
-    hi = max(lo, job.spec.max_on(n_node))
     alloc = len(job.allocation)
+    lo = min(job.spec.min_cpus, n_node)
+    # Slurm's allocation is the job's floor and never above its ceiling: a max= (or the site's
+    # limit) below it never shrinks the job. Only its owner's own cpus= goes below, down to lo.
+    hi = max(lo, job.spec.max_on(n_node), alloc)
     ceiling = snapshot.limits.borrow_ceiling(job)
     if ceiling is not None:   # the site's limit on borrowing: for min= and cpus= too
         lo, hi = min(lo, ceiling), min(hi, ceiling)

@@ -322,6 +322,10 @@ def check_plan(snapshot: NodeSnapshot, plan: Plan) -> None:
             raise PlanInvariantError(f"job {job.job_id} holds lent cores while a job starts")
         if len(target) < min(job.spec.min_cpus, len(job.allocation)):
             raise PlanInvariantError(f"job {job.job_id} below its minimum")
+        if job.requested is None and len(target) < len(job.allocation):
+            # Below Slurm's allocation only when its owner asked (cpus=): its time limit
+            # stays what it was for the cores it asked Slurm for.
+            raise PlanInvariantError(f"job {job.job_id} below its allocation, unasked")
     user_cap = snapshot.limits.max_borrowed_cpus
     if user_cap is not None:
         borrowed: dict[int, int] = {}

@@ -61,6 +61,22 @@ def test_explicit_request_shrinks_below_allocation_and_frees_cores():
     assert len(t[2]) == 7   # the freed cores and the idle ones
 
 
+@pytest.mark.parametrize("policy", list(Policy))
+def test_no_job_goes_below_its_allocation_unless_its_owner_asks(policy):
+    """A max= below what Slurm allocated (or the site's limit below it) never shrinks a job:
+    its time limit is for the cores it asked Slurm for. Its owner's cpus= still may."""
+    jobs = (job(1, {0, 1, 2, 3}, spec=M(1, 2), rates={1: 5.0, 4: 6.0}),
+            job(2, {4}, spec=M(1, None), rates={1: 5.0, 2: 10.0}))
+    for snap in (NodeSnapshot("n", CPUS8, jobs),
+                 NodeSnapshot("n", CPUS8, jobs, max_cpus=2)):
+        assert len(decide(snap, policy).targets[1]) == 4
+    asked = NodeSnapshot("n", CPUS8, (job(1, {0, 1, 2, 3}, spec=M(1, 2), req=1),))
+    assert len(decide(asked, policy).targets[1]) == 1
+    with pytest.raises(PlanInvariantError, match="below its allocation, unasked"):
+        check_plan(NodeSnapshot("n", CPUS8, jobs),
+                   Plan("n", policy, {1: frozenset({0, 1}), 2: frozenset({4})}, {}, ()))
+
+
 def test_request_clamped_to_bounds_and_node():
     snap = NodeSnapshot("n", CPUS8, (job(1, {0}, spec=M(2, 4), req=100),))
     assert len(decide(snap, Policy.STATIC).targets[1]) == 4
