@@ -1,8 +1,8 @@
 #!/bin/bash
 # Builds the user side's wheel, malleable-tf (docs/install.md section 9): malleable_runtime (the
 # framework-neutral runtime and the launcher, the `malleable-srun` command), malleable_tf
-# (TensorFlow's adapter), malleable_torch (PyTorch's) and the protocol they share with the node
-# side. Installed into a user's environment beside the TensorFlow or PyTorch there: it requires
+# (TensorFlow's adapter), malleable_torch (PyTorch's), sbatch_templates (the job templates, the
+# `malleable-sbatch` command) and the protocol they share with the node side. Installed into a user's environment beside the TensorFlow or PyTorch there: it requires
 # neither (pip cannot say "tensorflow or tensorflow-cpu or a site build", and requiring one would
 # install it beside, or over, another; a torch requirement would fetch a CUDA build of several GB
 # over a CPU one); the extra [tensorflow] asks for TensorFlow's tested range. Pure Python: the
@@ -27,6 +27,7 @@ copy malleable_tf malleable_tf
 copy malleable_torch malleable_torch
 copy malleable_protocol malleable_protocol
 copy malleable_runtime malleable_runtime
+copy sbatch_templates sbatch_templates
 cp "$REPO/README.md" "$work/"
 cat > "$work/pyproject.toml" <<TOML
 [build-system]
@@ -49,12 +50,15 @@ horovod = ["horovod==0.28.1"]
 
 [project.scripts]
 malleable-srun = "malleable_runtime.srun:main"
+malleable-sbatch = "sbatch_templates.cli:main"
 
 [tool.setuptools.packages.find]
-include = ["malleable_tf*", "malleable_torch*", "malleable_runtime*", "malleable_protocol*"]
+include = ["malleable_tf*", "malleable_torch*", "malleable_runtime*", "malleable_protocol*",
+           "sbatch_templates*"]
 
 [tool.setuptools.package-data]
 malleable_tf = ["native/*.cc", "native/*.h"]
+sbatch_templates = ["*.sbatch.tmpl"]
 TOML
 "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$OUT" "$work" >/dev/null
 ls "$OUT"/malleable_tf-"$version"-*.whl | sed 's/^/[build-wheels] /'

@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from malleable_protocol.errors import FixableError, error_text, is_fixable
+from sbatch_templates.cli import split_passthrough
 from slurm_plugin.commands import (agent, cgroups, cluster, containers, doctor,
                                    install_hooks, resize, sbatch, slurm_conf, status, switch,
                                    watcher)
@@ -82,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # What follows "--" belongs to the program a command runs (malleable sbatch: sbatch's own
     # options), untouched by argparse; a command that runs none refuses it.
-    tail: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, tail = argv[:cut], argv[cut + 1:]
+    argv, tail = split_passthrough(argv)
     args = parser.parse_args(argv)
     if tail and not getattr(args, "takes_passthrough", False):
         parser.error(f"malleable {args.command} takes no arguments after '--'")

@@ -1,15 +1,16 @@
 """``malleable sbatch TEMPLATE [--set KEY=VALUE ...] [-- SBATCH_OPTIONS ...]``: render a batch
-template and submit it. Options after ``--`` go to sbatch's command line, where they win over the
-template's ``#SBATCH`` lines (``-- --account=ml --partition=cpu --mem=8G --gres=gpu:1
---time=2:00:00``): a template never stands between a user and a site's required options."""
+template and submit it. The user wheel's ``malleable-sbatch`` (``sbatch_templates.cli``) is the
+same command; this one adds ``--dir`` (a local cluster's folder) and prints the job id and the
+script it kept. Options after ``--`` go to sbatch's command line, where they win over the
+template's ``#SBATCH`` lines."""
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
+import tempfile
 from pathlib import Path
 
+from sbatch_templates.cli import PASSTHROUGH_HELP, add_arguments, dry_run_text, script_for
 from slurm_plugin.settings import RootSettings
 from slurm_plugin.commands import common
 
@@ -18,35 +19,18 @@ def add_parser(sub: argparse._SubParsersAction, env: RootSettings) -> None:
     sb = sub.add_parser("sbatch", help="render a batch template and submit it",
                         usage="malleable sbatch TEMPLATE [--set KEY=VALUE ...] [--dry-run] "
                               "[--dir DIR] [-- SBATCH_OPTION ...]",
-                        epilog="After --: options for sbatch itself (--account, --partition, "
-                               "--mem, --gres, --time, ...), which win over the template's "
-                               "#SBATCH lines.")
-    sb.add_argument("template",
-                    help="single-node, multi-node, multi-worker, pytorch-ddp or coschedule")
-    sb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sb.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+                        epilog=PASSTHROUGH_HELP)
+    add_arguments(sb)
     sb.add_argument("--dir", help="a local cluster's folder (else Slurm's own configuration)")
     # After "--" (main passes them on): options for sbatch itself, which win over the template's.
     sb.set_defaults(func=run, takes_passthrough=True)
 
 
-
 def run(args: argparse.Namespace) -> int:
-    import shutil
-    import tempfile
-
-    from sbatch_templates import parse_sets, render
-    values = parse_sets(args.set)
-    # This installation's interpreter and launcher, unless the user names others.
-    values.setdefault("python", sys.executable)
-    values.setdefault("launcher", shutil.which("malleable-srun") or
-                      str(Path(sys.executable).with_name("malleable-srun")))
-    script = render(args.template, values)
+    script = script_for(args.template, args.set)
     options = list(args.passthrough)
     if args.dry_run:
-        if options:
-            print(f"# sbatch {shlex.join(options)} SCRIPT")
-        print(script, end="")
+        print(dry_run_text(script, options), end="")
         return 0
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
         f.write(script)

@@ -11,8 +11,10 @@ same files for python3.11 and requires SchedMD's slurm of the same release."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +67,7 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
     top = run([py, "-I", "-c", "import importlib.metadata as m; "
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
     assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf",
-                                   "malleable_torch"]
+                                   "malleable_torch", "sbatch_templates"]
 
 
 def test_the_user_wheel_installs_beside_pytorch_and_replaces_nothing(tmp_path):
@@ -79,6 +81,33 @@ def test_the_user_wheel_installs_beside_pytorch_and_replaces_nothing(tmp_path):
     out = run([py, "-I", "-c", code], cwd=tmp_path,
               env={"PATH": "/nonexistent", "MALLEABLE_TF_LOG": "0"}).stdout.split()
     assert out[0].startswith(own_site) and out[1:] == ["2", "2"], out
+
+
+def test_the_user_wheels_malleable_sbatch_submits_a_template_with_the_sites_options(cluster,
+                                                                                   tmp_path):
+    """A login node has the user wheel only: its malleable-sbatch renders a template and hands
+    it to the real sbatch, with what follows -- on sbatch's command line, where it wins over the
+    template's #SBATCH lines (--time here); job_submit.lua reads the template's --malleable."""
+    py, own_site, _ = wheel_beside(TORCH_PY, TORCH_VERSION, tmp_path)
+    env = {**os.environ, **cluster.env()}
+    sbatch = py.parent / "malleable-sbatch"
+    out = run([sbatch, "pytorch-ddp", "--set", "program=train.py", "--set", "nodes=1", "--",
+               "--hold", "--job-name=wheel-sbatch", "--time=7"], env=env, cwd=tmp_path).stdout
+    job_id = int(re.fullmatch(r"Submitted batch job (\d+)\n", out)[1])
+    try:
+        show = run(["scontrol", "show", "job", str(job_id)], env=env).stdout
+        for field in ("JobName=wheel-sbatch", "TimeLimit=00:07:00", "JobState=PENDING",
+                      "AdminComment=malleable:min=1,max=node,weight=1"):
+            assert field in show, show
+        script = run(["scontrol", "write", "batch_script", str(job_id), "-"], env=env).stdout
+        # The wheel's own launcher and interpreter run the program.
+        assert f"exec {py.parent / 'malleable-srun'} {py} train.py" in script, script
+    finally:
+        run(["scancel", str(job_id)], env=env)
+    assert not list(Path(tempfile.gettempdir()).glob("malleable-pytorch-ddp-*.sbatch"))
+    bad = subprocess.run([str(sbatch), "pytorch-ddp", "--set", "nodes=1"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr == "malleable-sbatch: pytorch-ddp needs program=...\n"
 
 
 def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tmp_path):
