@@ -99,7 +99,9 @@ def library_path(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -
     installer made one, else the user's cache."""
     name = library_name(tf, parking_only, cxxflags)
     site = site_cache_dir() / name
-    return site if site.exists() else cache_dir() / name
+    # The site's build refused (its note there): the fallback is the site's too, not a
+    # compiler a compute node may not have.
+    return site if site.exists() or _failure_note(site).exists() else cache_dir() / name
 
 
 def _failure_note(target: Path) -> Path:
@@ -107,10 +109,12 @@ def _failure_note(target: Path) -> Path:
 
 
 def build(tf, *, compiler: str | None = None, parking_only: bool = False,
-          cxxflags: Sequence[str] = ()) -> Path:
+          cxxflags: Sequence[str] = (), into: Path | None = None) -> Path:
     """Compile the library if the cache has no copy for this TensorFlow; return its path.
-    A build that failed before (its note is in the cache) fails again at once."""
-    target = library_path(tf, parking_only, cxxflags)
+    A build that failed before (its note is in the cache) fails again at once. ``into``: that
+    folder instead of the cache (the site's copy, ``python -m malleable_tf.build``)."""
+    target = into / library_name(tf, parking_only, cxxflags) if into is not None else \
+        library_path(tf, parking_only, cxxflags)
     if target.exists():
         return target
     note = _failure_note(target)
@@ -119,8 +123,11 @@ def build(tf, *, compiler: str | None = None, parking_only: bool = False,
     cxx = compiler or os.environ.get("CXX") or "g++"
     if shutil.which(cxx) is None:
         raise NativeBuildError(
-            f"malleable_tf needs a C++ compiler to build its thread-parking library once, and "
-            f"'{cxx}' is not on PATH (apt-get install g++, or set CXX)")
+            f"malleable_tf needs its thread-parking library for TensorFlow {tf.__version__}, "
+            f"and no build of it is in {site_cache_dir()} or {cache_dir()}; building one needs a "
+            f"C++ compiler, and '{cxx}' is not on PATH: run `{sys.executable} -m "
+            f"malleable_tf.build` once where there is one (a login node), or install g++ (or "
+            f"set CXX)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -166,18 +173,19 @@ class NativeLib:
         return int(self.ops.malleable_attach(inter_op_threads=inter_op_threads).numpy())
 
 
-def build_for_this_tensorflow(tf, native: NativeBuild | None = None) -> tuple[Path, bool]:
+def build_for_this_tensorflow(tf, native: NativeBuild | None = None, *,
+                              into: Path | None = None) -> tuple[Path, bool]:
     """The library to load, and whether it is the parking-only variant: the full one where it
     builds against this TensorFlow, else parking only, with a warning. ``native``: how to
-    build (default: MALLEABLE_TF_NATIVE and MALLEABLE_TF_CXXFLAGS)."""
+    build (default: MALLEABLE_TF_NATIVE and MALLEABLE_TF_CXXFLAGS); ``into``: see ``build``."""
     native = native or NativeBuild.from_env(os.environ)
     if native.variant is NativeVariant.PARKING_ONLY:
-        return build(tf, parking_only=True, cxxflags=native.cxxflags), True
+        return build(tf, parking_only=True, cxxflags=native.cxxflags, into=into), True
     try:
-        return build(tf, cxxflags=native.cxxflags), False
+        return build(tf, cxxflags=native.cxxflags, into=into), False
     except CompilerRefused as full:
         try:
-            path = build(tf, parking_only=True, cxxflags=native.cxxflags)
+            path = build(tf, parking_only=True, cxxflags=native.cxxflags, into=into)
         except NativeBuildError as fallback:
             raise NativeBuildError(f"{full}\nand the parking-only variant: {fallback}") from full
         logging.getLogger(__name__).warning(

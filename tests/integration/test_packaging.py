@@ -68,6 +68,20 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
     assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf",
                                    "malleable_torch", "sbatch_templates"]
+    # The native library built once at install, into the environment's site copy; a job then
+    # loads it with no compiler on PATH and no cache of its own.
+    built = run([py, "-I", "-m", "malleable_tf.build"], cwd=tmp_path, timeout=600).stdout
+    site_copy = tmp_path / "venv" / "share" / "malleable" / "native"
+    assert f"TensorFlow {version} (full): {site_copy}/libmalleable_tf-{version}-" in built, built
+    code = ("import malleable_tf; s = malleable_tf.init(max_threads=2); "
+            "print(s.intra_active, *{l.split()[-1] for l in open('/proc/self/maps') "
+            "if 'libmalleable_tf-' in l})")
+    out = run([py, "-I", "-c", code], cwd=tmp_path,
+              env={"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
+                   "MALLEABLE_CACHE": str(tmp_path / "empty-cache"),
+                   "MALLEABLE_TF_LOG": "0"}).stdout.split()
+    assert out[0] == "2" and out[1].startswith(f"{site_copy}/"), out
+    assert not (tmp_path / "empty-cache").exists()
 
 
 def test_the_user_wheel_installs_beside_pytorch_and_replaces_nothing(tmp_path):
