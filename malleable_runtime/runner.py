@@ -44,7 +44,7 @@ class SourceFacts:
     choice of framework and strategy)."""
 
     imports: tuple[str, ...]    # the top-level modules it imports, in source order
-    names: frozenset[str]       # every name and attribute it mentions
+    names: frozenset[str]       # every name, attribute and part of an imported module it mentions
 
 
 def read_head(path: str) -> bytes:
@@ -66,8 +66,10 @@ def source_facts(path: str, read: Callable[[str], bytes] = read_head) -> SourceF
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imports += [(node.lineno, node.col_offset, a.name.split(".")[0]) for a in node.names]
+            names.update(part for a in node.names for part in a.name.split("."))
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             imports.append((node.lineno, node.col_offset, node.module.split(".")[0]))
+            names.update(node.module.split("."))
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.Name):
             names.add(node.id)

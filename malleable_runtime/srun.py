@@ -1,15 +1,18 @@
-"""``malleable-srun``: run a Horovod TensorFlow program under srun with what malleability needs.
+"""``malleable-srun``: run a TensorFlow or PyTorch program under srun with what malleability
+needs.
 
     malleable-srun [--no-auto-init] [--local N] [srun options] PROGRAM [ARGS...]
 
-Inside an allocation (sbatch, salloc) it runs ``srun --mpi=pmix --cpu-bind=none`` (the cgroup,
-which the co-scheduler resizes, stays in charge of CPUs; a launch binding would not widen when
-the cgroup grows) with every other srun option passed through; ``--mpi`` only where this Slurm
-has the PMIx plugin (``srun --mpi=list``; Debian's 26.05 has none), the options name no
-``--mpi`` of their own and the program is not a PyTorch script (its workers meet through
-torch.distributed: the site's MpiDefault applies); ``--cpu-bind=none`` unless the options name
-a binding of their own (then the processes the runtime does not pin, such as DataLoader
-workers, stay on the cores they started on). It sets for each rank:
+Inside an allocation (sbatch, salloc) it runs ``srun --cpu-bind=none`` (the cgroup, which the
+co-scheduler resizes, stays in charge of CPUs; a launch binding would not widen when the cgroup
+grows) with every other srun option passed through, and the site's MpiDefault. Two exceptions:
+``--cpu-bind=none`` is left out when the options name a binding of their own (then the
+processes the runtime does not pin, such as DataLoader workers, stay on the cores they started
+on); ``--mpi=pmix`` is added for a Python script that names Horovod (``import horovod``,
+``malleable_tf.horovod``: its ranks meet through Open MPI, which needs PMIx under srun) where
+this Slurm has the PMIx plugin (``srun --mpi=list``; Debian's 26.05 has none) and neither the
+options nor SLURM_MPI_TYPE name a plugin. A Horovod program that is not such a script takes
+``--mpi=pmix`` from the user, as under plain srun. It sets for each rank:
 
 - MALLEABLE_TF_MAX_THREADS=node: each rank's pool is as large as its node's cores (the agent
   never gives a job more than its max= bound, so the extra threads stay parked);
@@ -160,39 +163,53 @@ def is_python(program: str) -> bool:
     return re.fullmatch(r"python(\d+(\.\d+)?)?", os.path.basename(program)) is not None
 
 
-def with_runner(command: list[str], environ: Mapping[str, str] | None = None,
-                read: Callable[[str], bytes] = read_head) -> list[str]:
-    """``python [options] SCRIPT ARGS`` -> ``python [options] -m malleable_tf.run SCRIPT ARGS``
-    (``malleable_torch.run`` for a PyTorch script: ``framework_of``); any other command
-    (``python -m``, ``python -c``, not Python) unchanged."""
+def script_position(command: list[str]) -> tuple[int, int] | None:
+    """In ``python [options] SCRIPT ARGS``: where a runner's arguments go and where SCRIPT is
+    (after a ``--``, the runner goes before it); None for any other command (``python -m``,
+    ``python -c``, the interactive interpreter, standard input, not Python)."""
     if not command or not is_python(command[0]):
-        return command
-    environ = os.environ if environ is None else environ
-
-    def runner(script: str) -> list[str]:
-        return RUNNERS[framework_of(script, environ, read)]
-
+        return None
     i = 1
     while i < len(command):
         arg = command[i]
         if arg == "--":   # python -- SCRIPT: the runner takes "-- SCRIPT" the same way
-            return ([*command[:i], *runner(command[i + 1]), *command[i:]] if command[i + 1:] and
-                    command[i + 1] != "-" else command)
+            return (i, i + 1) if command[i + 1:] and command[i + 1] != "-" else None
         if not arg.startswith("-") or arg == "-":
             break
         if arg.startswith("--"):   # --help, --version, --check-hash-based-pycs MODE: not a run
-            return command
+            return None
         for k, letter in enumerate(arg[1:], start=1):
             if letter not in PYTHON_FLAGS and letter not in PYTHON_WITH_VALUE:
-                return command  # -c, -m, -h, -V, or an option this does not know
+                return None  # -c, -m, -h, -V, or an option this does not know
             if letter in PYTHON_WITH_VALUE:
                 if k == len(arg) - 1:
                     i += 1
                 break
         i += 1
     if i >= len(command) or command[i].startswith("-"):
-        return command  # no script: the interactive interpreter or standard input ("-")
-    return [*command[:i], *runner(command[i]), *command[i:]]
+        return None
+    return i, i
+
+
+def with_runner(command: list[str], environ: Mapping[str, str] | None = None,
+                read: Callable[[str], bytes] = read_head) -> list[str]:
+    """``python [options] SCRIPT ARGS`` -> ``python [options] -m malleable_tf.run SCRIPT ARGS``
+    (``malleable_torch.run`` for a PyTorch script: ``framework_of``); any other command
+    (``python -m``, ``python -c``, not Python) unchanged."""
+    at = script_position(command)
+    if at is None:
+        return command
+    runner = RUNNERS[framework_of(command[at[1]], os.environ if environ is None else environ,
+                                  read)]
+    return [*command[:at[0]], *runner, *command[at[0]:]]
+
+
+def uses_horovod(command: list[str], read: Callable[[str], bytes] = read_head) -> bool:
+    """Whether the command runs a Python script that names Horovod (``import horovod...``,
+    ``malleable_tf.horovod``): its source parsed, not run."""
+    at = script_position(command)
+    facts = source_facts(command[at[1]], read) if at is not None else None
+    return facts is not None and ("horovod" in facts.imports or "horovod" in facts.names)
 
 
 def auto_init_wanted(environ: dict[str, str]) -> bool:
@@ -218,7 +235,8 @@ def has_pmix(srun: str) -> bool:
 
 
 def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
-                is_dir=os.path.isdir, pmix=has_pmix) -> LaunchPlan:
+                is_dir=os.path.isdir, pmix=has_pmix,
+                read: Callable[[str], bytes] = read_head) -> LaunchPlan:
     layout = RunLayout(Path(environ.get("MALLEABLE_RUN_DIR", str(DEFAULT_RUN_DIR))))
     auto_init, local_ranks = auto_init_wanted(environ), None
     # malleable-srun's own options come first, in any order.
@@ -259,6 +277,7 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
     own_binding = any(a.startswith(("--cpu-bind", "--cpu_bind")) for a in options)
     if not command:
         raise LaunchError("no program to run after the srun options")
+    plain_command = command
     if "--multi-prog" not in options:   # else PROGRAM is srun's configuration file
         command = wrap(command)
     env = layout.rank_env(int(job))
@@ -266,11 +285,13 @@ def plan_launch(args: list[str], environ: dict[str, str], *, which=shutil.which,
     if not is_dir(status_dir):
         del env["MALLEABLE_TF_STATUS"]
         status_dir = None
-    own_mpi = any(a == "--mpi" or a.startswith("--mpi=") for a in options)
-    # PyTorch's workers meet through torch.distributed (gloo), not MPI: the site's MpiDefault
-    # stays in charge of them; Horovod's ranks (TensorFlow) need PMIx where this Slurm has it.
-    torch_program = RUNNERS[Framework.TORCH][1] in command
-    mpi = [] if own_mpi or torch_program or not pmix(srun) else ["--mpi=pmix"]
+    # The site's MpiDefault is in charge, but of a Horovod script (its ranks meet through Open
+    # MPI, which needs PMIx under srun) where this Slurm has PMIx and neither the options nor
+    # SLURM_MPI_TYPE (srun's own variable) name a plugin.
+    own_mpi = any(a == "--mpi" or a.startswith("--mpi=") for a in options) or \
+        bool(environ.get("SLURM_MPI_TYPE"))
+    mpi = ["--mpi=pmix"] if not own_mpi and uses_horovod(plain_command, read) and \
+        pmix(srun) else []
     binding = [] if own_binding else ["--cpu-bind=none"]
     return LaunchPlan([srun, *mpi, *binding, *options, *command], env, status_dir)
 

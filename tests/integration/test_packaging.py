@@ -63,7 +63,7 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
                  "print(malleable_tf.__file__)"]).stdout
     assert where.startswith(own_site), where       # the wheel's, not the checkout's
     usage = run([py.parent / "malleable-srun", "--help"], cwd=tmp_path).stdout
-    assert usage.startswith("``malleable-srun``: run a Horovod TensorFlow program")
+    assert usage.startswith("``malleable-srun``: run a TensorFlow or PyTorch program")
     top = run([py, "-I", "-c", "import importlib.metadata as m; "
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
     assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf",

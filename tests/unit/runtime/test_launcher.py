@@ -17,21 +17,37 @@ def test_inside_allocation():
                        {"SLURM_JOB_ID": "42", "MALLEABLE_RUN_DIR": "/s"}, which=which, pmix=lambda srun: True,
                        is_dir=lambda p: str(p) == "/s/jobs/job_42")
     # An unchanged script runs malleably: python SCRIPT becomes python -m malleable_tf.run SCRIPT.
-    assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=none", "-n", "4", "python",
-                         *RUN, "train.py"]
+    assert plan.argv == ["/usr/bin/srun", "--cpu-bind=none", "-n", "4", "python", *RUN,
+                         "train.py"]
     assert plan.env == {"MALLEABLE_TF_STATUS": "/s/jobs/job_42/rank_{rank}.{step}.json",
                         "MALLEABLE_TF_TARGET": "/s/targets/job_42.{node}.json",
                         "MALLEABLE_TF_ALLOWANCE": "cgroup", "MALLEABLE_TF_MAX_THREADS": "node"}
     assert str(plan.status_dir) == "/s/jobs/job_42"
 
 
-def test_pmix_only_where_this_slurm_has_it_and_the_user_named_no_mpi():
+@pytest.mark.parametrize("source,horovod", [
+    ("import horovod.tensorflow as hvd\n", True),
+    ("import malleable_tf.horovod as mh\n", True),
+    ("def main():\n    import horovod.tensorflow.keras as hvd\n", True),
+    ("import tensorflow as tf\nstrategy = tf.distribute.MultiWorkerMirroredStrategy()\n", False),
+    ("import torch.distributed as dist\n", False),
+])
+def test_only_a_horovod_script_gets_pmix_else_the_sites_mpi_default(tmp_path, source, horovod):
+    """Horovod's ranks meet through Open MPI, which needs PMIx under srun: --mpi=pmix where this
+    Slurm has it. Anything else runs with the site's MpiDefault, as under plain srun."""
+    script = tmp_path / "train.py"
+    script.write_text(source)
     env = {"SLURM_JOB_ID": "42"}
-    plan = plan_launch(["python", "x.py"], env, which=which, pmix=lambda srun: False)
-    assert plan.argv[:3] == ["/usr/bin/srun", "--cpu-bind=none", "python"]
-    plan = plan_launch(["--mpi=pmi2", "python", "x.py"], env, which=which,
-                       pmix=lambda srun: True)
-    assert plan.argv[:3] == ["/usr/bin/srun", "--cpu-bind=none", "--mpi=pmi2"]
+
+    def argv(options=(), environ=None, pmix=True):
+        return plan_launch([*options, "python", str(script)], {**env, **(environ or {})},
+                           which=which, pmix=lambda srun: pmix).argv
+    assert ("--mpi=pmix" in argv()) is horovod
+    assert argv(pmix=False)[:2] == ["/usr/bin/srun", "--cpu-bind=none"]
+    # Told otherwise: the user's --mpi or srun's own SLURM_MPI_TYPE.
+    assert argv(["--mpi=pmi2"])[:3] == ["/usr/bin/srun", "--cpu-bind=none", "--mpi=pmi2"]
+    assert argv(environ={"SLURM_MPI_TYPE": "pmi2"})[:3] == ["/usr/bin/srun", "--cpu-bind=none",
+                                                           "python"]
 
 
 def test_the_pmix_plugin_is_read_from_srun_mpi_list(tmp_path):
@@ -67,7 +83,7 @@ def test_outside_allocation_says_so():
 def test_a_binding_of_the_users_own_is_kept():
     plan = plan_launch(["--cpu-bind=cores", "x"], {"SLURM_JOB_ID": "1"}, which=which,
                        pmix=lambda srun: True)
-    assert plan.argv == ["/usr/bin/srun", "--mpi=pmix", "--cpu-bind=cores", "x"]
+    assert plan.argv == ["/usr/bin/srun", "--cpu-bind=cores", "x"]
 
 
 def test_a_pytorch_script_gets_no_mpi_plugin(tmp_path):
@@ -91,8 +107,11 @@ def test_local_mode():
 
 
 def srun_argv(args, environ=None):
-    return plan_launch(args, {"SLURM_JOB_ID": "7", **(environ or {})}, which=which, pmix=lambda srun: True,
-                       is_dir=lambda p: False).argv[3:]
+    """What follows srun and the binding (these scripts do not exist: no --mpi either)."""
+    argv = plan_launch(args, {"SLURM_JOB_ID": "7", **(environ or {})}, which=which,
+                       pmix=lambda srun: True, is_dir=lambda p: False).argv
+    assert argv[:2] == ["/usr/bin/srun", "--cpu-bind=none"], argv
+    return argv[2:]
 
 
 @pytest.mark.parametrize("args,options", [
