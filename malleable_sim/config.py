@@ -10,7 +10,7 @@ from typing import Sequence
 
 from malleable_policy.model import Policy
 
-from .workload import SimJob, ask_share
+from .workload import SimJob, ask_share, moldable
 
 
 class SimPolicy(enum.Enum):
@@ -18,6 +18,7 @@ class SimPolicy(enum.Enum):
 
     STATIC = "static"
     STATIC_ASK = "static-ask"
+    MOLDABLE = "moldable"
     CGROUP_ONLY = "cgroup-only"
     LEND_IDLE = "lend-idle"
     THROUGHPUT = "throughput"
@@ -36,8 +37,11 @@ class SimPolicy(enum.Enum):
     def submitted(self, jobs: Sequence[SimJob], malleable_ask: float,
                   node_cores: int) -> list[SimJob]:
         """The jobs as this regime's users submit them: each malleable job asking Slurm for
-        ``malleable_ask`` of its cores (``ask_share``) where the regime asks less; under static
-        and cgroup-only every job asks for its size, as plain TensorFlow users do."""
+        ``malleable_ask`` of its cores (``ask_share``) where the regime asks less; under moldable
+        each asking for the size an oracle of its speedup curve picks (``moldable``); under
+        static and cgroup-only every job asks for its size, as plain TensorFlow users do."""
+        if self is SimPolicy.MOLDABLE:
+            return moldable(jobs, node_cores)
         return ask_share(jobs, malleable_ask, node_cores) if self.asks_less else list(jobs)
 
     @property
@@ -53,7 +57,7 @@ class SimPolicy(enum.Enum):
 
     @property
     def agent_policy(self) -> Policy | None:
-        return {SimPolicy.STATIC: None, SimPolicy.STATIC_ASK: None,
+        return {SimPolicy.STATIC: None, SimPolicy.STATIC_ASK: None, SimPolicy.MOLDABLE: None,
                 SimPolicy.CGROUP_ONLY: Policy.LEND_IDLE, SimPolicy.LEND_IDLE: Policy.LEND_IDLE,
                 SimPolicy.THROUGHPUT: Policy.THROUGHPUT, SimPolicy.NODES: None}[self]
 

@@ -21,6 +21,9 @@ curve's rate for the cores its threads use:
     static-ask    malleable jobs ask for ``malleable_ask`` of their size, as under lend-idle
                   and throughput, and run on that allocation (no agent): what asking for less
                   does on its own, apart from the agent's effect
+    moldable      malleable jobs ask for the fixed size an oracle of their speedup curve
+                  picks (``workload.moldable_size``: the processor working set, up to the size
+                  asked for), no agent: what the speedup model gives without malleability
     cgroup-only   every job asks for its size; decide(LEND_IDLE) moves the cgroups, but the
                   threads stay as many as at start (what `docker update` or a cpuset-only agent
                   gives): rate at min(cores held, allocation)

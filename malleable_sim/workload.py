@@ -354,6 +354,43 @@ def ask_share(jobs: Iterable[SimJob], share: float, node_cores: int) -> list[Sim
     return out
 
 
+def efficacy(speedup: Speedup, cores: int) -> float:
+    """Speedup times efficiency, S(n)^2 / n: largest at the processor working set (Ghosal,
+    Serazzi and Tripathi, 1991), the knee where more cores stop paying for themselves."""
+    return speedup.rate(cores) ** 2 / max(1, cores)
+
+
+def moldable_size(job: SimJob, node_cores: int) -> int:
+    """The fixed size an oracle that knows the job's speedup curve gives it: the size up to
+    the one its user asked for (in whole nodes for a job wider than a node) with the largest
+    efficacy (``efficacy``); the larger of equal ones."""
+    if job.cores <= node_cores:
+        sizes = range(1, job.cores + 1)
+    else:
+        sizes = range(node_cores, job.cores + 1, node_cores)
+    return max(sizes, key=lambda n: (round(efficacy(job.speedup, n), 12), n))
+
+
+def moldable(jobs: Iterable[SimJob], node_cores: int) -> list[SimJob]:
+    """The same jobs, each malleable one asking Slurm for its ``moldable_size`` and running
+    there, fixed (no agent, no resize): what a speedup model gives for free without
+    malleability. Its time limit keeps the same margin over its run; rigid jobs are
+    unchanged."""
+    out = []
+    for j in jobs:
+        size = moldable_size(j, node_cores) if j.spec is not None else j.cores
+        if size == j.cores:
+            out.append(j)
+            continue
+        runtime = j.work / j.speedup.rate(size)
+        limit, before = j.time_limit_s, j.startup_s + j.runtime_s
+        if limit is not None and before > 0:
+            limit *= (j.startup_s + runtime) / before
+        out.append(dataclasses.replace(j, cores=size, runtime_s=runtime, time_limit_s=limit,
+                                       at_size_s=j.reference_s))
+    return out
+
+
 def closed_batch(jobs: Iterable[SimJob]) -> list[SimJob]:
     """The same jobs all submitted at once, at 0 (a closed batch, as DMR is evaluated): the
     queue then holds them in their order (submission order breaks ties: the log's)."""

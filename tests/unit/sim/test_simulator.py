@@ -223,7 +223,7 @@ def test_the_command_line_writes_the_summary(tmp_path, capsys):
                  "--seed", "4", "--json", str(out)]) == 0
     import json
     rows = json.loads(out.read_text())
-    assert [r["policy"] for r in rows] == ["static", "static-ask", "cgroup-only", "lend-idle",
+    assert [r["policy"] for r in rows] == ["static", "static-ask", "moldable", "cgroup-only", "lend-idle",
                                            "throughput", "nodes"]
     for r in rows:
         assert {"makespan_s", "mean_response_s", "utilisation", "lower_bound_makespan_s",
