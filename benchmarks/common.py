@@ -30,6 +30,10 @@ PWA = REPO / "tests" / "fixtures" / "swf" / "pwa"      # Parallel Workloads Arch
 # --thunder-jobs.
 TRACES = (("NASA-iPSC-1993-3.1-cln.swf.gz", 8, 16), ("KTH-SP2-1996-2.1-cln.swf.gz", 10, 10),
           ("LLNL-Thunder-2007-1.1-cln.swf.gz", 1002, 4))
+# Round 3 adds two machines of multi-core nodes on their own shapes (SOURCES.md): SDSC Blue
+# Horizon, 144 nodes of 8, and LLNL Atlas, 1,152 nodes of 8 (a Slurm cluster, like Thunder).
+ROUND3_TRACES = TRACES + (("SDSC-BLUE-2000-4.2-cln.swf.gz", 144, 8),
+                          ("LLNL-Atlas-2006-2.1-cln.swf.gz", 1152, 8))
 
 
 def trace_workload(name: str, *, first: int, malleable_fraction: float,

@@ -69,6 +69,22 @@ TRACES = [
           adjusted={A.TIME_LIMIT_FROM_RUNTIME.value: 79977,
                     A.TIME_LIMIT_RAISED_TO_RUNTIME.value: 1101,
                     A.PROCESSORS_FROM_ALLOCATED.value: 4}),
+    # Round 3's traces of multi-core nodes, simulated on their own machines' shapes.
+    Trace("SDSC-BLUE-2000-4.2-cln",
+          "9aab21f3cfa108f3ecefa52391b384d996dcf4216f920186f47a734646b2c658",
+          job_lines=243306, version="2.2", max_procs=1152, max_nodes=144,
+          first=(9, 430593.0), last=(250440, 84590739.0), allocated_over=(1152, 0),
+          cluster=(144, 8), jobs=232540,
+          dropped={D.CANCELLED_BEFORE_START.value: 10764, D.NO_RUNTIME.value: 2},
+          adjusted={A.TIME_LIMIT_RAISED_TO_RUNTIME.value: 23434}),
+    Trace("LLNL-Atlas-2006-2.1-cln",
+          "48cc83b7a0490252aa1ae41a4b03dd598bc0683e146be94047febee36e7e0b36",
+          job_lines=43778, version="2.2", max_procs=9216, max_nodes=1152,
+          first=(1435, 3273240.0), last=(60332, 19951051.0), allocated_over=(9216, 0),
+          cluster=(1152, 8), jobs=39139,
+          dropped={D.CANCELLED_BEFORE_START.value: 4601, D.NO_PROCESSORS.value: 38},
+          adjusted={A.TIME_LIMIT_FROM_RUNTIME.value: 6275,
+                    A.TIME_LIMIT_RAISED_TO_RUNTIME.value: 3351}),
 ]
 IDS = [t.name for t in TRACES]
 

@@ -1,0 +1,224 @@
+"""Evaluation round 3's statistics (issue 43, item 4): every regime on random windows of each
+trace, over seeds, at the window's own offered load and at 0.85, under the calibrated speedup
+model (efficiency at the requested size U(0.5, 0.9)), time limits enforced, and resizes that
+cost time. Each cell is a paired geometric mean over (seed, window) of a regime's metric over
+its baseline's, with a bootstrap 95% interval (the pairs resampled).
+
+    python -m benchmarks.simulator.round3 [--seeds 10] [--windows 5] [--jobs 1000]
+        [--thunder-jobs 400] [--workers 2] [--name simulate_round3]
+
+A window is ``--jobs`` consecutive jobs of the trace from a random start (windows differ by
+trace, not by seed); a seed draws which jobs are malleable, their speedup curves and a small
+jitter of each arrival (uniform 0-60 s). Thunder (1,002 nodes of 4) runs shorter windows
+(``--thunder-jobs``): conservative backfill's search over its nodes is slow here.
+
+The costs and bounds, stated: a core move costs ``CORE_MOVE_S`` (the 2-node DDP test's
+``scontrol update`` to every rank's threads, p50 98 ms, rounded up), a node given or taken
+``NODE_RESIZE_S`` (a checkpoint-restart or an elastic resync: the issue's middle case), and a
+job that gave a node back is not given one again for ``REGROW_AFTER_S``.
+
+Baselines: against static (every job at its size: the total effect), and each agent against the
+regime without an agent whose jobs ask for the same (static-ask for lend-idle and throughput:
+the agent's own effect). The moldable oracle (each malleable job fixed at its processor working
+set) shows what the speedup model gives without any malleability. ``nodes`` is node-count
+malleability, which the product does not do on a real cluster: potential, simulated only.
+
+Writes benchmarks/results/NAME.json and NAME.png (bounded slowdown over the baseline, per
+regime and trace, at 0.85, with intervals).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import random
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Sequence
+
+from benchmarks.common import PWA, RESULTS, ROUND3_TRACES, machine, save
+
+CORE_MOVE_S = 0.1
+NODE_RESIZE_S = 60.0
+REGROW_AFTER_S = 600.0
+MALLEABLE_FRACTION = 0.5
+MALLEABLE_ASK = 0.5
+JITTER_S = 60.0
+LOADS = ("natural", 0.85, "closed")     # "closed": every job submitted at 0 (a closed batch)
+METRICS = ("mean_bounded_slowdown", "mean_response_s", "makespan_s",
+           "wide_rigid_mean_bounded_slowdown")
+WIDE_RIGID_NODES = 2     # a wide rigid job (the go/no-go rule's guardrail): rigid, on 2+ nodes
+BOOTSTRAP = 2000
+
+
+def window_starts(n_records: int, jobs: int, windows: int, trace: str) -> list[int]:
+    """Where each window of ``jobs`` starts in the trace: random, fixed per trace."""
+    rng = random.Random(f"round3-windows-{trace}")
+    return sorted(rng.randrange(0, max(1, n_records - jobs)) for _ in range(windows))
+
+
+def one_case(case: tuple[str, int, int, int, int, object]) -> dict:
+    """Every regime on one (trace, window, seed, load): the same jobs, paired."""
+    os.nice(19)         # beside anything else on a shared machine
+    from malleable_sim import (NodeBounds, ResizeCosts, SimPolicy, Simulation, SpeedupModel,
+                               TimeLimits, closed_batch, efficiency_at_request, read_swf,
+                               swf_workload)
+    from malleable_sim.lublin import offered_load, scale_to_load
+    trace, start, jobs, seed, _window, load = case
+    nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
+    log = read_swf((PWA / trace).read_bytes())
+    log = dataclasses.replace(log, records=log.records[start:start + jobs])
+    w = swf_workload(log, nodes=nodes, cores=cores, malleable_fraction=MALLEABLE_FRACTION,
+                     seed=seed, speedup=SpeedupModel.CALIBRATED)
+    rng = random.Random(f"round3-jitter-{seed}")
+    first = min(j.submit_s for j in w.jobs)
+    submitted = [dataclasses.replace(j, submit_s=j.submit_s - first + rng.uniform(0, JITTER_S))
+                 for j in w.jobs]
+    natural = offered_load(submitted, nodes * cores)
+    if load == "closed":
+        submitted = closed_batch(submitted)
+    elif load != "natural":
+        submitted = scale_to_load(submitted, float(load), nodes * cores)
+    out = {"trace": trace, "window_start": start, "seed": seed, "load": load,
+           "natural_load": round(natural, 4), "jobs": len(submitted),
+           "efficiency_at_request": round(efficiency_at_request(submitted), 4), "regimes": {}}
+    for policy in SimPolicy:
+        if policy is SimPolicy.CGROUP_ONLY:
+            continue    # threads fixed at start: round 2 showed it; not a product regime
+        t0 = time.monotonic()
+        r = Simulation(policy.submitted(submitted, MALLEABLE_ASK, cores), nodes=nodes,
+                       cores=cores, policy=policy, time_limits=TimeLimits.ENFORCED,
+                       resize_costs=ResizeCosts(node_s=NODE_RESIZE_S, core_s=CORE_MOVE_S),
+                       node_bounds=NodeBounds(regrow_after_s=REGROW_AFTER_S)).run()
+        s = r.summary()
+        wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
+        s["wide_rigid_mean_bounded_slowdown"] = sum(
+            max(1.0, j.response_s / max(j.reference_s, 10.0)) for j in wide) / len(wide) \
+            if wide else 0.0
+        out["regimes"][policy.value] = {
+            **{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),
+            "resizes": s["resizes"], "wall_s": round(time.monotonic() - t0, 2)}
+    return out
+
+
+def geomean_interval(values: Sequence[float], seed: int = 0) -> dict:
+    """The geometric mean of paired ratios and its bootstrap 95% interval (percentile)."""
+    logs = [math.log(v) for v in values if v > 0]
+    if not logs:
+        return {"geomean": None, "lo": None, "hi": None, "n": 0}
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(logs, k=len(logs))) / len(logs) for _ in range(BOOTSTRAP))
+    return {"geomean": round(math.exp(sum(logs) / len(logs)), 4),
+            "lo": round(math.exp(means[int(0.025 * BOOTSTRAP)]), 4),
+            "hi": round(math.exp(means[int(0.975 * BOOTSTRAP) - 1]), 4), "n": len(logs)}
+
+
+def summarise(cases: list[dict]) -> dict:
+    """Per trace and load: each regime over static, and each agent over its same-asks
+    baseline, per metric: geometric mean with its interval."""
+    from malleable_sim import SimPolicy
+    table: dict = {}
+    for key in sorted({(c["trace"], str(c["load"])) for c in cases}):
+        rows = [c for c in cases if (c["trace"], str(c["load"])) == key]
+        cell: dict = {"pairs": len(rows),
+                      "efficiency_at_request": geomean_interval(
+                          [c["efficiency_at_request"] for c in rows]),
+                      "natural_load": geomean_interval([c["natural_load"] for c in rows])}
+        for policy in SimPolicy:
+            if policy.value not in rows[0]["regimes"] or policy is SimPolicy.STATIC:
+                continue
+            for label, base in (("vs_static", SimPolicy.STATIC),
+                                ("own_effect", policy.same_asks_baseline)):
+                if base is None or base.value not in rows[0]["regimes"]:
+                    continue
+                cell.setdefault(policy.value, {})[label] = {
+                    m: geomean_interval([c["regimes"][policy.value][m] /
+                                         c["regimes"][base.value][m] for c in rows
+                                         if c["regimes"][base.value][m] > 0])
+                    for m in METRICS}
+        table.setdefault(key[0], {})[key[1]] = cell
+    return table
+
+
+def plot(table: dict, png) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    traces = sorted(table)
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
+    for ax, trace in zip(axes[0], traces):
+        cell = table[trace].get("0.85", {})
+        bars = [(f"{p}\n{'own' if k == 'own_effect' else 'total'}", v["mean_bounded_slowdown"])
+                for p, row in cell.items() if isinstance(row, dict) and "vs_static" in row
+                for k, v in row.items() if k in ("vs_static", "own_effect")
+                and not (p in ("nodes", "moldable", "static-ask") and k == "own_effect")]
+        for i, (label, v) in enumerate(bars):
+            if v["geomean"] is None:
+                continue
+            ax.bar(i, v["geomean"], color="C0" if "own" in label else "C7")
+            ax.errorbar(i, v["geomean"], yerr=[[v["geomean"] - v["lo"]], [v["hi"] - v["geomean"]]],
+                        color="k", capsize=3)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(0.8, color="g", lw=0.8, ls="--")
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], fontsize=6, rotation=60)
+        ax.set_title(f"{trace.split('-')[0]} {trace.split('-')[1]} (load 0.85)", fontsize=9)
+        ax.set_ylabel("mean bounded slowdown / baseline")
+    fig.suptitle("Round 3: geometric mean over seeds x windows, bootstrap 95% intervals "
+                 "(own: against the same asks without an agent)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from malleable_sim import read_swf
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--thunder-jobs", type=int, default=1000)
+    ap.add_argument("--traces", default=",".join(t for t, _, _ in ROUND3_TRACES))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--name", default="simulate_round3")
+    args = ap.parse_args(argv)
+    cases = []
+    for trace in args.traces.split(","):
+        jobs = args.thunder_jobs if "Thunder" in trace else args.jobs
+        n = len(read_swf((PWA / trace).read_bytes()).records)
+        for window, start in enumerate(window_starts(n, jobs, args.windows, trace)):
+            for seed in range(1, args.seeds + 1):
+                for load in LOADS:
+                    cases.append((trace, start, jobs, seed, window, load))
+    t0 = time.monotonic()
+    done = []
+    with ProcessPoolExecutor(args.workers) as pool:
+        for i, result in enumerate(pool.map(one_case, cases), 1):
+            done.append(result)
+            if i % 10 == 0 or i == len(cases):
+                print(f"{i}/{len(cases)} cases, {time.monotonic() - t0:.0f} s", flush=True)
+    table = summarise(done)
+    save(args.name, {
+        "benchmark": "evaluation round 3: regimes on random trace windows over seeds, paired "
+                     "geometric means with bootstrap 95% intervals",
+        "machine": machine(), "seeds": args.seeds, "windows": args.windows,
+        "jobs_per_window": args.jobs, "thunder_jobs_per_window": args.thunder_jobs,
+        "speedup_model": "calibrated", "time_limits": "enforced",
+        "core_move_s": CORE_MOVE_S, "node_resize_s": NODE_RESIZE_S,
+        "regrow_after_s": REGROW_AFTER_S, "malleable_fraction": MALLEABLE_FRACTION,
+        "malleable_ask": MALLEABLE_ASK, "arrival_jitter_s": JITTER_S,
+        "wall_s": round(time.monotonic() - t0, 1), "summary": table, "cases": done})
+    plot(table, RESULTS / f"{args.name}.png")
+    for trace, loads in table.items():
+        for load, cell in loads.items():
+            print(trace, load, "eff", cell["efficiency_at_request"]["geomean"])
+            for p, row in cell.items():
+                if isinstance(row, dict) and "vs_static" in row:
+                    for k, v in row.items():
+                        b = v["mean_bounded_slowdown"]
+                        print(f"  {p:11s} {k:10s} bsld {b['geomean']} [{b['lo']}, {b['hi']}]")
+
+
+if __name__ == "__main__":
+    main()
