@@ -12,8 +12,8 @@ trace, not by seed); a seed draws which jobs are malleable, their speedup curves
 jitter of each arrival (uniform 0-60 s). Thunder (1,002 nodes of 4) runs shorter windows
 (``--thunder-jobs``): conservative backfill's search over its nodes is slow here.
 
-The costs and bounds, stated: a core move costs ``CORE_MOVE_S`` (the 2-node DDP test's
-``scontrol update`` to every rank's threads, p50 98 ms, rounded up), a node given or taken
+The costs and bounds, stated: a core move costs ``CORE_MOVE_S`` (malleable-sim's measured
+default: the slowest framework's threads following a cgroup change, rounded up), a node given or taken
 ``NODE_RESIZE_S`` (a checkpoint-restart or an elastic resync: the issue's middle case), and a
 job that gave a node back is not given one again for ``REGROW_AFTER_S``.
 
@@ -38,8 +38,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
 
 from benchmarks.common import PWA, RESULTS, ROUND3_TRACES, machine, save
+from malleable_sim.cli import CORE_MOVE_S
 
-CORE_MOVE_S = 0.1
 NODE_RESIZE_S = 60.0
 REGROW_AFTER_S = 600.0
 MALLEABLE_FRACTION = 0.5
