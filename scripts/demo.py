@@ -178,7 +178,7 @@ def print_summary(summary: dict) -> None:
 
 
 def plot(timeline: list[dict], jobs: dict[str, int], png: Path) -> None:
-    from slurm_plugin.cluster.timeline import plot_stacked
+    from slurm_plugin.timeline import plot_stacked
     plot_stacked(timeline, {job_id: name for name, job_id in jobs.items()}, png,
                  cores_per_node=max(2, os.cpu_count() or 2),
                  title="Cores per job per node, stacked (cgroup cpusets set by the co-scheduler;"

@@ -15,13 +15,13 @@ from malleable_protocol.errors import FixableError, error_text, is_fixable
 from sbatch_templates.cli import split_passthrough
 from slurm_plugin.commands import (agent, cgroups, cluster, containers, doctor,
                                    install_hooks, resize, sbatch, slurm_conf, status, switch,
-                                   watcher)
+                                   timeline, watcher)
 from slurm_plugin.settings import root_settings
 
 # One module per command, its parser beside its handler (``add_parser``, ``run``), in the order
 # ``malleable --help`` lists them.
 COMMANDS = (cluster, agent, containers, doctor, watcher, install_hooks, slurm_conf, resize,
-            sbatch, status, cgroups, switch)
+            sbatch, status, timeline, cgroups, switch)
 
 
 DISTRIBUTION = "malleable-hpc"     # the checkout's (pyproject.toml)

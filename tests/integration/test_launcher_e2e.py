@@ -75,10 +75,37 @@ def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):
         for line in lines:
             f = line.split()
             assert float(f[f.index("last_loss") + 1]) < float(f[f.index("first_loss") + 1]), line
+        # Its timeline from the agents' event logs (malleable timeline): on each node, its
+        # allocation, one core, all of them again, then its end (written once the job ended).
+        per_node = wait_for(lambda: (lambda t: t if len(t) == 2 and
+                                     all(v[-1] == 0 for v in t.values()) else None)(
+                                         timeline_of(c, job_id, tmp_path)),
+                            timeout=60, what="the job's end in its timeline",
+                            show=lambda: timeline_of(c, job_id, tmp_path))
+        for node, counts in per_node.items():
+            changes = [n for i, n in enumerate(counts) if i == 0 or n != counts[i - 1]]
+            assert changes == [cores, 1, cores, 0], (node, counts)
     finally:
         stop.touch()
         time.sleep(1)
         client.cancel(job_id)
+
+
+def timeline_of(c, job_id: int, tmp_path) -> dict[str, list[int]]:
+    """``malleable timeline JOB --json`` from every node's event log: the job's cores at each
+    sample, per node."""
+    out = tmp_path / "timeline.json"
+    logs = sorted((c.paths.root / "agent").glob("events-*.jsonl"))
+    done = subprocess.run([sys.executable, "-m", "slurm_plugin.commands.main", "timeline",
+                           str(job_id), "--json", str(out), "--events", *map(str, logs)],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return {}
+    per_node: dict[str, list[int]] = {}
+    for sample in json.loads(out.read_text()):
+        if sample["job"] == job_id:
+            per_node.setdefault(sample["node"], []).append(sample["cores"])
+    return per_node
 
 
 def test_sigterm_checkpoint_and_requeue_resume(agent_cluster, tmp_path):
