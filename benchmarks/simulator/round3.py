@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import random
@@ -141,6 +142,37 @@ def summarise(cases: list[dict]) -> dict:
     return table
 
 
+GO_TRACES = ("NASA-iPSC-1993-3.1-cln.swf.gz", "KTH-SP2-1996-2.1-cln.swf.gz",
+             "LLNL-Thunder-2007-1.1-cln.swf.gz")     # the rule's three (issue 43, item 9)
+
+
+def go_no_go(table: dict) -> dict:
+    """Issue 43's rule for building node-count malleability live, under this run's calibrated
+    speedups and node resize cost: go only if ``nodes`` reaches a geometric-mean bounded
+    slowdown <= 0.8 with the interval's upper end below 1 on at least 2 of the 3 traces (at
+    0.85), keeps wide rigid jobs' bounded slowdown <= 1.10 of static, and does not worsen
+    closed-batch response (its geometric mean <= 1)."""
+    per_trace = {}
+    for trace in GO_TRACES:
+        loads = table.get(trace, {})
+        open_, closed = loads.get("0.85", {}).get("nodes"), loads.get("closed", {}).get("nodes")
+        if not open_ or not closed:
+            continue
+        bsld = open_["vs_static"]["mean_bounded_slowdown"]
+        wide = open_["vs_static"]["wide_rigid_mean_bounded_slowdown"]
+        resp = closed["vs_static"]["mean_response_s"]
+        per_trace[trace] = {
+            "bsld": bsld, "wide_rigid_bsld": wide, "closed_response": resp,
+            "bsld_met": bsld["geomean"] is not None and bsld["geomean"] <= 0.8 and
+            bsld["hi"] < 1.0,
+            "wide_rigid_met": wide["geomean"] is None or wide["geomean"] <= 1.10,
+            "closed_response_met": resp["geomean"] is not None and resp["geomean"] <= 1.0}
+    met = sum(t["bsld_met"] for t in per_trace.values())
+    go = met >= 2 and all(t["wide_rigid_met"] and t["closed_response_met"]
+                          for t in per_trace.values())
+    return {"go": go, "traces_meeting_bsld": met, "per_trace": per_trace}
+
+
 def plot(table: dict, png) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -182,7 +214,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--traces", default=",".join(t for t, _, _ in ROUND3_TRACES))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--name", default="simulate_round3")
+    ap.add_argument("--from-json", action="store_true",
+                    help="summarise the cases of RESULTS/NAME.json again, simulating nothing")
     args = ap.parse_args(argv)
+    if args.from_json:
+        saved = json.loads((RESULTS / f"{args.name}.json").read_text())
+        report(args.name, {k: v for k, v in saved.items()
+                           if k not in ("summary", "node_count_go_no_go", "cases")},
+               saved["cases"])
+        return
     cases = []
     for trace in args.traces.split(","):
         jobs = args.thunder_jobs if "Thunder" in trace else args.jobs
@@ -198,8 +238,7 @@ def main(argv: list[str] | None = None) -> None:
             done.append(result)
             if i % 10 == 0 or i == len(cases):
                 print(f"{i}/{len(cases)} cases, {time.monotonic() - t0:.0f} s", flush=True)
-    table = summarise(done)
-    save(args.name, {
+    report(args.name, {
         "benchmark": "evaluation round 3: regimes on random trace windows over seeds, paired "
                      "geometric means with bootstrap 95% intervals",
         "machine": machine(), "seeds": args.seeds, "windows": args.windows,
@@ -208,8 +247,15 @@ def main(argv: list[str] | None = None) -> None:
         "core_move_s": CORE_MOVE_S, "node_resize_s": NODE_RESIZE_S,
         "regrow_after_s": REGROW_AFTER_S, "malleable_fraction": MALLEABLE_FRACTION,
         "malleable_ask": MALLEABLE_ASK, "arrival_jitter_s": JITTER_S,
-        "wall_s": round(time.monotonic() - t0, 1), "summary": table, "cases": done})
-    plot(table, RESULTS / f"{args.name}.png")
+        "wall_s": round(time.monotonic() - t0, 1)}, done)
+
+
+def report(name: str, about: dict, done: list[dict]) -> None:
+    """The summary, the go/no-go decision, the JSON and the picture, printed in short."""
+    table = summarise(done)
+    decision = go_no_go(table)
+    save(name, {**about, "summary": table, "node_count_go_no_go": decision, "cases": done})
+    plot(table, RESULTS / f"{name}.png")
     for trace, loads in table.items():
         for load, cell in loads.items():
             print(trace, load, "eff", cell["efficiency_at_request"]["geomean"])
@@ -218,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
                     for k, v in row.items():
                         b = v["mean_bounded_slowdown"]
                         print(f"  {p:11s} {k:10s} bsld {b['geomean']} [{b['lo']}, {b['hi']}]")
+    print("node-count malleability live:", "GO" if decision["go"] else "NO-GO",
+          f"({decision['traces_meeting_bsld']} of 3 traces meet the slowdown bar)")
 
 
 if __name__ == "__main__":
