@@ -59,14 +59,15 @@ def window_starts(n_records: int, jobs: int, windows: int, trace: str) -> list[i
     return sorted(rng.randrange(0, max(1, n_records - jobs)) for _ in range(windows))
 
 
-def one_case(case: tuple[str, int, int, int, int, object]) -> dict:
-    """Every regime on one (trace, window, seed, load): the same jobs, paired."""
+def one_case(case: tuple) -> dict:
+    """Every regime on one (trace, window, seed, load): the same jobs, paired; at 0.85 also
+    ``nodes`` at each of the case's other node resize costs (``nodes@COSTs``)."""
     os.nice(19)         # beside anything else on a shared machine
     from malleable_sim import (NodeBounds, ResizeCosts, SimPolicy, Simulation, SpeedupModel,
                                TimeLimits, closed_batch, efficiency_at_request, read_swf,
                                swf_workload)
     from malleable_sim.lublin import offered_load, scale_to_load
-    trace, start, jobs, seed, _window, load = case
+    trace, start, jobs, seed, _window, load, node_costs = case
     nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
     log = read_swf((PWA / trace).read_bytes())
     log = dataclasses.replace(log, records=log.records[start:start + jobs])
@@ -84,20 +85,23 @@ def one_case(case: tuple[str, int, int, int, int, object]) -> dict:
     out = {"trace": trace, "window_start": start, "seed": seed, "load": load,
            "natural_load": round(natural, 4), "jobs": len(submitted),
            "efficiency_at_request": round(efficiency_at_request(submitted), 4), "regimes": {}}
-    for policy in SimPolicy:
-        if policy is SimPolicy.CGROUP_ONLY:
-            continue    # threads fixed at start: round 2 showed it; not a product regime
+    runs = [(p.value, p, NODE_RESIZE_S) for p in SimPolicy
+            if p is not SimPolicy.CGROUP_ONLY]   # threads fixed at start: not a product regime
+    if load == 0.85:
+        runs += [(f"nodes@{c:g}s", SimPolicy.NODES, c) for c in node_costs
+                 if c != NODE_RESIZE_S]
+    for label, policy, node_cost in runs:
         t0 = time.monotonic()
         r = Simulation(policy.submitted(submitted, MALLEABLE_ASK, cores), nodes=nodes,
                        cores=cores, policy=policy, time_limits=TimeLimits.ENFORCED,
-                       resize_costs=ResizeCosts(node_s=NODE_RESIZE_S, core_s=CORE_MOVE_S),
+                       resize_costs=ResizeCosts(node_s=node_cost, core_s=CORE_MOVE_S),
                        node_bounds=NodeBounds(regrow_after_s=REGROW_AFTER_S)).run()
         s = r.summary()
         wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
         s["wide_rigid_mean_bounded_slowdown"] = sum(
             max(1.0, j.response_s / max(j.reference_s, 10.0)) for j in wide) / len(wide) \
             if wide else 0.0
-        out["regimes"][policy.value] = {
+        out["regimes"][label] = {
             **{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),
             "resizes": s["resizes"], "wall_s": round(time.monotonic() - t0, 2)}
     return out
@@ -126,15 +130,16 @@ def summarise(cases: list[dict]) -> dict:
                       "efficiency_at_request": geomean_interval(
                           [c["efficiency_at_request"] for c in rows]),
                       "natural_load": geomean_interval([c["natural_load"] for c in rows])}
-        for policy in SimPolicy:
-            if policy.value not in rows[0]["regimes"] or policy is SimPolicy.STATIC:
+        for name in rows[0]["regimes"]:
+            policy = SimPolicy(name.split("@")[0])
+            if policy is SimPolicy.STATIC:
                 continue
             for label, base in (("vs_static", SimPolicy.STATIC),
                                 ("own_effect", policy.same_asks_baseline)):
                 if base is None or base.value not in rows[0]["regimes"]:
                     continue
-                cell.setdefault(policy.value, {})[label] = {
-                    m: geomean_interval([c["regimes"][policy.value][m] /
+                cell.setdefault(name, {})[label] = {
+                    m: geomean_interval([c["regimes"][name][m] /
                                          c["regimes"][base.value][m] for c in rows
                                          if c["regimes"][base.value][m] > 0])
                     for m in METRICS}
@@ -214,6 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--traces", default=",".join(t for t, _, _ in ROUND3_TRACES))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--name", default="simulate_round3")
+    ap.add_argument("--loads", default=",".join(map(str, LOADS)),
+                    help="natural, closed and/or offered loads (comma-separated)")
+    ap.add_argument("--node-costs", default="",
+                    help="at 0.85, nodes also at these node resize costs (seconds, comma-separated)")
     ap.add_argument("--from-json", action="store_true",
                     help="summarise the cases of RESULTS/NAME.json again, simulating nothing")
     args = ap.parse_args(argv)
@@ -223,14 +232,16 @@ def main(argv: list[str] | None = None) -> None:
                            if k not in ("summary", "node_count_go_no_go", "cases")},
                saved["cases"])
         return
+    node_costs = tuple(float(c) for c in args.node_costs.split(",") if c)
+    loads = [x if x in ("natural", "closed") else float(x) for x in args.loads.split(",")]
     cases = []
     for trace in args.traces.split(","):
         jobs = args.thunder_jobs if "Thunder" in trace else args.jobs
         n = len(read_swf((PWA / trace).read_bytes()).records)
         for window, start in enumerate(window_starts(n, jobs, args.windows, trace)):
             for seed in range(1, args.seeds + 1):
-                for load in LOADS:
-                    cases.append((trace, start, jobs, seed, window, load))
+                for load in loads:
+                    cases.append((trace, start, jobs, seed, window, load, node_costs))
     t0 = time.monotonic()
     done = []
     with ProcessPoolExecutor(args.workers) as pool:
@@ -247,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         "core_move_s": CORE_MOVE_S, "node_resize_s": NODE_RESIZE_S,
         "regrow_after_s": REGROW_AFTER_S, "malleable_fraction": MALLEABLE_FRACTION,
         "malleable_ask": MALLEABLE_ASK, "arrival_jitter_s": JITTER_S,
-        "wall_s": round(time.monotonic() - t0, 1)}, done)
+        "node_costs_s": list(node_costs), "wall_s": round(time.monotonic() - t0, 1)}, done)
 
 
 def report(name: str, about: dict, done: list[dict]) -> None:
