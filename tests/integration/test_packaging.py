@@ -97,17 +97,19 @@ def test_the_user_wheel_installs_beside_pytorch_and_replaces_nothing(tmp_path):
     assert out[0].startswith(own_site) and out[1:] == ["2", "2"], out
 
 
-def test_the_user_wheels_malleable_sbatch_submits_a_template_with_the_sites_options(cluster,
-                                                                                   tmp_path):
+def test_the_user_wheels_malleable_sbatch_submits_a_template_with_the_sites_options(
+        agent_cluster, tmp_path):
     """A login node has the user wheel only: its malleable-sbatch renders a template and hands
     it to the real sbatch, with what follows -- on sbatch's command line, where it wins over the
     template's #SBATCH lines (--time here); job_submit.lua reads the template's --malleable."""
     py, own_site, _ = wheel_beside(TORCH_PY, TORCH_VERSION, tmp_path)
-    env = {**os.environ, **cluster.env()}
+    env = {**os.environ, **agent_cluster.env()}      # with the hooks: job_submit.lua, SPANK
     sbatch = py.parent / "malleable-sbatch"
-    out = run([sbatch, "pytorch-ddp", "--set", "program=train.py", "--set", "nodes=1", "--",
-               "--hold", "--job-name=wheel-sbatch", "--time=7"], env=env, cwd=tmp_path).stdout
-    job_id = int(re.fullmatch(r"Submitted batch job (\d+)\n", out)[1])
+    done = subprocess.run([str(sbatch), "pytorch-ddp", "--set", "program=train.py", "--set",
+                           "nodes=1", "--", "--hold", "--job-name=wheel-sbatch", "--time=7"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    job_id = int(re.fullmatch(r"Submitted batch job (\d+)\n", done.stdout)[1])
     try:
         show = run(["scontrol", "show", "job", str(job_id)], env=env).stdout
         for field in ("JobName=wheel-sbatch", "TimeLimit=00:07:00", "JobState=PENDING",
