@@ -64,6 +64,7 @@ LAYERS = {
     "slurm_plugin.topology": 0.75,   # the node's CPU numbering and Slurm's (pure but for sysfs)
     "slurm_plugin.slurm": 1, "slurm_plugin.cgroups": 1,
     "slurm_plugin.logs": 1, "sbatch_templates": 1,
+    "slurm_plugin.timeline": 1,     # the stacked timeline (pure, and its picture)
     "slurm_plugin.feed": 2, "malleable_sim": 2, "malleable_runtime": 2,
     "slurm_plugin.node": 3, "malleable_tf": 3,      # TensorFlow's adapter to malleable_runtime
     "malleable_torch": 3,                           # PyTorch's
