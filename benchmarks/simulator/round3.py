@@ -5,12 +5,15 @@ cost time. Each cell is a paired geometric mean over (seed, window) of a regime'
 its baseline's, with a bootstrap 95% interval (the pairs resampled).
 
     python -m benchmarks.simulator.round3 [--seeds 10] [--windows 5] [--jobs 1000]
-        [--thunder-jobs 400] [--workers 2] [--name simulate_round3]
+        [--thunder-jobs 1000] [--atlas-jobs 1000] [--workers 2] [--name simulate_round3]
+        [--node-costs 0,10,300] [--loads natural,0.85,closed] [--from-cache]
 
 A window is ``--jobs`` consecutive jobs of the trace from a random start (windows differ by
 trace, not by seed); a seed draws which jobs are malleable, their speedup curves and a small
-jitter of each arrival (uniform 0-60 s). Thunder (1,002 nodes of 4) runs shorter windows
-(``--thunder-jobs``): conservative backfill's search over its nodes is slow here.
+jitter of each arrival (uniform 0-60 s). ``--thunder-jobs`` and ``--atlas-jobs`` set those
+traces' window lengths apart (their 1,002 and 1,152 nodes make conservative backfill's search
+slow here). Every finished case is appended to NAME.cases.jsonl, so an interrupted run goes on
+where it stopped; ``--from-cache`` summarises what is there.
 
 The costs and bounds, stated: a core move costs ``CORE_MOVE_S`` (malleable-sim's measured
 default: the slowest framework's threads following a cgroup change, rounded up), a node given or taken
@@ -59,6 +62,16 @@ def window_starts(n_records: int, jobs: int, windows: int, trace: str) -> list[i
     return sorted(rng.randrange(0, max(1, n_records - jobs)) for _ in range(windows))
 
 
+def case_key_of(case: tuple) -> tuple:
+    trace, start, jobs, seed, _window, load, node_costs = case
+    return (trace, start, jobs, seed, str(load), tuple(node_costs))
+
+
+def case_key(result: dict) -> tuple:
+    return (result["trace"], result["window_start"], result["jobs_window"], result["seed"],
+            str(result["load"]), tuple(result["node_costs"]))
+
+
 def one_case(case: tuple) -> dict:
     """Every regime on one (trace, window, seed, load): the same jobs, paired; at 0.85 also
     ``nodes`` at each of the case's other node resize costs (``nodes@COSTs``)."""
@@ -82,7 +95,8 @@ def one_case(case: tuple) -> dict:
         submitted = closed_batch(submitted)
     elif load != "natural":
         submitted = scale_to_load(submitted, float(load), nodes * cores)
-    out = {"trace": trace, "window_start": start, "seed": seed, "load": load,
+    out = {"trace": trace, "window_start": start, "jobs_window": jobs, "seed": seed,
+           "load": load, "node_costs": list(node_costs),
            "natural_load": round(natural, 4), "jobs": len(submitted),
            "efficiency_at_request": round(efficiency_at_request(submitted), 4), "regimes": {}}
     runs = [(p.value, p, NODE_RESIZE_S) for p in SimPolicy
@@ -223,37 +237,46 @@ def main(argv: list[str] | None = None) -> None:
                     help="natural, closed and/or offered loads (comma-separated)")
     ap.add_argument("--node-costs", default="",
                     help="at 0.85, nodes also at these node resize costs (seconds, comma-separated)")
-    ap.add_argument("--from-json", action="store_true",
-                    help="summarise the cases of RESULTS/NAME.json again, simulating nothing")
+    ap.add_argument("--from-cache", action="store_true",
+                    help="summarise the cases RESULTS/NAME.cases.jsonl holds, simulating nothing")
+    ap.add_argument("--atlas-jobs", type=int, default=1000,
+                    help="jobs per window of LLNL Atlas (1,152 nodes: the slowest here)")
     args = ap.parse_args(argv)
-    if args.from_json:
-        saved = json.loads((RESULTS / f"{args.name}.json").read_text())
-        report(args.name, {k: v for k, v in saved.items()
-                           if k not in ("summary", "node_count_go_no_go", "cases")},
-               saved["cases"])
-        return
     node_costs = tuple(float(c) for c in args.node_costs.split(",") if c)
     loads = [x if x in ("natural", "closed") else float(x) for x in args.loads.split(",")]
     cases = []
     for trace in args.traces.split(","):
-        jobs = args.thunder_jobs if "Thunder" in trace else args.jobs
+        jobs = args.thunder_jobs if "Thunder" in trace else \
+            args.atlas_jobs if "Atlas" in trace else args.jobs
         n = len(read_swf((PWA / trace).read_bytes()).records)
         for window, start in enumerate(window_starts(n, jobs, args.windows, trace)):
             for seed in range(1, args.seeds + 1):
                 for load in loads:
                     cases.append((trace, start, jobs, seed, window, load, node_costs))
+    # Each finished case is kept (one JSON line) as it comes: a run cut short goes on where it
+    # stopped, and --from-cache summarises what is there.
+    cache = RESULTS / f"{args.name}.cases.jsonl"
+    done = [json.loads(line) for line in cache.read_text().splitlines()] \
+        if cache.exists() else []
+    have = {case_key(c) for c in done}
+    todo = [c for c in cases if case_key_of(c) not in have]
+    if args.from_cache:
+        todo = []
     t0 = time.monotonic()
-    done = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for i, result in enumerate(pool.map(one_case, cases), 1):
+    print(f"{len(done)} cases cached, {len(todo)} to run", flush=True)
+    with ProcessPoolExecutor(args.workers) as pool, cache.open("a") as out:
+        for i, result in enumerate(pool.map(one_case, todo), 1):
             done.append(result)
-            if i % 10 == 0 or i == len(cases):
-                print(f"{i}/{len(cases)} cases, {time.monotonic() - t0:.0f} s", flush=True)
+            out.write(json.dumps(result) + "\n")
+            out.flush()
+            if i % 10 == 0 or i == len(todo):
+                print(f"{i}/{len(todo)} cases, {time.monotonic() - t0:.0f} s", flush=True)
     report(args.name, {
         "benchmark": "evaluation round 3: regimes on random trace windows over seeds, paired "
                      "geometric means with bootstrap 95% intervals",
         "machine": machine(), "seeds": args.seeds, "windows": args.windows,
         "jobs_per_window": args.jobs, "thunder_jobs_per_window": args.thunder_jobs,
+        "atlas_jobs_per_window": args.atlas_jobs,
         "speedup_model": "calibrated", "time_limits": "enforced",
         "core_move_s": CORE_MOVE_S, "node_resize_s": NODE_RESIZE_S,
         "regrow_after_s": REGROW_AFTER_S, "malleable_fraction": MALLEABLE_FRACTION,
