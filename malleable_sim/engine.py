@@ -737,7 +737,7 @@ class Simulation:
         res = sorted(self._results, key=lambda r: r.job_id)
         first = min(r.submit_s for r in res)
         makespan = max(r.end_s for r in res) - first
-        response = [r.response_s for r in res]
+        response = [r.counted_response_s for r in res]     # a killed job's rerun counted
         wait = [r.wait_s for r in res]
         return SimResult(
             policy=self.policy.value, nodes=self.nodes, cores=self.cores, jobs=len(res),
@@ -747,7 +747,7 @@ class Simulation:
                                                      widths=self._widths()),
             mean_response_s=sum(response) / len(res), p95_response_s=percentile(response, 95),
             mean_wait_s=sum(wait) / len(res), p95_wait_s=percentile(wait, 95),
-            mean_bounded_slowdown=sum(bounded_slowdown(r.response_s, r.reference_s)
+            mean_bounded_slowdown=sum(bounded_slowdown(r.counted_response_s, r.reference_s)
                                       for r in res) / len(res),
             utilisation=(self._busy_core_s / (self.nodes * self.cores * makespan)
                          if makespan else 0.0),

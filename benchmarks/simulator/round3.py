@@ -113,7 +113,7 @@ def one_case(case: tuple) -> dict:
         s = r.summary()
         wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
         s["wide_rigid_mean_bounded_slowdown"] = sum(
-            max(1.0, j.response_s / max(j.reference_s, 10.0)) for j in wide) / len(wide) \
+            max(1.0, j.counted_response_s / max(j.reference_s, 10.0)) for j in wide) / len(wide) \
             if wide else 0.0
         out["regimes"][label] = {
             **{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),

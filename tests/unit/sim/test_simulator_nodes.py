@@ -127,6 +127,10 @@ def test_an_enforced_time_limit_ends_a_job_its_shrink_made_late():
     assert ends(enforced)[1] == pytest.approx(100.0)
     timed_out = {j.job_id: j.timed_out for j in enforced.per_job}
     assert timed_out == {1: True, 2: False} and enforced.timed_out_jobs == 1
+    # The kill is not an early finish: A lost its work and runs again at its size, so its
+    # response counts 100 + 100 s, and the mean is worse than running past the limit.
+    assert enforced.mean_response_s == pytest.approx((200.0 + (ends(enforced)[2] - 10.0)) / 2)
+    assert enforced.mean_response_s > ignored.mean_response_s
     # Static never meets a limit its log gave: a job ending exactly at it completes.
     static = run([a, b], SimPolicy.STATIC, time_limits=TimeLimits.ENFORCED)
     assert static.timed_out_jobs == 0 and ends(static) == {1: 100.0, 2: 110.0}
