@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -119,11 +120,38 @@ def two_workers_threads(folder: Path) -> dict[int, int] | None:
     return {r: d["intra_active"] for r, d in st.items()} if len(st) == 2 else None
 
 
+# Frames that say where a stalled TensorFlow worker waits (its own parking and gate, collectives,
+# tf.data, Python functions); idle pool threads are left out.
+_STALL_FRAMES = ("mtf_", "Malleable", "Collective", "GetNext", "PyFunc", "EagerPy", "Notification",
+                 "RunClosure", "PyEval_RestoreThread", "take_gil")
+
+
+def native_stacks(pid: int, max_lines: int = 40) -> str:
+    """gdb's backtrace of every thread of ``pid``, only the threads with a frame of
+    ``_STALL_FRAMES``, in short: what a hung worker's test shows (it is killed right after)."""
+    import subprocess
+    try:
+        out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(no stacks of {pid}: {exc})"
+    kept = []
+    for thread in out.split("\nThread ")[1:]:
+        frames = [re.sub(r"^#\d+\s+(0x[0-9a-f]+ in )?", "", line).split(" (")[0]
+                  for line in thread.splitlines()[1:] if line.startswith("#")]
+        if any(mark in f for f in frames for mark in _STALL_FRAMES):
+            kept.append(thread.splitlines()[0][:60] + ": " + " < ".join(frames[:8]))
+    return "\n".join(kept[:max_lines]) or f"(no thread of {pid} in {_STALL_FRAMES})"
+
+
 def two_workers_view(folder: Path, output: Path):
-    """What a failed wait shows: the workers' threads and the job output's tail."""
+    """What a failed wait shows: the workers' threads, where each waits (native stacks, while
+    they live), and the job output's tail."""
     def show() -> str:
-        tail = output.read_text()[-2000:] if output.exists() else "(no output yet)"
-        return f"{two_workers_threads(folder)}; job output: {tail}"
+        tail = output.read_text()[-1500:] if output.exists() else "(no output yet)"
+        stacks = "\n".join(f"--- worker {r} (pid {d['pid']}):\n{native_stacks(d['pid'])}"
+                           for r, d in sorted(rank_statuses(folder).items()))
+        return f"{two_workers_threads(folder)}\n{stacks}\njob output: {tail}"
     return show
 
 
