@@ -144,6 +144,11 @@ def summarise(cases: list[dict]) -> dict:
                       "efficiency_at_request": geomean_interval(
                           [c["efficiency_at_request"] for c in rows]),
                       "natural_load": geomean_interval([c["natural_load"] for c in rows])}
+        # The share of jobs killed at their time limit, per regime (mean over the pairs): a
+        # cost the ratios above count only as a rerun.
+        cell["timed_out_share"] = {
+            name: round(sum((c["regimes"][name]["timed_out_jobs"] or 0) / c["jobs"]
+                            for c in rows) / len(rows), 5) for name in rows[0]["regimes"]}
         for name in rows[0]["regimes"]:
             policy = SimPolicy(name.split("@")[0])
             if policy is SimPolicy.STATIC:
@@ -292,7 +297,8 @@ def report(name: str, about: dict, done: list[dict]) -> None:
     plot(table, RESULTS / f"{name}.png")
     for trace, loads in table.items():
         for load, cell in loads.items():
-            print(trace, load, "eff", cell["efficiency_at_request"]["geomean"])
+            print(trace, load, "eff", cell["efficiency_at_request"]["geomean"],
+                  "killed", cell["timed_out_share"])
             for p, row in cell.items():
                 if isinstance(row, dict) and "vs_static" in row:
                     for k, v in row.items():
