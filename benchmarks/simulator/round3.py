@@ -75,11 +75,11 @@ def case_key(result: dict) -> tuple:
 def one_case(case: tuple) -> dict:
     """Every regime on one (trace, window, seed, load): the same jobs, paired; at 0.85 also
     ``nodes`` at each of the case's other node resize costs (``nodes@COSTs``)."""
-    os.nice(19)         # beside anything else on a shared machine
     from malleable_sim import (NodeBounds, ResizeCosts, SimPolicy, Simulation, SpeedupModel,
                                TimeLimits, closed_batch, efficiency_at_request, read_swf,
                                swf_workload)
     from malleable_sim.lublin import offered_load, scale_to_load
+    from malleable_sim.metrics import bounded_slowdown
     trace, start, jobs, seed, _window, load, node_costs = case
     nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
     log = read_swf((PWA / trace).read_bytes())
@@ -113,7 +113,7 @@ def one_case(case: tuple) -> dict:
         s = r.summary()
         wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
         s["wide_rigid_mean_bounded_slowdown"] = sum(
-            max(1.0, j.counted_response_s / max(j.reference_s, 10.0)) for j in wide) / len(wide) \
+            bounded_slowdown(j.counted_response_s, j.reference_s) for j in wide) / len(wide) \
             if wide else 0.0
         out["regimes"][label] = {
             **{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),
@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> None:
         todo = []
     t0 = time.monotonic()
     print(f"{len(done)} cases cached, {len(todo)} to run", flush=True)
-    with ProcessPoolExecutor(args.workers) as pool, cache.open("a") as out:
+    # The workers run at the lowest priority, beside anything else on a shared machine.
+    with ProcessPoolExecutor(args.workers, initializer=os.nice, initargs=(19,)) as pool, \
+            cache.open("a") as out:
         for i, result in enumerate(pool.map(one_case, todo), 1):
             done.append(result)
             out.write(json.dumps(result) + "\n")
