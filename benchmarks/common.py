@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -229,6 +230,19 @@ def median_ci(groups: list[list[float]], *, level: float = 0.95, resamples: int 
     lo = meds[int((1 - level) / 2 * resamples)]
     hi = meds[min(resamples - 1, int((1 + level) / 2 * resamples))]
     return lo, hi
+
+
+def geomean_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> dict:
+    """The geometric mean of paired ratios and its bootstrap 95% interval (percentile, the
+    pairs resampled)."""
+    logs = [math.log(v) for v in values if v > 0]
+    if not logs:
+        return {"geomean": None, "lo": None, "hi": None, "n": 0}
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(logs, k=len(logs))) / len(logs) for _ in range(resamples))
+    return {"geomean": round(math.exp(sum(logs) / len(logs)), 4),
+            "lo": round(math.exp(means[int(0.025 * resamples)]), 4),
+            "hi": round(math.exp(means[int(0.975 * resamples) - 1]), 4), "n": len(logs)}
 
 
 def machine() -> dict:

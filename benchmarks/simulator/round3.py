@@ -34,14 +34,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Sequence
 
-from benchmarks.common import PWA, RESULTS, ROUND3_TRACES, machine, save
+from benchmarks.common import PWA, RESULTS, ROUND3_TRACES, geomean_interval, machine, save
 from malleable_sim.cli import CORE_MOVE_S
 
 NODE_RESIZE_S = 60.0
@@ -53,7 +51,6 @@ LOADS = ("natural", 0.85, "closed")     # "closed": every job submitted at 0 (a 
 METRICS = ("mean_bounded_slowdown", "mean_response_s", "makespan_s",
            "wide_rigid_mean_bounded_slowdown")
 WIDE_RIGID_NODES = 2     # a wide rigid job (the go/no-go rule's guardrail): rigid, on 2+ nodes
-BOOTSTRAP = 2000
 
 
 def window_starts(n_records: int, jobs: int, windows: int, trace: str) -> list[int]:
@@ -119,18 +116,6 @@ def one_case(case: tuple) -> dict:
             **{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),
             "resizes": s["resizes"], "wall_s": round(time.monotonic() - t0, 2)}
     return out
-
-
-def geomean_interval(values: Sequence[float], seed: int = 0) -> dict:
-    """The geometric mean of paired ratios and its bootstrap 95% interval (percentile)."""
-    logs = [math.log(v) for v in values if v > 0]
-    if not logs:
-        return {"geomean": None, "lo": None, "hi": None, "n": 0}
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(logs, k=len(logs))) / len(logs) for _ in range(BOOTSTRAP))
-    return {"geomean": round(math.exp(sum(logs) / len(logs)), 4),
-            "lo": round(math.exp(means[int(0.025 * BOOTSTRAP)]), 4),
-            "hi": round(math.exp(means[int(0.975 * BOOTSTRAP) - 1]), 4), "n": len(logs)}
 
 
 def summarise(cases: list[dict]) -> dict:

@@ -17,14 +17,24 @@ completion (submit to end), core utilisation (the jobs' CPU seconds / (2 cores x
 resizes and their latency (the agent's event log); every 0.5 s each job's cpuset and threads.
 
     python -m benchmarks.cluster.coscheduling.run [--regimes static,cgroup-only,lend-idle,throughput] [--name NAME]
+    python -m benchmarks.cluster.coscheduling.run --seeds 1-10 [--regimes static,lend-idle,throughput]
+        [--name coscheduling_random] [--pool-only]
 
 Writes benchmarks/results/coscheduling.json and coscheduling.png (``--name`` for a repetition).
+With ``--seeds``, each seed is one repetition with randomised arrivals (the same five jobs in a
+random order, arriving as a Poisson process with the reference's mean gap; every regime of a
+repetition sees the same arrivals), written as NAME_seedK.json; a seed already written is not
+run again. Then NAME.json pools them: per regime, the paired geometric mean over the
+repetitions of its makespan and mean completion over static's, with a bootstrap 95% interval,
+and NAME.png shows each repetition's ratios.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -34,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
-from benchmarks.common import REPO, RESULTS, machine, median, percentile, save
+from benchmarks.common import REPO, RESULTS, geomean_interval, machine, median, percentile, save
 
 from slurm_plugin.cluster import LocalCluster, default_spec
 from slurm_plugin.node.cgroup_actuator import read_cpus
@@ -63,6 +73,21 @@ JOBS = (RefJob("A", 0, "keras_cnn", 6000, True),
         RefJob("D", 70, "keras_cnn", 6000, True),
         RefJob("E", 90, "tf_data", 8000, True))
 
+MEAN_GAP_S = 22.5          # the reference's mean gap between arrivals (90 s over 4 gaps)
+
+
+def random_arrivals(seed: int) -> tuple[RefJob, ...]:
+    """The reference's five jobs in a random order, the first at 0 and the others after
+    exponential gaps of the reference's mean: sometimes a job runs alone on the node, sometimes
+    several queue, which is what decides how much idle cores are worth."""
+    rng = random.Random(f"coscheduling-arrivals-{seed}")
+    t, out = 0.0, []
+    for i, job in enumerate(rng.sample(JOBS, len(JOBS))):
+        t += rng.expovariate(1 / MEAN_GAP_S) if i else 0.0
+        out.append(dataclasses.replace(job, submit_s=round(t, 1)))
+    return tuple(out)
+
+
 # Slurm alone runs plain TensorFlow jobs with as many threads as cores allocated; cgroup-only
 # runs the same jobs with the agent lending idle cores to their cgroups.
 REGIMES = {"static": (Policy.STATIC, "plain"), "cgroup-only": (Policy.LEND_IDLE, "plain"),
@@ -89,7 +114,7 @@ def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:
     return int(out.stdout.split(";")[0]), t
 
 
-def run_regime(name: str, root: Path, port: int) -> dict:
+def run_regime(name: str, root: Path, port: int, workload: tuple[RefJob, ...] = JOBS) -> dict:
     policy, mode = REGIMES[name]
     root.mkdir(mode=0o755)
     cluster = LocalCluster(default_spec(root, nodes=1, port_base=port, node_prefix="cs",
@@ -103,7 +128,7 @@ def run_regime(name: str, root: Path, port: int) -> dict:
     telemetry: dict[str, dict] = {}
     t0 = time.time()
     try:
-        pending = list(JOBS)
+        pending = sorted(workload, key=lambda j: j.submit_s)
         while True:
             now = time.time() - t0
             while pending and now >= pending[0].submit_s:
@@ -133,7 +158,7 @@ def run_regime(name: str, root: Path, port: int) -> dict:
         if problems:
             print(f"{name}: cluster down left {problems}", file=sys.stderr)
     jobs = {}
-    for job in JOBS:
+    for job in workload:
         text = (root / f"{job.name}.out").read_text()
         line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -197,14 +222,48 @@ def main() -> None:
     ap.add_argument("--name", default="coscheduling",
                     help="results as benchmarks/results/NAME.json and .png (a repetition: "
                          "another name)")
+    ap.add_argument("--seeds", default=None,
+                    help="repetitions with randomised arrivals, one per seed: 1-10 or 1,4,7")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="with --seeds: pool the repetitions already written, run nothing")
     args = ap.parse_args()
+    regimes = args.regimes.split(",")
+    if args.seeds is None:
+        data = one_repetition(regimes, JOBS, args.port_base)
+        save(args.name, data)
+        print("wrote", plot(data, args.name))
+        return
+    seeds = parse_seeds(args.seeds)
+    for seed in seeds:
+        if args.pool_only or (RESULTS / f"{args.name}_seed{seed}.json").exists():
+            continue
+        print(f"seed {seed}", flush=True)
+        data = one_repetition(regimes, random_arrivals(seed), args.port_base)
+        save(f"{args.name}_seed{seed}", {**data, "seed": seed})
+    pooled = pool([json.loads((RESULTS / f"{args.name}_seed{s}.json").read_text())
+                   for s in seeds if (RESULTS / f"{args.name}_seed{s}.json").exists()])
+    print(json.dumps(pooled["vs_static"], indent=1))
+    save(args.name, pooled)
+    print("wrote", plot_pooled(pooled, args.name))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``1-10`` or ``1,4,7``."""
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def one_repetition(regimes: list[str], workload: tuple[RefJob, ...], port_base: int) -> dict:
+    """Every regime, one after the other, on the same arrivals."""
     base = Path(tempfile.mkdtemp(prefix="malleable-cosched-", dir="/tmp"))
     base.chmod(0o755)
     runs = []
     try:
-        for i, name in enumerate(args.regimes.split(",")):
+        for i, name in enumerate(regimes):
             print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
-            runs.append(run_regime(name, base / name, args.port_base + 100 * i))
+            runs.append(run_regime(name, base / name, port_base + 100 * i, workload))
             r = runs[-1]
             print(f"  makespan {r['makespan_s']:.1f} s, mean completion "
                   f"{r['mean_completion_s']:.1f} s, utilisation {r['utilisation']:.2f}, "
@@ -213,16 +272,65 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     static = next((r for r in runs if r["regime"] == "static"), None)
     data = {"benchmark": "co-scheduling, real runs", "machine": machine(), "node_cores": 2,
-            "jobs": [asdict(j) for j in JOBS], "runs": runs}
+            "jobs": [asdict(j) for j in workload], "runs": runs}
     if static:
         data["vs_static"] = {r["regime"]: {
             "makespan": round(r["makespan_s"] / static["makespan_s"], 3),
             "mean_completion": round(r["mean_completion_s"] / static["mean_completion_s"], 3)}
             for r in runs}
         print(json.dumps(data["vs_static"], indent=1))
-    save(args.name, data)
-    print("wrote", plot(data, args.name))
+    return data
 
+
+POOLED_METRICS = ("makespan_s", "mean_completion_s")
+
+
+def pool(repetitions: list[dict]) -> dict:
+    """Per regime and metric, the paired geometric mean over the repetitions of the regime's
+    value over static's in the same repetition, with its bootstrap 95% interval."""
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for rep in repetitions:
+        by = {r["regime"]: r for r in rep["runs"]}
+        for name, run in by.items():
+            for m in POOLED_METRICS:
+                ratios.setdefault(name, {}).setdefault(m, []).append(
+                    run[m] / by["static"][m])
+    return {"benchmark": "co-scheduling, real runs, randomised arrivals", "machine": machine(),
+            "node_cores": 2, "repetitions": len(repetitions),
+            "seeds": [rep.get("seed") for rep in repetitions],
+            "vs_static": {name: {m: {**geomean_interval(v), "per_repetition": [round(x, 4)
+                                                                              for x in v]}
+                                 for m, v in ms.items()}
+                          for name, ms in ratios.items() if name != "static"},
+            "utilisation": {name: [round(r["utilisation"], 3) for rep in repetitions
+                                   for r in rep["runs"] if r["regime"] == name]
+                            for name in ratios}}
+
+
+def plot_pooled(pooled: dict, name: str) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    regimes = list(pooled["vs_static"])
+    fig, axes = plt.subplots(1, len(POOLED_METRICS), figsize=(9, 3.4), sharey=True)
+    for ax, m in zip(axes, POOLED_METRICS):
+        for x, regime in enumerate(regimes):
+            cell = pooled["vs_static"][regime][m]
+            ax.scatter([x] * len(cell["per_repetition"]), cell["per_repetition"], s=12,
+                       alpha=0.5, color="grey")
+            if cell["geomean"] is not None:
+                ax.errorbar([x + 0.15], [cell["geomean"]],
+                            yerr=[[cell["geomean"] - cell["lo"]], [cell["hi"] - cell["geomean"]]],
+                            fmt="o", color="C0", capsize=4)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(regimes)))
+        ax.set_xticklabels(regimes)
+        ax.set_title(f"{m} / static ({pooled['repetitions']} repetitions)", fontsize=9)
+    axes[0].set_ylabel("ratio (geomean, 95% interval)")
+    fig.tight_layout()
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    return path
 
 if __name__ == "__main__":
     main()
