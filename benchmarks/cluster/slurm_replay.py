@@ -187,6 +187,18 @@ def plot(rows: list[dict], errors: dict, path: Path, placement: str = "slurm-tas
     print(f"wrote {path}")
 
 
+def plan_jobs(trace: str, start: int, count: int, *, nodes: int, cores: int,
+              factor: float | None, target_s: float = 600.0
+              ) -> tuple[list[ReplayJob], dict, float]:
+    """The slice's jobs compressed by ``factor`` (None: the factor that makes the simulated
+    replay last about ``target_s``), what was dropped from it, and the factor."""
+    log = read_swf((PWA / f"{trace}.swf.gz").read_bytes())
+    trace_jobs, drops = slice_jobs(log, start, count, nodes=nodes, cores=cores)
+    if factor is None:
+        factor = auto_factor(trace_jobs, nodes=nodes, cores=cores, target_s=target_s)
+    return compress(trace_jobs, factor), drops, factor
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default="KTH-SP2-1996-2.1-cln")
@@ -209,14 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     floor_s = args.floor if args.floor is not None else float(args.bf_interval)
 
-    path = PWA / f"{args.trace}.swf.gz"
-    log = read_swf(path.read_bytes())
-    trace_jobs, drops = slice_jobs(log, args.start, args.jobs, nodes=args.nodes,
-                                   cores=args.cores)
-    factor = auto_factor(trace_jobs, nodes=args.nodes, cores=args.cores,
-                         target_s=args.target_s) if args.factor == "auto" \
-        else float(args.factor)
-    jobs = compress(trace_jobs, factor)
+    jobs, drops, factor = plan_jobs(args.trace, args.start, args.jobs, nodes=args.nodes,
+                                    cores=args.cores, target_s=args.target_s,
+                                    factor=None if args.factor == "auto" else float(args.factor))
     rounding = rounding_report(jobs, factor)
     placement = Placement(args.placement)
     sim = run_sim(sim_jobs(jobs), nodes=args.nodes, cores=args.cores,
