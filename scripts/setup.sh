@@ -201,7 +201,8 @@ tf_test_env() {
     "$venv/bin/python" -m pip --disable-pip-version-check -q install "${deps[@]}"
   fi
   installed_at=$("$venv/bin/python" -I -c "import malleable_tf, os; print(os.path.dirname(os.path.dirname(malleable_tf.__file__)))" 2>/dev/null || true)
-  if [ "$installed_at" != "$REPO" ]; then
+  # Again when pyproject.toml changed: a new console script (malleable-sbatch) appears only then.
+  if [ "$installed_at" != "$REPO" ] || ! [ "$venv/bin/malleable" -nt "$REPO/pyproject.toml" ]; then
     "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
       --no-build-isolation -e "$REPO"
   fi

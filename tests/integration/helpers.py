@@ -212,21 +212,66 @@ class TwoWorkerJob:
     show: object        # what a failed wait shows
 
 
-def submit_two_workers(cluster, client, tmp_path: Path, template: str, python: Path,
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "user-guide.md"
+GUIDE_SECTION = "## Ten minutes with the script you have"
+
+
+def guide_command(label: str) -> list[str]:
+    """The ``malleable-sbatch`` command the user guide's ten-minute section gives for the
+    script kind in bold (``PyTorch DDP``, ``Keras 3 across nodes``, ``Horovod``), as argv: the
+    tests submit what the guide tells users to type."""
+    section = GUIDE.read_text().split(GUIDE_SECTION, 1)[1].split("\n## ", 1)[0]
+    for bullet in section.split("\n- ")[1:]:
+        if bullet.startswith(f"**{label}**"):
+            m = re.search(r"`(malleable-sbatch [^`]*)`", bullet)
+            if m:
+                return shlex.split(" ".join(m.group(1).split()))
+    raise AssertionError(f"the user guide gives no malleable-sbatch command for {label!r}")
+
+
+def submit_as_written(cluster, tmp_path: Path, command: list[str], python: Path, program: Path,
+                      sets: dict[str, str], options: list[str]) -> int:
+    """Run ``command`` (``malleable-sbatch TEMPLATE --set program=train.py ... [-- OPTIONS]``)
+    as a user would in ``python``'s environment (its bin first on PATH), with ``train.py``
+    replaced by ``program``, this test's ``--set`` values and sbatch ``options`` added. The
+    script it submits is kept as tmp_path/job.sh (its ``--dry-run``). Returns the job id."""
+    import os
+    import subprocess
+
+    assert command[0] == "malleable-sbatch", command
+    own, passthrough = command[1:], []
+    if "--" in own:
+        cut = own.index("--")
+        own, passthrough = own[:cut], own[cut + 1:]
+    own = [f"program={program}" if a == "program=train.py" else a for a in own]
+    assert f"program={program}" in own, f"the command names no program=train.py: {command}"
+    for key, value in sets.items():
+        own += ["--set", f"{key}={value}"]
+    env = {**os.environ, **cluster.env(),
+           "PATH": f"{python.parent}:{cluster.env().get('PATH', os.environ['PATH'])}"}
+    exe = str(python.parent / "malleable-sbatch")
+    dry = subprocess.run([exe, *own, "--dry-run", "--", *passthrough, *options], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    (tmp_path / "job.sh").write_text(dry.stdout)
+    out = subprocess.run([exe, *own, "--", *passthrough, "--parsable", *options], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{command}: {out.stderr}"
+    return int(out.stdout.strip().split(";")[0])
+
+
+def submit_two_workers(cluster, client, tmp_path: Path, command: list[str], python: Path,
                        program: Path, args: str) -> TwoWorkerJob:
-    """Render ``template`` for ``program`` run by ``python`` through its environment's
-    malleable-srun, with ``--report``/``--until`` added to ``args``, and submit it."""
+    """Submit ``command`` (the guide's, or a ``malleable-sbatch`` line of the test's own) for
+    ``program`` in ``python``'s environment, with ``--report``/``--until`` added to ``args``,
+    one core asked on each of an1 and an2."""
     import os
 
-    from sbatch_templates import render
     tmp_path.chmod(0o777)
     report, stop = tmp_path / "report", tmp_path / "stop"
-    script = tmp_path / "job.sh"
-    script.write_text(render(template, {
-        "python": str(python), "launcher": str(python.parent / "malleable-srun"),
-        "program": str(program), "min_cpus": "1", "max_cpus": "2",
-        "output": f"{tmp_path}/out", "args": f"{args} --report {report} --until {stop}"}))
-    job_id = client.submit(script, ["-c1", "-w", "an1,an2"])
+    job_id = submit_as_written(cluster, tmp_path, command, python, program, {
+        "min_cpus": "1", "max_cpus": "2", "output": f"{tmp_path}/out",
+        "args": f"{args} --report {report} --until {stop}"}, ["-c1", "-w", "an1,an2"])
     folder = cluster.run_layout.job_dir(job_id)
     return TwoWorkerJob(job_id, folder, {**os.environ, **cluster.env()}, report, stop,
                         two_workers_view(folder, tmp_path / "out"))

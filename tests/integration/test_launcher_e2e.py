@@ -1,5 +1,6 @@
-"""A 2-node, 2-ranks-per-node Horovod job through malleable-srun under sbatch (the multi-node
-template), resized twice with scontrol update; and a SIGTERM checkpoint resumed after requeue."""
+"""A 2-node, 2-ranks-per-node Horovod job submitted with the user guide's command for a Horovod
+script (malleable-sbatch, the multi-node template, malleable-srun), resized twice with scontrol
+update; and a SIGTERM checkpoint resumed after requeue."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pytest
 from sbatch_templates import render
 from slurm_plugin.slurm import JobState
 
-from .helpers import rank_statuses, stop_then_cancel, wait_for
+from .helpers import guide_command, rank_statuses, stop_then_cancel, submit_as_written, wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -30,13 +31,11 @@ def test_two_nodes_two_ranks_each_resized_twice(agent_cluster, tmp_path):
     c = agent_cluster
     tmp_path.chmod(0o755)
     stop = tmp_path / "stop"
-    script = tmp_path / "job.sbatch"
-    script.write_text(render("multi-node", {
-        "program": str(HVD_TRAIN), "args": f"{stop} 1000000", "nodes": "2",
-        "tasks_per_node": "2", "output": f"{tmp_path}/out", "time": "10",
-        "python": sys.executable, "launcher": LAUNCHER}))
+    # The user guide's command for a Horovod script, as written there.
+    job_id = submit_as_written(c, tmp_path, guide_command("Horovod"), Path(sys.executable),
+                               HVD_TRAIN, {"args": f"{stop} 1000000",
+                                           "output": f"{tmp_path}/out"}, [])
     client = c.client()
-    job_id = client.submit(script)
     env = {**os.environ, **c.env()}
     cores = os.cpu_count()
     try:

@@ -13,12 +13,14 @@ import pytest
 from slurm_plugin.slurm import JobState
 
 from .helpers import (epoch_lines, finish, grow_take_back_and_resize, resize_seconds,
-                      submit_two_workers, two_workers_threads, wait_for)
+                      submit_two_workers, two_workers_threads, wait_for, guide_command)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
 TRAIN = REPO / "examples" / "train_multiworker.py"
+# The user guide's form for a script that builds its strategy with malleable_tf.multiworker.
+MULTI_WORKER = ["malleable-sbatch", "multi-worker", "--set", "program=train.py"]
 UNMODIFIED = REPO / "examples" / "train_multiworker_unmodified.py"   # no import of this project
 
 
@@ -27,7 +29,7 @@ def test_two_keras3_workers_on_two_nodes_train_as_one_and_follow_their_cores(age
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
     client = agent_cluster.client()
     # The batch template, through malleable-srun and the runner (which makes the strategy).
-    job = submit_two_workers(agent_cluster, client, tmp_path, "multi-worker", KERAS3_PY, TRAIN,
+    job = submit_two_workers(agent_cluster, client, tmp_path, MULTI_WORKER, KERAS3_PY, TRAIN,
                              "--epochs 1000 --steps 10 --width 512")
     job_id, folder, report, stop, show = job.job_id, job.folder, job.report, job.stop, job.show
     try:
@@ -64,7 +66,8 @@ def test_an_unmodified_multiworker_script_needs_no_setting(agent_cluster, tmp_pa
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
     assert "malleable" not in UNMODIFIED.read_text().split('"""', 2)[2]
     client = agent_cluster.client()
-    job = submit_two_workers(agent_cluster, client, tmp_path, "multi-node", KERAS3_PY,
+    job = submit_two_workers(agent_cluster, client, tmp_path,
+                             guide_command("Keras 3 across nodes"), KERAS3_PY,
                              UNMODIFIED, "--epochs 1000")
     assert "MALLEABLE_TF_STRATEGY" not in (tmp_path / "job.sh").read_text()
     job_id, folder, report, stop, show = job.job_id, job.folder, job.report, job.stop, job.show

@@ -15,7 +15,7 @@ import pytest
 from slurm_plugin.slurm import JobState
 
 from .helpers import (epoch_lines, finish, grow_take_back_and_resize, rank_statuses,
-                      submit_two_workers, wait_for)
+                      submit_two_workers, wait_for, guide_command)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,8 @@ def test_two_ddp_workers_on_two_nodes_train_as_one_and_follow_their_cores(agent_
     assert TORCH_PY.exists(), "the PyTorch environment is missing: scripts/setup.sh --torch"
     assert "malleable" not in TRAIN.read_text().split('"""', 2)[2]    # no import of ours
     client = agent_cluster.client()
-    job = submit_two_workers(agent_cluster, client, tmp_path, "pytorch-ddp", TORCH_PY, TRAIN,
+    job = submit_two_workers(agent_cluster, client, tmp_path, guide_command("PyTorch DDP"),
+                             TORCH_PY, TRAIN,
                              "--epochs 1000 --steps 10 --width 512")
     job_id, folder, report, stop, show = job.job_id, job.folder, job.report, job.stop, job.show
     try:
