@@ -26,7 +26,7 @@ import argparse
 import json
 
 
-from benchmarks.common import RESULTS, save
+from benchmarks.common import RESULTS, geomean_interval, save
 
 from malleable_policy.request import MalleableSpec
 from malleable_sim import Amdahl, Measured, SimJob, SimPolicy, simulate
@@ -119,6 +119,14 @@ def pooled(repetitions: list[dict]) -> dict:
                 "mean real gain": round(real, 4), "mean simulated gain": round(sim, 4),
                 "real / simulated": round(real / sim, 3) if abs(sim) > 1e-9 else None,
                 "per repetition": [g["real / simulated"] for g in gs]}
+    # Each regime's own prediction error: simulated over real, per repetition, as a geometric
+    # mean with its bootstrap interval.
+    for regime in {row["regime"] for rep in repetitions for row in rep["rows"]}:
+        for metric in METRICS:
+            ratios = [row[metric]["simulated"] / row[metric]["real"] for rep in repetitions
+                      for row in rep["rows"] if row["regime"] == regime]
+            out.setdefault(regime, {}).setdefault(metric, {})["simulated / real"] = \
+                geomean_interval(ratios)
     return out
 
 
@@ -141,8 +149,11 @@ def main() -> None:
     pool = pooled(repetitions)
     for regime, ms in pool.items():
         print(f"{regime:12s} " + "  ".join(
-            f"{m}: real gain {v['mean real gain']:.1%} / simulated {v['mean simulated gain']:.1%}"
-            f" = {v['real / simulated']}" for m, v in ms.items()))
+            f"{m}: simulated / real {v['simulated / real']['geomean']} "
+            f"({v['simulated / real']['lo']}-{v['simulated / real']['hi']})"
+            + (f", real gain {v['mean real gain']:.1%} / simulated {v['mean simulated gain']:.1%}"
+               f" = {v['real / simulated']}" if "mean real gain" in v else "")
+            for m, v in ms.items()))
     save("coscheduling_validation" + ("_relative" if args.relative else ""), {
         "what": "the simulator on the reference workload with measured curves vs the real runs",
         "model": "relative: malleable at 1 thread as fast as plain" if args.relative else
