@@ -6,7 +6,8 @@ cores: a job's bounds, requests, its ranks' thread counts and measured rates, th
 limits), and its targets come back as every thread of each core. Each step's block and each
 rank's thread count are then of whole cores' threads (a rank runs one thread per CPU it holds,
 as plain TensorFlow does). A job whose allocation holds part of a core (Slurm allocating single
-threads: CR_CPU) cannot be decided so: ``SplitCores``.
+threads, which slurm.conf(5) says CR_CPU does not do once the node's threads are declared)
+cannot be decided so: ``SplitCores``.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def _rank(r: RankView, m: CoreMap) -> RankView:
 def _job(j: JobView, m: CoreMap) -> JobView:
     if not m.whole(j.allocation):
         raise SplitCores(f"job {j.job_id} was given part of a core "
-                         f"({sorted(j.allocation)}): Slurm allocates single threads here")
+                         f"({sorted(j.allocation)}): Slurm split a core between jobs here")
     return replace(
         j, allocation=m.units(j.allocation), current=m.units(j.current), spec=_spec(j.spec, m),
         requested=None if j.requested is None else m.at_least(j.requested),

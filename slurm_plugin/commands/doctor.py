@@ -141,7 +141,7 @@ def _numbering_check(f: Facts) -> Check:
                      "Slurm's allocation")
     if f.cpu_layout is not None and f.cpu_layout[2] > 1:
         unit = allocation_unit(f.slurm_config)
-        return Check("CPU numbering", Status.OK if unit is AllocationUnit.CORE else Status.WARN,
+        return Check("CPU numbering", Status.WARN if unit is AllocationUnit.UNKNOWN else Status.OK,
                      f"{f.numbering}; lends {unit.lending}")
     return Check("CPU numbering", Status.OK, f.numbering)
 

@@ -211,8 +211,9 @@ class Reconciler:
             try:
                 return None, decide_whole_cores(snapshot, self.config.policy, numbering.cores)
             except SplitCores as exc:
-                return Hold("cpu-numbering", f"{exc}: malleable jobs need whole-core allocation "
-                            "(CR_Core or CR_Core_Memory)"), decide(snapshot, Policy.STATIC)
+                return Hold("cpu-numbering", f"{exc}: malleable jobs need whole cores per job "
+                            "(CR_Core, CR_Core_Memory, or CR_CPU with ThreadsPerCore "
+                            "declared)"), decide(snapshot, Policy.STATIC)
         return None, decide(snapshot, self.config.policy)
 
     def _hand_usage(self, job_id: int, line: dict) -> None:

@@ -241,11 +241,15 @@ class AllocationUnit(enum.Enum):
         if self is AllocationUnit.CORE:
             return ("whole cores (both threads), as Slurm allocates them (SelectTypeParameters "
                     "allocates whole cores)")
-        why = ("Slurm allocates single threads (CR_CPU)" if self is AllocationUnit.THREAD else
-               "what Slurm allocates is unknown (SelectTypeParameters not read)")
-        return (f"whole cores (both threads); {why}: while a job holds part of a core, every "
-                "job on the node keeps its allocation; CR_Core or CR_Core_Memory lets every "
-                "job lend")
+        if self is AllocationUnit.THREAD:
+            # slurm.conf(5), CR_CPU: with the node's threads declared (the agent requires
+            # slurm.conf to describe the node as slurmd -C does), no core goes to two jobs.
+            return ("whole cores (both threads), as Slurm allocates them (SelectTypeParameters "
+                    "CR_CPU with ThreadsPerCore declared gives no core to two jobs); should a "
+                    "job hold part of a core, every job on the node keeps its allocation")
+        return ("whole cores (both threads); what Slurm allocates is unknown "
+                "(SelectTypeParameters not read): while a job holds part of a core, every job "
+                "on the node keeps its allocation")
 
 
 def allocation_unit(slurm_config: str | None) -> AllocationUnit:

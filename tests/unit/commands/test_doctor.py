@@ -80,8 +80,8 @@ def test_on_hyperthreaded_nodes_the_check_says_whether_slurm_allocates_cores_or_
     for whole in ("CR_CORE_MEMORY", "CR_Core", "CR_SOCKET,CR_PACK_NODES"):
         check = check_with(whole)
         assert check.status is Status.OK and "allocates whole cores" in check.detail, whole
-    check = check_with("CR_CPU_MEMORY")
-    assert check.status is Status.WARN and "single threads (CR_CPU)" in check.detail
+    check = check_with("CR_CPU_MEMORY")     # threads declared: no core to two jobs either
+    assert check.status is Status.OK and "CR_CPU with ThreadsPerCore" in check.detail
     check = check_with(None)
     assert check.status is Status.WARN and "unknown" in check.detail
 

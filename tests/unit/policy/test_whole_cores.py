@@ -65,7 +65,7 @@ def test_concurrent_steps_get_blocks_of_whole_cores_and_threads_follow_cpus():
 
 
 def test_part_of_a_core_in_an_allocation_is_refused():
-    snap = NodeSnapshot("n1", NODE, (job(1, {0}), job(2, {4})))      # CR_CPU's way
+    snap = NodeSnapshot("n1", NODE, (job(1, {0}), job(2, {4})))      # one core, two jobs
     with pytest.raises(SplitCores, match="job 1"):
         decide_whole_cores(snap, Policy.LEND_IDLE, CORES)
 
