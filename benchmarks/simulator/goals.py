@@ -12,7 +12,11 @@ target (``scale_to_load``); sizes and runtimes are kept.
     python -m benchmarks.simulator.goals [--trace-jobs 3000] [--jobs 1500] [--seeds 1,2,3]
         [--nodes 64 --cores 16] [--name simulate_goals]
     python -m benchmarks.simulator.goals --speed [--speed-jobs 50000] [--speed-models project,lublin]
-        [--speed-policies static,throughput] [--name simulate_speed]
+        [--speed-policies static,throughput] [--round3] [--name simulate_speed]
+
+``--round3``: the speed under round 3's conditions (benchmarks/simulator/round3.py): calibrated
+speedups for the project's workload, time limits enforced, a core move and a node change that
+cost time, regrow hysteresis; without it, round 2's (free resizes, limits ignored).
 
 Writes benchmarks/results/NAME.json (and NAME.png: each regime's mean bounded slowdown and mean
 response over static's, per workload).
@@ -197,7 +201,8 @@ def speed(args) -> None:
         if model == "project":
             load = args.speed_load or WorkloadModel().offered_load
             jobs = generate(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
-                            WorkloadModel(offered_load=load), SpeedupModel(ROUND2))
+                            WorkloadModel(offered_load=load),
+                            SpeedupModel.CALIBRATED if args.round3 else SpeedupModel(ROUND2))
         else:
             load = 0.85
             jobs = generate_lublin(args.speed_jobs, 1000, 64, args.malleable_fraction, 1,
@@ -205,9 +210,10 @@ def speed(args) -> None:
         for policy in [SimPolicy(p) for p in args.speed_policies.split(",")]:
             t0 = time.perf_counter()
             r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
-                           policy=policy, placement=Placement(args.placement)).run()
+                           policy=policy, placement=Placement(args.placement),
+                           **(round3_conditions() if args.round3 else {})).run()
             rows.append({"workload": model, "policy": policy.value, "jobs": len(jobs),
-                         "offered_load": load,
+                         "offered_load": load, "conditions": "round3" if args.round3 else ROUND2,
                          "placement": args.placement,
                          "wall_s": round(r.wall_s, 2),
                          "with_bound_s": round(time.perf_counter() - t0, 2),
@@ -215,6 +221,17 @@ def speed(args) -> None:
             print(rows[-1], flush=True)
             save(args.name, {"benchmark": "simulator speed, 1000 x 64 cores",
                              "machine": machine(), "malleable_ask": args.ask, "rows": rows})
+
+
+def round3_conditions() -> dict:
+    """Round 3's limits, costs and hysteresis, as its benchmark sets them."""
+    from malleable_sim import NodeBounds, ResizeCosts, TimeLimits
+    from malleable_sim.cli import CORE_MOVE_S
+
+    from benchmarks.simulator.round3 import NODE_RESIZE_S, REGROW_AFTER_S
+    return {"time_limits": TimeLimits.ENFORCED,
+            "resize_costs": ResizeCosts(node_s=NODE_RESIZE_S, core_s=CORE_MOVE_S),
+            "node_bounds": NodeBounds(regrow_after_s=REGROW_AFTER_S)}
 
 
 def markdown_tables(results: list[dict]) -> str:
@@ -285,6 +302,8 @@ def main() -> None:
                     help="--speed's regimes (comma-separated)")
     ap.add_argument("--placement", default=Placement.SLURM_TASKS.value,
                     choices=[p.value for p in Placement], help="--speed's placement")
+    ap.add_argument("--round3", action="store_true",
+                    help="--speed under round 3's model, limits and costs")
     ap.add_argument("--name")
     ap.add_argument("--tables", action="store_true",
                     help="print docs/evaluation.md's tables from the results JSON; run nothing")
