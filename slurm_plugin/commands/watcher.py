@@ -63,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "jobs' usage: %s", "sacct (SystemComment) and usage.jsonl" if accounting
         else f"usage.jsonl only (AccountingStorageType={ctl.accounting_storage})")
-    watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting)
+    from slurm_plugin.feed.usage_runner import BackgroundUsage, InlineUsage
+    # A poll never waits for slurmdbd (usage_runner.py); --once closes in its one poll.
+    watcher = ClusterWatcher(config, client, FeedStore(config.feed_dir), accounting=accounting,
+                             usage=InlineUsage() if args.once else BackgroundUsage())
     # slurmctld's hooks (job_submit.lua, PrologSlurmctld) append to the event file as SlurmUser.
     watcher.store.prepare()
     watcher.store.prepare_events(ctl.slurm_user_uid)

@@ -27,6 +27,7 @@ from slurm_plugin.topology import SlurmLayout
 from slurm_plugin.feed.notify import send_wake
 from slurm_plugin.feed.store import FeedStamp, FeedStore
 from slurm_plugin.feed.usage import JobUsage, NodeUsage, UsageError, jobs_to_close, system_comment
+from slurm_plugin.feed.usage_runner import InlineUsage, UsageRunner
 
 from slurm_plugin.feed.leader import Role
 
@@ -107,8 +108,12 @@ class ClusterWatcher:
                  link: "LinkServer | None" = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 usage: UsageRunner | None = None):
         self.config = config
+        # Where ended jobs' usage is closed (usage_runner.py): the watcher's command closes it
+        # in a thread of its own; by default at once, in the poll.
+        self.usage: UsageRunner = usage if usage is not None else InlineUsage()
         self.client = client
         self.store = store
         self.accounting = accounting    # None: no slurmdbd, usage goes to usage.jsonl only
@@ -172,12 +177,19 @@ class ClusterWatcher:
             log.warning("poll time not published: %s", exc)
         if self.link is not None:
             self.link.polled(began)
-        try:
-            result.usage_closed = self.close_usage(jobs)
-        except OSError as exc:
-            log.warning("job usage not closed: %s", exc)
+        # The usage of ended jobs, beside the polls (usage_runner.py): a slow slurmdbd never
+        # holds the next feed back.
+        self.usage.hand(lambda: self._close_usage_logged(jobs))
+        result.usage_closed = self.usage.closed()
         result.seconds = self._clock() - t0
         return result
+
+    def _close_usage_logged(self, jobs) -> list[int]:
+        try:
+            return self.close_usage(jobs)
+        except OSError as exc:
+            log.warning("job usage not closed: %s", exc)
+            return []
 
     def _wake_agents(self, layout: Sequence[Node], written: Sequence[str]) -> int:
         """A wake datagram to each node whose feed was written and whose agent registered a

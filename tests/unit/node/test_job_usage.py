@@ -330,3 +330,48 @@ def test_a_job_sacctmgr_did_not_modify_waits_and_the_others_are_closed(tmp_path)
     assert list(store.usage_files()) == [8] and db.comments[8] == ""
     db.refuse.clear()
     assert w.poll().usage_closed == [8] and db.comments[8]
+
+
+class HungAccounting(FakeAccounting):
+    """A slurmdbd that does not answer until ``answer`` is set: each call waits for it."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        import threading
+        self.answer, self.asked = threading.Event(), threading.Event()
+        self.asks = 0
+
+    def system_comments(self, job_ids):
+        self.asks += 1
+        self.asked.set()
+        assert self.answer.wait(30), "the test never let the database answer"
+        return super().system_comments(job_ids)
+
+
+def test_a_hung_database_never_holds_the_feed_back(tmp_path):
+    """The watcher's command closes usage in a thread of its own (usage_runner.py): while
+    slurmdbd does not answer, polls go on publishing feeds, a second closing is not started
+    beside the first, and the job's usage is closed once the database answers."""
+    from slurm_plugin.feed.usage_runner import BackgroundUsage
+    db = HungAccounting(known=[7])
+    store = FeedStore(tmp_path)
+    store.prepare()
+    usage = BackgroundUsage()
+    jobs = Jobs([job(7, "COMPLETED")])
+    walls = iter(range(1000, 2000, 10))
+    w = ClusterWatcher(WatcherConfig(feed_dir=tmp_path), jobs, store, accounting=db,
+                       wall=lambda: float(next(walls)), usage=usage)
+    store.write_usage(7, "n1", raw(borrowed=1.5))
+    first = w.poll()
+    assert db.asked.wait(30)                      # the closing is in the database's hands
+    assert first.error is None and first.usage_closed == []
+    published = store.polled_at()
+    second = w.poll()                             # returns though the database still hangs
+    assert second.error is None and second.usage_closed == []
+    assert store.polled_at() > published          # this poll was published
+    assert db.asks == 1 and not usage.idle.is_set()     # one closing at a time, still waiting
+    db.answer.set()
+    assert usage.idle.wait(30)
+    assert db.comments[7] == "malleable:borrowed_core_s=1.500,lent_core_s=0.000,nodes=1"
+    assert w.poll().usage_closed == [7]           # reported by the poll after it
+    assert list(store.usage_files()) == []
