@@ -69,15 +69,12 @@ def case_key(result: dict) -> tuple:
             str(result["load"]), tuple(result["node_costs"]))
 
 
-def one_case(case: tuple) -> dict:
-    """Every regime on one (trace, window, seed, load): the same jobs, paired; at 0.85 also
-    ``nodes`` at each of the case's other node resize costs (``nodes@COSTs``)."""
-    from malleable_sim import (NodeBounds, ResizeCosts, SimPolicy, Simulation, SpeedupModel,
-                               TimeLimits, closed_batch, efficiency_at_request, read_swf,
-                               swf_workload)
+def case_jobs(case: tuple) -> tuple[list, int, int, float]:
+    """One case's jobs as submitted (the window, its seed's malleable jobs, speedups and
+    jitter, brought to its load), the trace's nodes and cores, and the window's natural load."""
+    from malleable_sim import SpeedupModel, closed_batch, read_swf, swf_workload
     from malleable_sim.lublin import offered_load, scale_to_load
-    from malleable_sim.metrics import bounded_slowdown
-    trace, start, jobs, seed, _window, load, node_costs = case
+    trace, start, jobs, seed, _window, load, _node_costs = case
     nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
     log = read_swf((PWA / trace).read_bytes())
     log = dataclasses.replace(log, records=log.records[start:start + jobs])
@@ -92,6 +89,33 @@ def one_case(case: tuple) -> dict:
         submitted = closed_batch(submitted)
     elif load != "natural":
         submitted = scale_to_load(submitted, float(load), nodes * cores)
+    return submitted, nodes, cores, natural
+
+
+def run_regime(submitted: list, nodes: int, cores: int, policy, node_cost: float) -> dict:
+    """One regime on a case's jobs: the metrics round 3 keeps, its kills and resizes."""
+    from malleable_sim import NodeBounds, ResizeCosts, Simulation, TimeLimits
+    from malleable_sim.metrics import bounded_slowdown
+    t0 = time.monotonic()
+    r = Simulation(policy.submitted(submitted, MALLEABLE_ASK, cores), nodes=nodes,
+                   cores=cores, policy=policy, time_limits=TimeLimits.ENFORCED,
+                   resize_costs=ResizeCosts(node_s=node_cost, core_s=CORE_MOVE_S),
+                   node_bounds=NodeBounds(regrow_after_s=REGROW_AFTER_S)).run()
+    s = r.summary()
+    wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
+    s["wide_rigid_mean_bounded_slowdown"] = sum(
+        bounded_slowdown(j.counted_response_s, j.reference_s) for j in wide) / len(wide) \
+        if wide else 0.0
+    return {**{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),
+            "resizes": s["resizes"], "wall_s": round(time.monotonic() - t0, 2)}
+
+
+def one_case(case: tuple) -> dict:
+    """Every regime on one (trace, window, seed, load): the same jobs, paired; at 0.85 also
+    ``nodes`` at each of the case's other node resize costs (``nodes@COSTs``)."""
+    from malleable_sim import SimPolicy, efficiency_at_request
+    trace, start, jobs, seed, _window, load, node_costs = case
+    submitted, nodes, cores, natural = case_jobs(case)
     out = {"trace": trace, "window_start": start, "jobs_window": jobs, "seed": seed,
            "load": load, "node_costs": list(node_costs),
            "natural_load": round(natural, 4), "jobs": len(submitted),
@@ -102,19 +126,7 @@ def one_case(case: tuple) -> dict:
         runs += [(f"nodes@{c:g}s", SimPolicy.NODES, c) for c in node_costs
                  if c != NODE_RESIZE_S]
     for label, policy, node_cost in runs:
-        t0 = time.monotonic()
-        r = Simulation(policy.submitted(submitted, MALLEABLE_ASK, cores), nodes=nodes,
-                       cores=cores, policy=policy, time_limits=TimeLimits.ENFORCED,
-                       resize_costs=ResizeCosts(node_s=node_cost, core_s=CORE_MOVE_S),
-                       node_bounds=NodeBounds(regrow_after_s=REGROW_AFTER_S)).run()
-        s = r.summary()
-        wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
-        s["wide_rigid_mean_bounded_slowdown"] = sum(
-            bounded_slowdown(j.counted_response_s, j.reference_s) for j in wide) / len(wide) \
-            if wide else 0.0
-        out["regimes"][label] = {
-            **{m: s[m] for m in METRICS}, "timed_out_jobs": s.get("timed_out_jobs"),
-            "resizes": s["resizes"], "wall_s": round(time.monotonic() - t0, 2)}
+        out["regimes"][label] = run_regime(submitted, nodes, cores, policy, node_cost)
     return out
 
 
