@@ -89,7 +89,7 @@ def running_cluster(prefix: str, *, agents: str | None = None, **spec):
 def cluster():
     """A 3-node cluster for the whole session, on ports and node names of its own."""
     with running_cluster("malleable-test-", nodes=3, node_prefix="tn", name="malleabletest",
-                         port_base=int(os.environ.get("MALLEABLE_TEST_PORT", 27817))) as c:
+                         port_base=int(os.environ.get("MALLEABLE_TEST_PORT", 15817))) as c:
         yield c
 
 

@@ -64,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="malleable-hung-", dir="/tmp"))
     base.chmod(0o755)
-    c = LocalCluster(default_spec(base / "c", nodes=1, port_base=46817, node_prefix="lh",
+    c = LocalCluster(default_spec(base / "c", nodes=1, port_base=5817, node_prefix="lh",
                                   name="malleablehung"))
     samples = {s: {"submit": [], "start": [], "step": []} for s in ("healthy", "frozen")}
     try:

@@ -71,7 +71,7 @@ from malleable_sim.replay import (BATCH_SCHED_DELAY_S, BF_MAX_JOB_TEST,
 
 BASE = Path("/tmp/replay-cluster")
 ROOT = BASE / "cluster"
-PORT_BASE = 46817
+PORT_BASE = 19817
 PHASES = 10                 # phases of the backfill cadence tried when it is not known
 
 

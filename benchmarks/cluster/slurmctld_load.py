@@ -228,10 +228,12 @@ def main() -> None:
     code = str(Path(slurm_plugin.__file__).resolve().parent.parent)
     rev = subprocess.run(["git", "-C", code, "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip()
-    runs = [measure(n, args.seconds, args.storm, 0, 39817 + 200 * i, args.rigid,
+    # Below Linux's ephemeral ports (LocalCluster refuses them); in the range malleable_runtime
+    # derives multi-worker ports from, which no job here uses.
+    runs = [measure(n, args.seconds, args.storm, 0, 24817 + 200 * i, args.rigid,
                     args.malleable) for i, n in enumerate(args.nodes)]
     if args.phantom:
-        runs.append(measure(args.nodes[-1], args.seconds, args.storm, args.phantom, 41817))
+        runs.append(measure(args.nodes[-1], args.seconds, args.storm, args.phantom, 27817))
     label = args.label or rev
     data = json.loads(path.read_text()) if path.exists() else {"benchmark": "slurmctld_load"}
     data["machine"] = machine()

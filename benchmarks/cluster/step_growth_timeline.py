@@ -52,7 +52,7 @@ def main() -> None:
     root.chmod(0o755)
     work = root / "work"
     work.mkdir(mode=0o777)
-    cluster = LocalCluster(default_spec(root / "c", nodes=1, port_base=39717, node_prefix="tl",
+    cluster = LocalCluster(default_spec(root / "c", nodes=1, port_base=7817, node_prefix="tl",
                                         name="malleabletimeline"))
     (root / "c").mkdir(mode=0o755)
     cluster.up(agents=Policy.LEND_IDLE)

@@ -184,7 +184,7 @@ def main() -> None:
         raise SystemExit("no .venv-keras3: scripts/setup.sh --keras3")
     base = Path(tempfile.mkdtemp(prefix="malleable-mw-", dir="/tmp"))
     base.chmod(0o1777)       # jobs write their reports here; munged wants the sticky bit
-    c = LocalCluster(default_spec(base / "cluster", nodes=2, port_base=43817,
+    c = LocalCluster(default_spec(base / "cluster", nodes=2, port_base=3817,
                                   node_prefix="mw", name="malleablemw"))
     try:
         c.up(agents=Policy.LEND_IDLE)

@@ -51,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="malleable-bench-", dir="/tmp"))
     root.chmod(0o755)
-    cluster = LocalCluster(default_spec(root, nodes=1, port_base=38817, node_prefix="bn",
+    cluster = LocalCluster(default_spec(root, nodes=1, port_base=2817, node_prefix="bn",
                                         name="malleablebench"))
     cluster.up(agents=Policy.LEND_IDLE)
     env = {**os.environ, **cluster.env()}

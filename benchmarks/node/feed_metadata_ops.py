@@ -50,7 +50,7 @@ def main() -> None:
         raise SystemExit("strace is not installed (apt-get install strace)")
     base = Path(tempfile.mkdtemp(prefix="malleable-feedops-", dir="/tmp"))
     base.chmod(0o755)
-    c = LocalCluster(default_spec(base, nodes=2, port_base=45817, node_prefix="fo",
+    c = LocalCluster(default_spec(base, nodes=2, port_base=4817, node_prefix="fo",
                                   name="malleablefo", feed_link=False))
     rows = {}
     try:

@@ -138,12 +138,12 @@ def main() -> None:
     turns.mkdir(mode=0o777)
     clusters = []
     try:
-        plain = cluster_at(base / "plain", 39817, "pl", plugin=False)
+        plain = cluster_at(base / "plain", 9817, "pl", plugin=False)
         clusters.append(plain)
-        co = cluster_at(base / "co", 41817, "sl", plugin=True)   # 2,000 ports apart
+        co = cluster_at(base / "co", 10017, "sl", plugin=True)   # 200 ports apart
         clusters.append(co)
         outs = submit(plain, base / "plain", turns, {"plain": ("pl1", "", False)}, args.steps)
-        down = cluster_at(base / "down", 43817, "dn", plugin=True)
+        down = cluster_at(base / "down", 10217, "dn", plugin=True)
         clusters.append(down)
         down.stop_daemons(["watcher"] + [f"agent {n}" for n in down.spec.node_names])
         outs.update(submit(co, base / "co", turns, {

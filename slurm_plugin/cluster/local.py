@@ -92,6 +92,23 @@ def port_holder(port: int) -> str:
     return "another process"
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports(text: str | None = None) -> range:
+    """Linux's ephemeral ports (net.ipv4.ip_local_port_range): any outgoing connection may
+    take one of them as its own, for a while, so a daemon's port among them is free or not by
+    chance (seen: a benchmark's slurmd port held by a client). Linux's default when the file
+    cannot be read."""
+    try:
+        if text is None:
+            text = EPHEMERAL_RANGE_FILE.read_text()
+        lo, hi = (int(x) for x in text.split()[:2])
+        return range(lo, hi + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def check_port_free(address: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # As the daemons do: connections in TIME_WAIT from a previous cluster do not block.
@@ -253,7 +270,13 @@ class LocalCluster:
         if self.is_running():
             raise ClusterError(f"a cluster is already running in {self.paths.root}: "
                                "'malleable cluster down' first")
+        ephemeral = ephemeral_ports()
         for owner, port in self.spec.ports.items():
+            if port in ephemeral:
+                raise ClusterError(
+                    f"port {port} for {owner} is among Linux's ephemeral ports "
+                    f"({ephemeral.start}-{ephemeral.stop - 1}): an outgoing connection may hold "
+                    f"it at any time; choose a --port-base below {ephemeral.start}")
             try:
                 check_port_free(self.spec.address, port)
             except OSError as exc:

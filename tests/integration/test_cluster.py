@@ -149,7 +149,7 @@ def test_up_without_munge_says_so(tmp_path):
 
 def test_up_job_down_leaves_no_process_and_no_cgroup():
     root = make_cluster_root("malleable-updown-")
-    c = LocalCluster(default_spec(root, nodes=2, port_base=28817, node_prefix="ud"))
+    c = LocalCluster(default_spec(root, nodes=2, port_base=16817, node_prefix="ud"))
     c.up(timeout_s=120)
     try:
         pids = [r.pid for r in c.records()]

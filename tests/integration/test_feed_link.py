@@ -24,7 +24,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def link_cluster():
-    with running_cluster("malleable-link-", agents=Policy.LEND_IDLE, nodes=2, port_base=41817,
+    with running_cluster("malleable-link-", agents=Policy.LEND_IDLE, nodes=2, port_base=12817,
                          node_prefix="ln", name="malleablelink", feed_link=True) as c:
         yield c
 

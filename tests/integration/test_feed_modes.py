@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def shared_feed_cluster():
     with running_cluster("malleable-shared-", agents=Policy.LEND_IDLE, nodes=2,
-                         port_base=44817, node_prefix="sf", name="malleableshared",
+                         port_base=13817, node_prefix="sf", name="malleableshared",
                          feed_link=False) as c:
         yield c
 

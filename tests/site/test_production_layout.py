@@ -34,7 +34,7 @@ def site_cluster():
     if not (SBIN / "slurmd").is_file():
         pytest.fail(f"no Slurm built without multiple-slurmd in {SBIN}: run "
                     "scripts/build-slurm-production.sh (make test does)")
-    with running_cluster("malleable-site-", agents=Policy.LEND_IDLE, nodes=1, port_base=47817,
+    with running_cluster("malleable-site-", agents=Policy.LEND_IDLE, nodes=1, port_base=14817,
                          node_prefix="sn", name="malleablesite", slurm_sbin=SBIN) as c:
         yield c
     assert not cgroups.made_roots(NODE, multiple_slurmd=False), \

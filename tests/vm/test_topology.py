@@ -12,9 +12,12 @@ malleable job to exactly the CPUs Slurm gave it; a step runs in the grown job; i
 accounted. After every change: no CPU in two jobs' cpusets, and no core split between jobs
 (CR_Core: a core's two threads go together).
 
-Last, a job on both nodes (offers across nodes, on cgroup v2): vm1 (2 CPUs) can give its rank 2
+Then a job on both nodes (offers across nodes, on cgroup v2): vm1 (2 CPUs) can give its rank 2
 CPUs, vm2 could give 8; no node gives a rank more than the smallest offer, so vm1 grows its rank
-to 2 and vm2 holds its rank at 2 (its allocation, one core), where alone it would take 8."""
+to 2 and vm2 holds its rank at 2 (its allocation, one core), where alone it would take 8.
+
+Last, the cluster switched to CR_CPU and back: two one-CPU jobs on vm2 share no core, as
+slurm.conf(5) says once the node's threads are declared."""
 from __future__ import annotations
 
 import json
@@ -23,8 +26,8 @@ import time
 
 from malleable_protocol import format_cpu_list, parse_cpu_list
 
-from .conftest import (NODE_FEED, NOTES, RUN_DIR, STATE_DIR, Node, Stage, VMs, diagnostics,
-                       wait_for)
+from .conftest import (GUIDE, GUIDE_ENV, NODE_FEED, NOTES, RUN_DIR, SLURM_CONF, STATE_DIR, Node,
+                       Stage, VMs, diagnostics, wait_for)
 
 NODE = "vm2"
 CPUS = frozenset(range(8))
@@ -289,3 +292,65 @@ def test_a_job_on_both_nodes_gets_no_more_per_rank_than_the_smaller_offer(cosche
             for n in vms.nodes:
                 vms.run(n, f"touch {stop}", check=False)
             vms.run("vm1", f"scancel {j}", check=False)
+
+
+def set_select_type(vms: VMs, value: str) -> None:
+    """SelectTypeParameters in vm1's slurm.conf (vm2 is configless: it fetches vm1's), then
+    every daemon restarted by the guide's own step (slurmctld first) and every node idle."""
+    vms.run("vm1", f"sed -i 's/^SelectTypeParameters=.*/SelectTypeParameters={value}/' "
+                   f"{SLURM_CONF}")
+    vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
+    vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
+
+    def idle():
+        out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)
+        states = dict(ln.split()[:2] for ln in out.splitlines() if len(ln.split()) >= 2)
+        return set(states) == set(vms.nodes) and all(v == "idle" for v in states.values())
+    wait_for(idle, timeout=240, interval=2, what=f"every node idle under {value}",
+             show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
+                                  check=False))
+    conf = vms.out("vm1", "scontrol show config | grep SelectTypeParameters")
+    assert value.upper() in conf.upper(), conf
+
+
+def test_under_cr_cpu_slurm_gives_no_core_to_two_jobs(cosched: VMs):
+    """slurm.conf(5): with the node's threads declared, CR_CPU gives no core to two jobs, so
+    the agent lends whole cores there as under CR_Core (slurm_plugin/slurm/parsers.py's
+    AllocationUnit; the doctor says so). Two one-CPU jobs on vm2 under CR_CPU: each job's
+    cpuset is the one Slurm's task/cgroup wrote, and no core holds threads of both."""
+    vms, node = cosched, Node(cosched, NODE)
+    cores = cores_of(lscpu(vms))
+    jobs: list[int] = []
+    with Stage("(t8) CR_CPU: two one-CPU jobs on vm2, no core shared between them"):
+        set_select_type(vms, "CR_CPU")
+        try:
+            for name in ("c1", "c2"):
+                jobs.append(int(vms.out(NODE, (
+                    f"cd /tmp && {AS_TESTER} sbatch --parsable -N1 -n1 -c1 -w {NODE} -D /tmp "
+                    f"-o /dev/null -J {name} --wrap 'sleep 600'")).strip().split(";")[0]))
+            wait_for(lambda: all(node.state(j) == "RUNNING" for j in jobs), timeout=180,
+                     interval=2, what="both jobs running",
+                     show=lambda: diagnostics(vms, jobs[-1]))
+            held = {j: wait_for(lambda j=j: node.job_cpus(j), timeout=60, interval=2,
+                                what=f"job {j}'s cpuset") for j in jobs}
+            for j, cpus in held.items():
+                slurm = slurm_wrote(vms, j)
+                NOTES.append(f"(t8) CR_CPU: job {j} -c1, Slurm CPU_IDs {abstract_ids(vms, j)}, "
+                             f"task/cgroup wrote {format_cpu_list(slurm)}, its cpuset "
+                             f"{format_cpu_list(cpus)}")
+                assert cpus == slurm, (j, cpus, slurm)
+            # No core holds threads of both jobs (each may hold one thread or both of its own).
+            shared = [c for c in cores if c & held[jobs[0]] and c & held[jobs[1]]]
+            assert not shared and not node.overlaps(), (held, shared)
+            NOTES.append(f"(t8) whole cores each: {all(c in cores for c in held.values())}")
+            doctor = vms.out(NODE, f"{CLI} doctor --config /etc/malleable/agent.json "
+                                   f"--node {NODE} | grep 'CPU numbering'", timeout=120)
+            assert doctor.split()[0] == "ok" and "CR_CPU with ThreadsPerCore" in doctor, doctor
+            NOTES.append("(t8) doctor on vm2 under CR_CPU: " + doctor.strip())
+        finally:
+            for j in jobs:
+                vms.run(NODE, f"scancel {j}", check=False)
+            wait_for(lambda: all(node.state(j) in ("CANCELLED", "COMPLETED", "")
+                                 for j in jobs), timeout=180, interval=2,
+                     what="the CR_CPU jobs gone")
+            set_select_type(vms, "CR_Core")

@@ -218,7 +218,7 @@ def plot(data: dict, name: str) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--regimes", default=",".join(REGIMES))
-    ap.add_argument("--port-base", type=int, default=41817)
+    ap.add_argument("--port-base", type=int, default=8817)
     ap.add_argument("--name", default="coscheduling",
                     help="results as benchmarks/results/NAME.json and .png (a repetition: "
                          "another name)")

@@ -130,3 +130,19 @@ def test_scheduler_parameters_rendered_and_checked():
     for bad in ("", "bf_interval=1\nNodeName=x", "bf_interval=1 PriorityType=x", "a,,b", "=1"):
         with pytest.raises(SpecError):
             spec(scheduler_parameters=bad)
+
+
+def test_a_cluster_never_listens_among_linuxs_ephemeral_ports(tmp_path):
+    """Any outgoing connection may take an ephemeral port, so a daemon's port there is free by
+    chance (a benchmark's slurmd port was once held by a client): the cluster refuses such a
+    port base before it starts anything, and says what to choose."""
+    from dataclasses import replace
+
+    from slurm_plugin.cluster.local import ClusterError, LocalCluster, ephemeral_ports
+    assert ephemeral_ports("32768\t60999\n") == range(32768, 61000)
+    assert ephemeral_ports("1024 65000") == range(1024, 65001)
+    assert ephemeral_ports("junk") == range(32768, 61000)       # Linux's default
+    live = ephemeral_ports()
+    s = replace(spec(nodes=1), root=tmp_path, port_base=live.start + 100)
+    with pytest.raises(ClusterError, match="ephemeral"):
+        LocalCluster(s).preflight()
