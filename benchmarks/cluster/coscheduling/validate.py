@@ -1,8 +1,9 @@
 """The simulator against the real runs of run.py, on the same workload.
 
 Each job of the reference workload becomes a SimJob: submitted when it was in the static run,
-1 core, its start-up there (from submission to its first training step: dispatch, imports,
-building the model; more cores do not shorten it) and its training steps. How fast it trains is
+1 core, its start-up there (Slurm's dispatch, the fastest submission-to-start of the static run,
+plus the job's own start to its first training step: imports, building the model; more cores do
+not shorten it; a wait in the queue is the simulator's to model) and its training steps. How fast it trains is
 what was measured of the program each regime runs: under static and cgroup-only the plain job's
 steps/s in the static run (its threads never grow); under lend-idle and throughput the
 malleable job's steps/s at 1 and 2 threads by its own telemetry (the median over the malleable
@@ -14,6 +15,7 @@ gives the earlier model for comparison: the malleable curve scaled so that 1 thr
 fast as the plain job.
 
     python -m benchmarks.cluster.coscheduling.validate [--real NAME,NAME,...] [--relative]
+        [--name coscheduling_validation]
 
 Reads benchmarks/results/NAME.json for each repetition of run.py (default: coscheduling.json and
 every coscheduling_repN.json), compares each with the simulator, and pools them: the mean real
@@ -52,6 +54,10 @@ def sim_jobs(real: dict, regime: str, *, relative: bool = False) -> list[SimJob]
     static = next(r for r in real["runs"] if r["regime"] == "static")
     measured = curves(real["runs"])
     threads_follow = SimPolicy(regime).threads_follow
+    # Slurm's dispatch, submission to the script's start where a core was free at once (the
+    # fastest of the static run's jobs): a job's queueing in the static run is not its start-up,
+    # the simulator queues it itself.
+    dispatch = min(j["start"] - j["submitted"] for j in static["jobs"].values())
     out = []
     for i, (name, job) in enumerate(sorted(static["jobs"].items()), 1):
         pts = measured.get(name, {})
@@ -62,7 +68,7 @@ def sim_jobs(real: dict, regime: str, *, relative: bool = False) -> list[SimJob]
             else plain_s
         spec = MalleableSpec(min_cpus=1, max_cpus=2) if job["malleable"] else None
         out.append(SimJob(i, job["submitted"], 1, runtime, curve, spec,
-                          startup_s=job["ready"] - job["submitted"]))
+                          startup_s=dispatch + job["ready"] - job["start"]))
     return out
 
 
@@ -135,6 +141,9 @@ def main() -> None:
     ap.add_argument("--real", default=None,
                     help="comma-separated names of real runs, benchmarks/results/NAME.json "
                          "(run.py --name); default: coscheduling and every coscheduling_repN")
+    ap.add_argument("--name", default=None,
+                    help="results as benchmarks/results/NAME.json (default: "
+                         "coscheduling_validation, _relative with --relative)")
     ap.add_argument("--relative", action="store_true",
                     help="the earlier model: malleable at 1 thread as fast as plain")
     args = ap.parse_args()
@@ -154,7 +163,7 @@ def main() -> None:
             + (f", real gain {v['mean real gain']:.1%} / simulated {v['mean simulated gain']:.1%}"
                f" = {v['real / simulated']}" if "mean real gain" in v else "")
             for m, v in ms.items()))
-    save("coscheduling_validation" + ("_relative" if args.relative else ""), {
+    save(args.name or "coscheduling_validation" + ("_relative" if args.relative else ""), {
         "what": "the simulator on the reference workload with measured curves vs the real runs",
         "model": "relative: malleable at 1 thread as fast as plain" if args.relative else
                  "absolute: each regime's program at its measured steps/s",
