@@ -121,9 +121,15 @@ def test_up_with_port_taken_says_which_port():
     root = make_cluster_root("malleable-port-")
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
+        # Below the ephemeral ports, which the cluster refuses before it looks whether they
+        # are free (test_a_cluster_never_listens_among_linuxs_ephemeral_ports).
+        for port in range(22817, 23817, 7):
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
         s.listen()
-        port = s.getsockname()[1]
         out = _cli("cluster", "up", "--dir", str(root), "--port-base", str(port),
                    "--node-prefix", "pt", "--nodes", "1")
     shutil.rmtree(root, ignore_errors=True)
