@@ -30,6 +30,7 @@ from pathlib import Path
 
 
 from benchmarks.common import RESULTS, TRACES, machine, save, trace_workload
+from benchmarks.simulator import round3
 
 from malleable_sim import (BF_WINDOW_S, Placement, SimPolicy, Simulation, SpeedupModel,
                            WorkloadModel, closed_batch, generate)
@@ -211,7 +212,7 @@ def speed(args) -> None:
             t0 = time.perf_counter()
             r = Simulation(policy.submitted(jobs, args.ask, 64), nodes=1000, cores=64,
                            policy=policy, placement=Placement(args.placement),
-                           **(round3_conditions() if args.round3 else {})).run()
+                           **(round3.conditions() if args.round3 else {})).run()
             rows.append({"workload": model, "policy": policy.value, "jobs": len(jobs),
                          "offered_load": load, "conditions": "round3" if args.round3 else ROUND2,
                          "placement": args.placement,
@@ -221,17 +222,6 @@ def speed(args) -> None:
             print(rows[-1], flush=True)
             save(args.name, {"benchmark": "simulator speed, 1000 x 64 cores",
                              "machine": machine(), "malleable_ask": args.ask, "rows": rows})
-
-
-def round3_conditions() -> dict:
-    """Round 3's limits, costs and hysteresis, as its benchmark sets them."""
-    from malleable_sim import NodeBounds, ResizeCosts, TimeLimits
-    from malleable_sim.cli import CORE_MOVE_S
-
-    from benchmarks.simulator.round3 import NODE_RESIZE_S, REGROW_AFTER_S
-    return {"time_limits": TimeLimits.ENFORCED,
-            "resize_costs": ResizeCosts(node_s=NODE_RESIZE_S, core_s=CORE_MOVE_S),
-            "node_bounds": NodeBounds(regrow_after_s=REGROW_AFTER_S)}
 
 
 def markdown_tables(results: list[dict]) -> str:

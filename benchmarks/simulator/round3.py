@@ -92,15 +92,21 @@ def case_jobs(case: tuple) -> tuple[list, int, int, float]:
     return submitted, nodes, cores, natural
 
 
+def conditions(node_cost: float = NODE_RESIZE_S) -> dict:
+    """Round 3's limits, costs and hysteresis, as Simulation's keyword arguments."""
+    from malleable_sim import NodeBounds, ResizeCosts, TimeLimits
+    return {"time_limits": TimeLimits.ENFORCED,
+            "resize_costs": ResizeCosts(node_s=node_cost, core_s=CORE_MOVE_S),
+            "node_bounds": NodeBounds(regrow_after_s=REGROW_AFTER_S)}
+
+
 def run_regime(submitted: list, nodes: int, cores: int, policy, node_cost: float) -> dict:
     """One regime on a case's jobs: the metrics round 3 keeps, its kills and resizes."""
-    from malleable_sim import NodeBounds, ResizeCosts, Simulation, TimeLimits
+    from malleable_sim import Simulation
     from malleable_sim.metrics import bounded_slowdown
     t0 = time.monotonic()
     r = Simulation(policy.submitted(submitted, MALLEABLE_ASK, cores), nodes=nodes,
-                   cores=cores, policy=policy, time_limits=TimeLimits.ENFORCED,
-                   resize_costs=ResizeCosts(node_s=node_cost, core_s=CORE_MOVE_S),
-                   node_bounds=NodeBounds(regrow_after_s=REGROW_AFTER_S)).run()
+                   cores=cores, policy=policy, **conditions(node_cost)).run()
     s = r.summary()
     wide = [j for j in r.per_job if not j.malleable and j.nodes >= WIDE_RIGID_NODES]
     s["wide_rigid_mean_bounded_slowdown"] = sum(

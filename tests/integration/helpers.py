@@ -238,11 +238,9 @@ def submit_as_written(cluster, tmp_path: Path, command: list[str], python: Path,
     import os
     import subprocess
 
+    from sbatch_templates.cli import split_passthrough
     assert command[0] == "malleable-sbatch", command
-    own, passthrough = command[1:], []
-    if "--" in own:
-        cut = own.index("--")
-        own, passthrough = own[:cut], own[cut + 1:]
+    own, passthrough = split_passthrough(command[1:])
     own = [f"program={program}" if a == "program=train.py" else a for a in own]
     assert f"program={program}" in own, f"the command names no program=train.py: {command}"
     for key, value in sets.items():

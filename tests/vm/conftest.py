@@ -354,17 +354,7 @@ def cosched(vms: VMs) -> VMs:
                 vms.run(node, "cat > /etc/slurm/malleable.conf", data=include.encode())
             vms.run(node, f"echo 'Include malleable.conf' >> {SLURM_CONF}")
     with Stage("install: guide step restart-slurm (vm1 first), every node idle again"):
-        vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
-        vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
-        want = set(vms.nodes)
-
-        def idle():
-            out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)
-            states = dict(ln.split()[:2] for ln in out.splitlines() if len(ln.split()) >= 2)
-            return set(states) == want and all(v == "idle" for v in states.values())
-        wait_for(idle, timeout=240, interval=2, what="every node idle after the restart",
-                 show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
-                                      check=False))
+        restart_slurm(vms, "after the restart")
         # 24.11 runs every Prolog line: the site's (site.conf, Included) and ours.
         text = vms.out("vm1", "scontrol show config")
         assert parse_config_values(text, "JobSubmitPlugins") == ["lua"], text
@@ -423,6 +413,21 @@ def cosched(vms: VMs) -> VMs:
             marks = vms.out(node, "ls /run/site-prolog/ 2>/dev/null", check=False).split()
             assert ids[0] in marks, f"{node}: the site's Prolog did not run for job {ids[0]}"
     return vms
+
+
+def restart_slurm(vms: VMs, when: str) -> None:
+    """The guide's restart-slurm step on vm1 (slurmctld first), then on every node, and every
+    node idle again."""
+    vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
+    vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
+
+    def idle():
+        out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)
+        states = dict(ln.split()[:2] for ln in out.splitlines() if len(ln.split()) >= 2)
+        return set(states) == set(vms.nodes) and all(v == "idle" for v in states.values())
+    wait_for(idle, timeout=240, interval=2, what=f"every node idle {when}",
+             show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
+                                  check=False))
 
 
 def diagnostics(vms: VMs, job: int | None = None) -> str:

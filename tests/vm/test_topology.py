@@ -26,8 +26,8 @@ import time
 
 from malleable_protocol import format_cpu_list, parse_cpu_list
 
-from .conftest import (GUIDE, GUIDE_ENV, NODE_FEED, NOTES, RUN_DIR, SLURM_CONF, STATE_DIR, Node,
-                       Stage, VMs, diagnostics, wait_for)
+from .conftest import (NODE_FEED, NOTES, RUN_DIR, SLURM_CONF, STATE_DIR, Node, Stage, VMs,
+                       diagnostics, restart_slurm, wait_for)
 
 NODE = "vm2"
 CPUS = frozenset(range(8))
@@ -299,16 +299,7 @@ def set_select_type(vms: VMs, value: str) -> None:
     every daemon restarted by the guide's own step (slurmctld first) and every node idle."""
     vms.run("vm1", f"sed -i 's/^SelectTypeParameters=.*/SelectTypeParameters={value}/' "
                    f"{SLURM_CONF}")
-    vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
-    vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
-
-    def idle():
-        out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)
-        states = dict(ln.split()[:2] for ln in out.splitlines() if len(ln.split()) >= 2)
-        return set(states) == set(vms.nodes) and all(v == "idle" for v in states.values())
-    wait_for(idle, timeout=240, interval=2, what=f"every node idle under {value}",
-             show=lambda: vms.out("vm1", "sinfo -N; tail -20 /var/log/slurm/slurmctld.log",
-                                  check=False))
+    restart_slurm(vms, f"under {value}")
     conf = vms.out("vm1", "scontrol show config | grep SelectTypeParameters")
     assert value.upper() in conf.upper(), conf
 
