@@ -17,6 +17,13 @@ the process may use when its iterator is made: a pipeline started on one core st
 after cores are added. ``options()`` gives the pipeline a private pool as large as the inter-op
 pool, so it can widen; ``map`` applies it (options set on any stage apply to the whole pipeline).
 
+``options()`` also turns tf.data's autotuning off: the gate, not the autotuner, decides how many
+calls run, and AUTOTUNE parallelism is fixed at TensorFlow's default (the pool's size, at most
+16). The autotuner's thread can miss its own cancellation (TensorFlow 2.15's CancellationManager
+runs the callback that wakes it before it marks itself cancelled); the iterator's teardown then
+waits out the autotuner's current period, which doubles up to 60 s. Malleable jobs outlived their
+last step by 6-20 s that way, holding their cores. ``options(autotune=True)`` keeps it.
+
 Work inside ``fn`` that does not depend on the element may start before the ticket is taken.
 Do not nest gated functions (a gated function that iterates another gated pipeline): the outer
 calls could hold every ticket the inner ones wait for.
@@ -50,12 +57,14 @@ def gate(fn: Callable) -> Callable:
     return gated
 
 
-def options():
+def options(autotune: bool = False):
     """``tf.data.Options`` with a private thread pool of the inter-op pool's size (the most
-    threads this process can grow to); the gate decides how many map calls run at once."""
+    threads this process can grow to) and, unless ``autotune``, no autotuner (see above); the
+    gate decides how many map calls run at once."""
     import tensorflow as tf
     opts = tf.data.Options()
     opts.threading.private_threadpool_size = malleable_tf.runtime().inter_pool
+    opts.autotune.enabled = autotune
     return opts
 
 

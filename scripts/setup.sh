@@ -36,7 +36,7 @@ WHEELS="$CACHE/wheels"
 # fuse3 and bindfs: a job user's own FUSE mount on his records folder (test_hostile).
 APT_PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
               openmpi-bin libopenmpi-dev cmake g++ make procps iproute2 python3-venv python3-dev
-              lua5.1 slurmdbd mariadb-server fuse3 bindfs rpm cpio)
+              lua5.1 slurmdbd mariadb-server fuse3 bindfs rpm cpio gdb)
 # The environment every cluster user's jobs run in: on Debian's own Python, in a folder every
 # user can read (root's home, where a developer's Python may live, is not).
 SITE_VENV="${MALLEABLE_SITE_VENV:-/opt/malleable/venv}"

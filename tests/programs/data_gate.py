@@ -32,6 +32,8 @@ out["in_use_after_failures"] = malleable_tf.data.stats()["in_use"]
 
 ds = malleable_tf.data.map(tf.data.Dataset.range(10**9), heavy,
                            num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+# The autotuner is off (its thread can hold the iterator's teardown for its whole period).
+out["autotune"] = ds.options().autotune.enabled
 stop = threading.Event()
 consumer = []
 

@@ -283,6 +283,18 @@ def one_repetition(regimes: list[str], workload: tuple[RefJob, ...], port_base: 
 
 
 POOLED_METRICS = ("makespan_s", "mean_completion_s")
+# A job whose cgroup outlives its last line by more than this holds cores it no longer uses (a
+# plain job's goes within 3.2 s here: Slurm's epilog and the 0.5 s sampling).
+HELD_AFTER_END_S = 5.0
+
+
+def held_after_end(run: dict) -> dict[str, float]:
+    """Per job: seconds from its last line to the last sample that saw its cgroup."""
+    last: dict[str, float] = {}
+    for s in run["samples"]:
+        last[s["job"]] = max(last.get(s["job"], s["t"]), s["t"])
+    return {name: round(last[name] - job["end"], 2) for name, job in run["jobs"].items()
+            if name in last}
 
 
 def pool(repetitions: list[dict]) -> dict:
@@ -304,7 +316,26 @@ def pool(repetitions: list[dict]) -> dict:
                           for name, ms in ratios.items() if name != "static"},
             "utilisation": {name: [round(r["utilisation"], 3) for rep in repetitions
                                    for r in rep["runs"] if r["regime"] == name]
-                            for name in ratios}}
+                            for name in ratios},
+            "held_after_end": {name: held_after_end_summary(
+                [(r, rep["jobs"]) for rep in repetitions for r in rep["runs"]
+                 if r["regime"] == name]) for name in ratios}}
+
+
+def held_after_end_summary(runs: list[tuple[dict, list[dict]]]) -> dict:
+    """Per workload and job mode: how many job runs held their cgroup more than
+    HELD_AFTER_END_S after their last line, and the longest."""
+    out: dict[str, dict] = {}
+    for run, jobs in runs:
+        malleable = {j["name"]: j["malleable"] for j in jobs}
+        for name, held in held_after_end(run).items():
+            mode = run["job_mode"] if malleable[name] else "plain"
+            key = f"{run['jobs'][name]['workload']} {mode}"
+            row = out.setdefault(key, {"runs": 0, "held": 0, "longest_s": 0.0})
+            row["runs"] += 1
+            row["held"] += held > HELD_AFTER_END_S
+            row["longest_s"] = max(row["longest_s"], held)
+    return out
 
 
 def plot_pooled(pooled: dict, name: str) -> Path:
