@@ -185,6 +185,7 @@ class Telemetry:
         self._steps = 0
         self._resizes = 0
         self._last: ResizeEvent | None = None
+        self._write_failure: str | None = None   # the last failed write's error, until one works
 
     def record_steps(self, threads: int, steps: int, seconds: float) -> None:
         self._rate.record(threads, steps, seconds)
@@ -206,8 +207,18 @@ class Telemetry:
             reload_signal=self.reload_signal)
 
     def write(self, record: RankStatus) -> None:
-        """Write ``record`` to ``status_path`` (which must be set); a failure is logged."""
+        """Write ``record`` to ``status_path`` (which must be set). A failure is logged once
+        until it changes or the writes succeed again: after an uninstall every write fails, and
+        a job writes several times a second."""
         try:
             write_status(self.status_path, record)
         except OSError as exc:
-            log.warning("malleable: cannot write status to %s: %s", self.status_path, exc)
+            failure = f"{type(exc).__name__}: {exc.strerror or exc}"
+            if failure != self._write_failure:
+                log.warning("malleable: cannot write status to %s: %s (said once until it "
+                            "changes)", self.status_path, exc)
+            self._write_failure = failure
+            return
+        if self._write_failure is not None:
+            log.warning("malleable: status written to %s again", self.status_path)
+            self._write_failure = None

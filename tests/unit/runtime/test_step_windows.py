@@ -170,3 +170,22 @@ def test_a_failing_source_keeps_its_last_value(tmp_path):
 
     rt.add_step_source(read)
     assert [rt.steps_total() for _ in range(4)] == [0, 5, 5, 9]
+
+
+def test_a_failing_status_write_is_logged_once_until_it_works_again(tmp_path, caplog):
+    from malleable_runtime.state import ThreadState
+    from malleable_runtime.telemetry import Telemetry
+    blocker = tmp_path / "records"
+    blocker.write_text("a file where the records' folder should be")
+    t = Telemetry(rank=0, local_rank=0, local_size=1, status_path=blocker / "0.json")
+    record = t.record(ThreadState(1, 2, 1, 2, frozenset({0}), frozenset({0}), True))
+    with caplog.at_level("WARNING", logger="malleable_runtime.telemetry"):
+        for _ in range(50):     # a job writes several times a second; an uninstall removed it
+            t.write(record)
+        assert len(caplog.records) == 1
+        assert "cannot write status" in caplog.records[0].getMessage()
+        blocker.unlink()
+        t.write(record)
+        t.write(record)
+    assert (blocker / "0.json").exists()
+    assert len(caplog.records) == 2 and "again" in caplog.records[1].getMessage()
