@@ -85,22 +85,26 @@ class HeartbeatReader:
         self._state_save, self._timeout, self._read = state_save, timeout_s, read
         self._done: threading.Event | None = None
         self._result: list[Heartbeat | None] = []
+        # The watcher's loop and its usage closing (usage_runner.py) both ask.
+        self._lock = threading.Lock()
 
     def __call__(self) -> Heartbeat | None | HeartbeatHung:
-        if self._done is None or self._done.is_set():
-            done, result = threading.Event(), []
-            self._done, self._result = done, result
+        with self._lock:
+            if self._done is None or self._done.is_set():
+                done, result = threading.Event(), []
+                self._done, self._result = done, result
 
-            def read() -> None:
-                try:
-                    result.append(self._read(self._state_save))
-                finally:
-                    done.set()
-            # A daemon thread: one stuck in the kernel must not hold the watcher's exit.
-            threading.Thread(target=read, name="heartbeat", daemon=True).start()
-        if not self._done.wait(self._timeout):
+                def read() -> None:
+                    try:
+                        result.append(self._read(self._state_save))
+                    finally:
+                        done.set()
+                # A daemon thread: one stuck in the kernel must not hold the watcher's exit.
+                threading.Thread(target=read, name="heartbeat", daemon=True).start()
+            done, result = self._done, self._result
+        if not done.wait(self._timeout):
             return HeartbeatHung()
-        return self._result[0] if self._result else None
+        return result[0] if result else None
 
 
 def decide_role(config: ControllerConfig, mine: int | None,

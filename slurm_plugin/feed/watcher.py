@@ -216,6 +216,13 @@ class ClusterWatcher:
         # only its line in the log.
         sacct = self._write_sacct([u for u in usages.values() if u is not None and
                                    (u.borrowed_core_s or u.lent_core_s)])
+        if self.role_of is not None and self.role_of()[0] is not Role.ACTIVE:
+            # Control moved while the database calls ran (they may take a minute): the watcher
+            # now active closes these jobs (its database write is the same text again); a line
+            # from this one too would log them twice.
+            log.warning("stood down while closing %d jobs' usage: left to the active watcher",
+                        len(usages))
+            return []
         closed = []
         for job_id, usage in usages.items():
             if usage is not None:

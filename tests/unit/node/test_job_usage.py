@@ -375,3 +375,29 @@ def test_a_hung_database_never_holds_the_feed_back(tmp_path):
     assert db.comments[7] == "malleable:borrowed_core_s=1.500,lent_core_s=0.000,nodes=1"
     assert w.poll().usage_closed == [7]           # reported by the poll after it
     assert list(store.usage_files()) == []
+
+
+def test_a_watcher_that_stands_down_while_closing_leaves_the_usage_to_the_active_one(tmp_path):
+    """Control moves to a backup while the database calls run: this watcher logs nothing and
+    keeps the files; the one now active closes them, so usage.jsonl has the job once."""
+    from slurm_plugin.feed.leader import Role
+
+    class MovingControl(FakeAccounting):
+        def set_system_comments(self, texts):
+            super().set_system_comments(texts)
+            role[0] = Role.STANDBY           # slurmctld's control moved meanwhile
+
+    role = [Role.ACTIVE]
+    db = MovingControl(known=[7])
+    store, w = watcher(tmp_path, [], db)
+    w.role_of = lambda: (role[0], "test")
+    store.write_usage(7, "n1", raw())
+    assert w.close_usage([]) == []
+    assert not store.usage_log.exists() or store.usage_log.read_text() == ""
+    assert list(store.usage_files()) == [7]
+    # The backup, now active, on the same store: the same comment again, one line.
+    backup = ClusterWatcher(WatcherConfig(feed_dir=tmp_path), Jobs([]), store, accounting=db,
+                            wall=lambda: 1000.0)
+    assert backup.close_usage([]) == [7]
+    assert len(store.usage_log.read_text().splitlines()) == 1
+    assert db.comments[7] == "malleable:borrowed_core_s=4.100,lent_core_s=0.000,nodes=1"
