@@ -4,7 +4,8 @@ tf.data runs map functions on threads of its own, outside the intra-op and inter
 parking does not limit them (pinning keeps them on this rank's cores, nothing more). A gated
 map function takes a ticket before it reads its element and returns it once its outputs are
 computed; at most as many calls as there are active inter-op threads hold a ticket at once, and
-that number changes with every resize. The other calls wait, blocked, using no CPU.
+that number changes with every resize. The other calls wait in a queue, holding no thread and
+using no CPU; deleting the iterator cancels them.
 
     import malleable_tf, malleable_tf.data
     malleable_tf.init()
@@ -76,10 +77,11 @@ def map(dataset, fn: Callable, num_parallel_calls=None, deterministic=None, name
 
 def stats() -> dict[str, int]:
     """The gate now: capacity, calls holding a ticket, the most at once since the last
-    ``reset_max()``, tickets ever taken."""
+    ``reset_max()``, tickets ever taken, calls waiting (queued: they hold no thread)."""
     lib = malleable_tf.runtime().pools.lib
     return {"capacity": lib.mtf_gate_stat(0), "in_use": lib.mtf_gate_stat(1),
-            "max_in_use": lib.mtf_gate_stat(2), "acquired": lib.mtf_gate_stat(3)}
+            "max_in_use": lib.mtf_gate_stat(2), "acquired": lib.mtf_gate_stat(3),
+            "waiting": lib.mtf_gate_stat(4)}
 
 
 def reset_max() -> None:

@@ -256,6 +256,11 @@ def test_tf_data_pipeline_follows_the_inter_op_threads():
     # One call at a time is at most one core of CPU for the pipeline's threads (plus the
     # bookkeeping around the gated function).
     assert narrow["pipeline_cores"] <= 1.2, narrow
+    # Calls that wait hold no thread (more wait than the pool has threads); deleting the
+    # iterator cancels them and every ticket comes back.
+    deep = r["deep"]
+    assert deep["most_waiting"] > deep["pool"], deep
+    assert deep["after_delete"]["waiting"] == 0 and deep["after_delete"]["in_use"] == 0, deep
 
 
 def test_a_malleable_pipeline_runs_no_autotuner_thread_to_wait_for_at_teardown():

@@ -62,4 +62,30 @@ for inter in (2, 1, 2):
                         "capacity": malleable_tf.data.stats()["capacity"],
                         "pipeline_cores": used / CLK_TCK / (t1 - t0)})
 stop.set()
+time.sleep(0.5)
+
+# Many calls at once on a pool of 2 threads, one ticket: the calls that wait are queued, not
+# blocked in a thread (more of them wait than the pool has threads), and deleting the iterator
+# cancels them: none waits and no ticket is held afterwards.
+malleable_tf.set_threads(intra=2, inter=1)
+deep = [iter(malleable_tf.data.map(tf.data.Dataset.range(10**9), heavy, num_parallel_calls=16))]
+deep_stop = threading.Event()
+
+
+def consume_deep():
+    while not deep_stop.is_set():
+        next(deep[0])
+
+
+deep_consumer = threading.Thread(target=consume_deep)
+deep_consumer.start()
+most_waiting = 0
+for _ in range(100):
+    most_waiting = max(most_waiting, malleable_tf.data.stats()["waiting"])
+    time.sleep(0.02)
+deep_stop.set()
+deep_consumer.join()
+deep.clear()     # the iterator's last reference: deleted here
+out["deep"] = {"most_waiting": most_waiting, "pool": malleable_tf.runtime().inter_pool,
+               "after_delete": malleable_tf.data.stats()}
 print("RESULT " + json.dumps(out), flush=True)
