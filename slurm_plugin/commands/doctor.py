@@ -19,8 +19,9 @@ from malleable_protocol.runner import CommandError, CommandRunner, run_command
 
 from slurm_plugin.slurm.parsers import (AllocationUnit, allocation_unit, parse_config_value,
                                         parse_config_values)
+from slurm_plugin.cgroups import CgroupVersion
 from slurm_plugin.commands.common import DEFAULT_AGENT_CONFIG, CliError
-from slurm_plugin.hooks.slurm_conf import HOOK_KEYS, hook_runs_ours
+from slurm_plugin.hooks.slurm_conf import HOOK_KEYS, hook_runs_ours, release_of
 from slurm_plugin.node.config import AgentConfig, load_agent_config
 from slurm_plugin.settings import RootSettings, local_slurm_conf, root_settings
 
@@ -50,6 +51,7 @@ class Facts:
     # it names malleable itself, or a site's script that chains ours does)
     hooks: dict[str, tuple[str, bool]] = field(default_factory=dict)
     layout: str | None = None                     # the cgroup layout described
+    cgroup_v2: bool | None = None                 # whether that layout is cgroup v2's
     numbering: str | None = None                  # the node's CPU numbering described
     switched_off: str | None = None               # why, when the site's kill switch is thrown
     cpu_layout: list[int] | None = None           # its sockets, cores per socket, threads
@@ -100,6 +102,9 @@ def diagnose(f: Facts) -> list[Check]:
             out.append(Check("SPANK plugin", Status.OK, ours[0].split()[1]))
     out.append(Check("cgroup layout", Status.OK if f.layout else Status.FAIL,
                      f.layout or f"not found: {f.errors.get('layout', '?')}"))
+    folders = _job_folder_names_check(f)
+    if folders is not None:
+        out.append(folders)
     out.append(_numbering_check(f))
     out.append(Check("kill switch", Status.WARN, f"{f.switched_off}: every job keeps its "
                      "allocation ('malleable enable' lifts it)") if f.switched_off else
@@ -126,6 +131,23 @@ def diagnose(f: Facts) -> list[Check]:
         out.append(Check("feed mode", Status.OK if f.feed_mode else Status.WARN,
                          mode + (f", wakes on UDP port {f.wake_port}" if f.wake_port else "")))
     return out
+
+
+def _job_folder_names_check(f: Facts) -> Check | None:
+    """Slurm 26.05's cgroup/v2 names a job's folder by its SLUID unless cgroup.conf says
+    CgroupJobIdPaths=yes (26.05.2 added it); then no folder says which job it is. Checked on the
+    configuration, so an idle node says so before its first job. None: not that Slurm, or not
+    v2."""
+    release = release_of(f.slurm_config or "")
+    if release is None or release < (26, 5) or f.cgroup_v2 is False:
+        return None
+    value = parse_config_value(f.slurm_config or "", "CgroupJobIdPaths") or "(not set)"
+    if value.lower() in ("yes", "true", "1", "up"):
+        return Check("job folder names", Status.OK, "CgroupJobIdPaths=yes: by job id")
+    return Check("job folder names", Status.FAIL,
+                 f"CgroupJobIdPaths={value}: Slurm {release[0]}.{release[1]:02d} on cgroup v2 "
+                 "names each job's folder by its SLUID; set CgroupJobIdPaths=yes in cgroup.conf "
+                 "(Slurm 26.05.2 or later) and restart slurmd on every node")
 
 
 def _numbering_check(f: Facts) -> Check:
@@ -193,7 +215,8 @@ def gather(config: AgentConfig, *, runner: CommandRunner = run_command,
     except OSError as exc:
         f.errors["plugstack"] = str(exc)
     try:
-        f.layout = node_layout(config).describe()
+        layout = node_layout(config)
+        f.layout, f.cgroup_v2 = layout.describe(), layout.version is CgroupVersion.V2
     except Exception as exc:  # noqa: BLE001 - LayoutUnknown and what discovery may raise
         f.errors["layout"] = str(exc)
     f.switched_off = switched_off(config)

@@ -164,3 +164,31 @@ def test_the_kill_switch_is_said():
     f.switched_off = "malleability is switched off by 'malleable disable': maintenance"
     check = next(c for c in diagnose(f) if c.name == "kill switch")
     assert check.status is Status.WARN and "maintenance" in check.detail
+
+
+def on_slurm(release: str, cgroup_conf_line: str | None, v2: bool | None) -> Facts:
+    f = healthy()
+    config = f.slurm_config.replace("SLURM_VERSION           = 22.05.8",
+                                    f"SLURM_VERSION           = {release}")
+    assert config != f.slurm_config
+    if cgroup_conf_line is not None:
+        config += f"\n{cgroup_conf_line}\n"
+    f.slurm_config, f.cgroup_v2 = config, v2
+    return f
+
+
+def test_slurm_26_05_on_cgroup_v2_needs_job_folders_named_by_job_id():
+    """26.05's cgroup/v2 names job folders by SLUID unless CgroupJobIdPaths=yes: an idle node
+    (no folder to see yet) fails on its configuration alone."""
+    unset = diagnose(on_slurm("26.05.5", None, v2=True))
+    check = next(c for c in unset if c.name == "job folder names")
+    assert check.status is Status.FAIL and "CgroupJobIdPaths=yes" in check.detail
+    no = statuses(on_slurm("26.05.5", "CgroupJobIdPaths        = no", v2=True))
+    assert no["job folder names"] is Status.FAIL
+    assert statuses(on_slurm("26.05.5", "CgroupJobIdPaths        = yes", v2=True))[
+        "job folder names"] is Status.OK
+    # Unknown version of the layout (it was not found): checked all the same.
+    assert statuses(on_slurm("26.05.5", None, v2=None))["job folder names"] is Status.FAIL
+    # Not that release, or cgroup v1: no such check.
+    for release, v2 in (("24.11.5", True), ("26.05.5", False)):
+        assert "job folder names" not in statuses(on_slurm(release, None, v2=v2))
