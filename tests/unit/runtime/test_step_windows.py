@@ -173,7 +173,7 @@ def test_a_failing_source_keeps_its_last_value(tmp_path):
 
 
 def test_a_failing_status_write_is_logged_once_until_it_works_again(tmp_path, caplog):
-    from malleable_runtime.state import ThreadState
+    from malleable_tf import ThreadState
     from malleable_runtime.telemetry import Telemetry
     blocker = tmp_path / "records"
     blocker.write_text("a file where the records' folder should be")
