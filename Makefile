@@ -36,12 +36,14 @@ test-site: site-slurm
 	bash scripts/setup.sh
 	.venv/bin/python -m pytest -v -rs tests/site
 
-# Slurm 26.05 (Debian sid's) in docker-slurm's containers (cgroup v1): its SPANK plugin built
-# against 26.05's libslurm, its JSON read, the end-to-end tests. (cgroup v2 under 26.05, whose job
-# folders are named by SLUID, is not tested yet.)
+# Slurm 26.05 (Debian sid's): in docker-slurm's containers (cgroup v1), its SPANK plugin built
+# against 26.05's libslurm, its JSON read, the end-to-end tests; then in vm-slurm's virtual
+# machines (cgroup v2, CgroupJobIdPaths=yes so job folders are named by job id, not SLUID), the
+# guide's install and every VM scenario.
 test-slurm26:
 	bash scripts/setup.sh
 	$(MAKE) -C docker-slurm test SUITE=sid
+	$(MAKE) -C vm-slurm test SUITE=sid
 
 # Slurm 24.11 on cgroup v2: virtual machines of their own (image cached), tested, stopped.
 test-v2:

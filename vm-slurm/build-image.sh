@@ -1,6 +1,7 @@
 #!/bin/bash
 # vm-slurm/build-image.sh: the cached disk image, kernel and initrd of vm-slurm's virtual machines:
-# Debian trixie (Slurm 24.11) with systemd, cgroup v2, munge, slurmctld, slurmd and sshd.
+# Debian trixie (Slurm 24.11) or, with SUITE=sid, Debian sid (Slurm 26.05) with systemd, cgroup
+# v2, munge, slurmctld, slurmd and sshd.
 #   build-image.sh            build when missing, else say where the cached one is (idempotent)
 #   build-image.sh --force    build again even if the cached one is there
 # Everything lives under STATE (default /var/tmp/vm-slurm):
@@ -90,6 +91,9 @@ in_root() { LC_ALL=C DEBIAN_FRONTEND=noninteractive chroot "$rootfs" "$@"; }
 printf '#!/bin/sh\nexit 101\n' > "$rootfs/usr/sbin/policy-rc.d"
 chmod +x "$rootfs/usr/sbin/policy-rc.d"
 echo "deb $MIRROR $SUITE main" > "$rootfs/etc/apt/sources.list"
+# The archive's sid may be a snapshot whose Release file is past its Valid-Until date.
+[ "$SUITE" != sid ] || echo 'Acquire::Check-Valid-Until "false";' \
+  > "$rootfs/etc/apt/apt.conf.d/99archive-snapshot"
 
 # A small initrd: only the drivers to find the root disk (written before the kernel is
 # installed, so the initrd made by its postinst already follows it).
@@ -268,6 +272,12 @@ ConstrainCores=yes
 ConstrainRAMSpace=no
 ConstrainDevices=no
 EOF
+# Slurm 26.05's cgroup/v2 names a job's folder by its SLUID unless told otherwise (26.05.2 added
+# the key; 24.11 refuses a cgroup.conf with a key it does not know). The co-scheduler needs the
+# job's id in the path, and its doctor refuses a 26.05 node without this (docs/install.md).
+if in_root dpkg --compare-versions "$(in_root dpkg-query -W -f='${Version}' slurmd)" ge 26.05.2; then
+  echo "CgroupJobIdPaths=yes" >> "$R/etc/slurm/cgroup.conf"
+fi
 install -d -o 0 -g 0 "$R/var/log/slurm"
 in_root sh -c 'chown slurm:slurm /var/log/slurm; mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd;
   chown slurm:slurm /var/lib/slurm/slurmctld'
@@ -311,7 +321,8 @@ rm -rf "$out"
 mv "$work" "$out"
 touch "$out/done"
 ln -sfn "images/$key" "$STATE/current"
-# Older images are dropped (their overlays, if any VM runs on them, keep them open).
+# Older images are dropped (their overlays, if any VM runs on them, keep them open). Each suite
+# has a STATE of its own (the Makefile's), so trixie's and sid's images do not drop each other.
 for old in "$STATE"/images/*; do
   [ "$old" = "$out" ] || rm -rf "$old"
 done

@@ -440,8 +440,9 @@ def cmd_ssh(args) -> int:
 SMOKE_JOB = r"""
 j=$(runuser -u tester -- sbatch --parsable -w vm1 -D /tmp -o /dev/null --wrap 'sleep 120')
 B=$(ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope)/job_$j
-for _ in $(seq 60); do [ -s $B/step_batch/user/task_0/cgroup.procs ] && break; sleep 0.5; done
-t=$(tail -1 $B/step_batch/user/task_0/cgroup.procs)
+# (grep, not test -s: cgroup files report size 0 on newer kernels, such as 7.2)
+for _ in $(seq 60); do grep -q . $B/step_batch/user/task_0/cgroup.procs 2>/dev/null && break; sleep 0.5; done
+t=$(cat $B/step_batch/user/task_0/cgroup.procs | tail -1)   # tail alone reads nothing of a size-0 file
 al=$(cat $B/cpuset.cpus); all=$(cat $B/../cpuset.cpus.effective)
 echo "cgroup $(cat /proc/$t/cgroup)"
 echo "alloc $al"

@@ -1,4 +1,5 @@
-"""The co-scheduler installed LIVE into vm-slurm's virtual machines (cgroup v2, Slurm 24.11).
+"""The co-scheduler installed LIVE into vm-slurm's virtual machines (cgroup v2; Slurm 24.11, or
+26.05 with SUITE=sid).
 
 Run on the host by `make -C vm-slurm test` (after `up` and the smoke checks), which passes
 VM_SLURM_STATE, VM_SLURM_NODES and VM_SLURM_VMCTL. Without them every test here fails, saying so
@@ -42,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from malleable_protocol import parse_cpu_list
-from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
+from slurm_plugin.cgroups import SLUID_RE, CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.slurm.parsers import parse_config_values
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,12 +182,18 @@ class Node:
         return d
 
     def cpusets(self) -> dict[str, frozenset[int]]:
-        """Every job folder's effective cpuset, read together."""
-        out = self.vms.out(self.name, f"cd {self.scope} && for j in job_*; do [ -d \"$j\" ] "
+        """Every job folder's effective cpuset, read together. A folder named by SLUID (Slurm
+        26.05 without CgroupJobIdPaths=yes) fails here: the job_* folders would not be every
+        job's, and checks on them would pass on nothing."""
+        out = self.vms.out(self.name, f"cd {self.scope} && for j in *; do [ -d \"$j\" ] "
                                       f"&& echo $j $(cat $j/cpuset.cpus.effective); done",
                            timeout=60)
-        return {name: parse_cpu_list(cpus.strip()) for name, _, cpus in
-                (line.partition(" ") for line in out.splitlines())}
+        folders = {name: cpus for name, _, cpus in (line.partition(" ")
+                                                    for line in out.splitlines())}
+        sluids = sorted(n for n in folders if SLUID_RE.match(n))
+        assert not sluids, f"{self.name}: job folders named by SLUID: {sluids}"
+        return {name: parse_cpu_list(cpus.strip()) for name, cpus in folders.items()
+                if name.startswith("job_")}
 
     def overlaps(self) -> list[str]:
         """CPUs in two jobs' cpusets."""

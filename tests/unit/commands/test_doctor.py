@@ -192,3 +192,14 @@ def test_slurm_26_05_on_cgroup_v2_needs_job_folders_named_by_job_id():
     # Not that release, or cgroup v1: no such check.
     for release, v2 in (("24.11.5", True), ("26.05.5", False)):
         assert "job folder names" not in statuses(on_slurm(release, None, v2=v2))
+
+
+def test_slurm_26_05s_own_configuration_passes_the_job_folder_check():
+    """scontrol show config of Debian sid's 26.05.5 with CgroupJobIdPaths=yes (captured in
+    vm-slurm, SUITE=sid); the same text with the line gone fails."""
+    real = (FIX / "slurm-26.05-cgroup-v2" / "scontrol_show_config.txt").read_text()
+    f = healthy()
+    f.slurm_config, f.cgroup_v2 = real, True
+    assert {c.name: c.status for c in diagnose(f)}["job folder names"] is Status.OK
+    f.slurm_config = "\n".join(x for x in real.splitlines() if "CgroupJobIdPaths" not in x)
+    assert statuses(f)["job folder names"] is Status.FAIL

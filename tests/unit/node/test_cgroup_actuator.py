@@ -183,13 +183,16 @@ def test_a_folder_named_as_slurm_names_but_made_by_the_user_is_foreign(v1):
     assert read_cpus(job) == {0, 1}
 
 
-def test_v2_tree_as_slurm_24_11_makes_it(tmp_path):
-    """The shape captured on Debian trixie's Slurm 24.11 under systemd (fixtures
-    slurm-24.11-cgroup-v2): root's folders, Slurm's CPUs on job_<J> and step_<S>/user, the
-    slurmstepd in step_<S>/slurm, tasks in step_<S>/user/task_<T>, the others empty (inherit).
-    Every level below the job takes the job's CPUs; the owner is not in the path."""
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_v2_tree_as_slurm_makes_it(tmp_path, release):
+    """The shape captured on Debian's Slurm 24.11 (trixie) and 26.05 (sid) under systemd
+    (fixtures slurm-<release>-cgroup-v2): root's folders, Slurm's CPUs on job_<J> and
+    step_<S>/user, the slurmstepd in step_<S>/slurm, tasks in step_<S>/user/task_<T> (and, on
+    26.05, an empty task_special), the others empty (inherit). Every level below the job takes
+    the job's CPUs; the owner is not in the path."""
     layout = SlurmCgroupLayout.named("vm1", CgroupVersion.V2, multiple_slurmd=True, mount=tmp_path)
-    fixture = Path(__file__).parents[2] / "fixtures" / "slurm-24.11-cgroup-v2" / "find_dirs.txt"
+    fixture = (Path(__file__).parents[2] / "fixtures" / f"slurm-{release}-cgroup-v2" /
+               "find_dirs.txt")
     scope = "/sys/fs/cgroup/system.slice/vm1_slurmstepd.scope/"
     lines = [x[len(scope):] for x in fixture.read_text().splitlines() if x.startswith(scope)]
     job_name = next(x.split("/")[0] for x in lines if x.endswith("/step_0"))   # the one with a step
@@ -201,9 +204,11 @@ def test_v2_tree_as_slurm_24_11_makes_it(tmp_path):
     (layout.node_dir() / "cpuset.cpus").write_text("")
     found = CpusetActuator(layout).scan()[j]
     assert found.uid is None and found.cpus == {1}
+    special = {"step_batch/user/task_special", "step_0/user/task_special"} \
+        if release == "26.05" else set()
     assert set(found.folders) == {"step_batch", "step_batch/slurm", "step_batch/user",
                                   "step_batch/user/task_0", "step_0", "step_0/slurm",
-                                  "step_0/user", "step_0/user/task_0"}
+                                  "step_0/user", "step_0/user/task_0"} | special
     CpusetActuator(layout).apply(1000, j, frozenset({0, 1}))
     job = layout.job_dir(1000, j)
     assert all(read_cpus(job / rel) == {0, 1} for rel in found.folders)
