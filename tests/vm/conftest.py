@@ -447,5 +447,9 @@ def diagnostics(vms: VMs, job: int | None = None) -> str:
             f"tail -15 {STATE_DIR}/hooks-{node}.log 2>/dev/null; "
             "tail -15 /var/log/slurm/slurmd.log; "
             + (f"tail -15 {STATE_DIR}/events-{node}.jsonl 2>/dev/null; " if job else "")
+            # The quiet gate (slurm_plugin/node/quiet.py): when the node stopped being quiet
+            # and the latest poll the watcher published to it, beside the node's clock.
+            + f"echo \"loud: $(cat {STATE_DIR}/loud-{node} 2>&1) polled: "
+            f"$(cat {NODE_FEED}/polled 2>&1) now: $(date +%s.%N)\"; "
             + f"ls -la {WATCHER_DIR} {WATCHER_DIR}/* 2>&1 | tail -20"), check=False, timeout=60))
     return "\n".join(parts)
