@@ -68,8 +68,10 @@ def matmul_step(data_map=None, size: int = 512, depth: int = 8):
     return lambda: step().numpy()
 
 
-def tf_data_step(data_map=None, batch: int = 8):
-    """A batch from a pipeline whose map function is CPU-bound (AUTOTUNE parallelism)."""
+def tf_data_step(data_map=None, batch: int = 8, autotune: bool = True):
+    """A batch from a pipeline whose map function is CPU-bound (AUTOTUNE parallelism).
+    ``autotune=False``: without tf.data's autotuner (as ``malleable_tf.data.options()`` runs a
+    malleable pipeline), for a plain pipeline compared with one."""
     def parse(i):
         x = tf.random.stateless_normal((128, 128), seed=tf.stack([i, 0]))
         for _ in range(4):
@@ -82,6 +84,10 @@ def tf_data_step(data_map=None, batch: int = 8):
     else:
         ds = data_map(source, parse, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(batch).prefetch(1)
+    if not autotune:
+        opts = tf.data.Options()
+        opts.autotune.enabled = False
+        ds = ds.with_options(opts)
     it = iter(ds)
     return lambda: next(it).numpy()
 

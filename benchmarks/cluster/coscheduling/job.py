@@ -1,11 +1,12 @@
 """One job of the reference workload: a fixed number of training steps, then a JSON line.
 
-    job.py WORKLOAD STEPS malleable|plain
+    job.py WORKLOAD STEPS malleable|plain|plain-noautotune
 
 malleable: ``malleable_tf.init()`` (inside a job of the co-scheduler it joins it: its threads
 follow the cores the agent gives the job). plain: TensorFlow with as many threads as Slurm
 allocated (SLURM_CPUS_PER_TASK), which never change: with the agent moving the cgroup, that is
-the cgroup-only regime. Prints "RESULT {json}": steps, start and end (epoch s), CPU seconds.
+the cgroup-only regime. plain-noautotune: plain, its tf.data pipeline without tf.data's
+autotuner, as malleable_tf.data runs its own (TensorFlow's teardown race avoided alike). Prints "RESULT {json}": steps, start and end (epoch s), CPU seconds.
 """
 import json
 import os
@@ -30,7 +31,10 @@ else:
 
 from benchmarks.framework.workloads import WORKLOADS  # noqa: E402
 
-step = WORKLOADS[workload](data_map)
+if mode == "plain-noautotune" and workload == "tf_data":
+    step = WORKLOADS[workload](data_map, autotune=False)
+else:
+    step = WORKLOADS[workload](data_map)
 ready = time.time()
 for _ in range(steps):
     step()

@@ -100,8 +100,9 @@ def job_cpus(cluster: LocalCluster, job_id: int) -> frozenset[int] | None:
     return read_cpus(cluster.cgroup_layout(NODE).job_dir(0, job_id))
 
 
-def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:
-    mode = mode if job.malleable else "plain"
+def submit(env: dict, root: Path, job: RefJob, mode: str,
+           plain_mode: str = "plain") -> tuple[int, float]:
+    mode = mode if job.malleable else plain_mode
     args = ["sbatch", "--parsable", "-N1", "-n1", "-c1", f"-w{NODE}", f"-J{job.name}",
             f"-o{root}/{job.name}.out"]
     if job.malleable:
@@ -114,8 +115,11 @@ def submit(env: dict, root: Path, job: RefJob, mode: str) -> tuple[int, float]:
     return int(out.stdout.split(";")[0]), t
 
 
-def run_regime(name: str, root: Path, port: int, workload: tuple[RefJob, ...] = JOBS) -> dict:
+def run_regime(name: str, root: Path, port: int, workload: tuple[RefJob, ...] = JOBS,
+               plain_mode: str = "plain") -> dict:
+    """``plain_mode``: how plain jobs run (job.py's ``plain`` or ``plain-noautotune``)."""
     policy, mode = REGIMES[name]
+    mode = plain_mode if mode == "plain" else mode
     root.mkdir(mode=0o755)
     cluster = LocalCluster(default_spec(root, nodes=1, port_base=port, node_prefix="cs",
                                         name="malleablecs"))
@@ -133,7 +137,7 @@ def run_regime(name: str, root: Path, port: int, workload: tuple[RefJob, ...] = 
             now = time.time() - t0
             while pending and now >= pending[0].submit_s:
                 job = pending.pop(0)
-                ids[job.name], submitted[job.name] = submit(env, root, job, mode)
+                ids[job.name], submitted[job.name] = submit(env, root, job, mode, plain_mode)
             for jname, jid in ids.items():
                 cpus = job_cpus(cluster, jid)
                 st = read_job_statuses(cluster.run_layout, jid)
@@ -226,10 +230,15 @@ def main() -> None:
                     help="repetitions with randomised arrivals, one per seed: 1-10 or 1,4,7")
     ap.add_argument("--pool-only", action="store_true",
                     help="with --seeds: pool the repetitions already written, run nothing")
+    ap.add_argument("--plain-autotune", choices=("on", "off"), default="on",
+                    help="off: plain jobs' tf.data pipelines run without tf.data's autotuner, "
+                         "as malleable_tf.data's do (malleability alone, without TensorFlow's "
+                         "teardown race in the plain jobs only)")
     args = ap.parse_args()
     regimes = args.regimes.split(",")
+    plain_mode = "plain" if args.plain_autotune == "on" else "plain-noautotune"
     if args.seeds is None:
-        data = one_repetition(regimes, JOBS, args.port_base)
+        data = one_repetition(regimes, JOBS, args.port_base, plain_mode)
         save(args.name, data)
         print("wrote", plot(data, args.name))
         return
@@ -238,7 +247,7 @@ def main() -> None:
         if args.pool_only or (RESULTS / f"{args.name}_seed{seed}.json").exists():
             continue
         print(f"seed {seed}", flush=True)
-        data = one_repetition(regimes, random_arrivals(seed), args.port_base)
+        data = one_repetition(regimes, random_arrivals(seed), args.port_base, plain_mode)
         save(f"{args.name}_seed{seed}", {**data, "seed": seed})
     pooled = pool([json.loads((RESULTS / f"{args.name}_seed{s}.json").read_text())
                    for s in seeds if (RESULTS / f"{args.name}_seed{s}.json").exists()])
@@ -255,7 +264,8 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def one_repetition(regimes: list[str], workload: tuple[RefJob, ...], port_base: int) -> dict:
+def one_repetition(regimes: list[str], workload: tuple[RefJob, ...], port_base: int,
+                   plain_mode: str = "plain") -> dict:
     """Every regime, one after the other, on the same arrivals."""
     base = Path(tempfile.mkdtemp(prefix="malleable-cosched-", dir="/tmp"))
     base.chmod(0o755)
@@ -263,7 +273,7 @@ def one_repetition(regimes: list[str], workload: tuple[RefJob, ...], port_base: 
     try:
         for i, name in enumerate(regimes):
             print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
-            runs.append(run_regime(name, base / name, port_base + 100 * i, workload))
+            runs.append(run_regime(name, base / name, port_base + 100 * i, workload, plain_mode))
             r = runs[-1]
             print(f"  makespan {r['makespan_s']:.1f} s, mean completion "
                   f"{r['mean_completion_s']:.1f} s, utilisation {r['utilisation']:.2f}, "
@@ -272,7 +282,7 @@ def one_repetition(regimes: list[str], workload: tuple[RefJob, ...], port_base: 
         shutil.rmtree(base, ignore_errors=True)
     static = next((r for r in runs if r["regime"] == "static"), None)
     data = {"benchmark": "co-scheduling, real runs", "machine": machine(), "node_cores": 2,
-            "jobs": [asdict(j) for j in workload], "runs": runs}
+            "plain_mode": plain_mode, "jobs": [asdict(j) for j in workload], "runs": runs}
     if static:
         data["vs_static"] = {r["regime"]: {
             "makespan": round(r["makespan_s"] / static["makespan_s"], 3),
