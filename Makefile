@@ -44,6 +44,7 @@ test-slurm26:
 	bash scripts/setup.sh
 	$(MAKE) -C docker-slurm test SUITE=sid
 	$(MAKE) -C vm-slurm test SUITE=sid
+	$(MAKE) -C vm-slurm test SUITE=sid JOB_ID_PATHS=no
 
 # Slurm 24.11 on cgroup v2: virtual machines of their own (image cached), tested, stopped.
 test-v2:

@@ -9,7 +9,9 @@ What decides it (Slurm's src/common/cgroup.c and its cgroup/v1 and cgroup/v2 plu
   (SchedMD's packages, OpenHPC, most sites) ``slurm`` or ``slurmstepd.scope``.
 
 v1: ``<cpuset mount>/<root>/uid_<U>/job_<J>/step_<S>[/task_<T>]``.
-v2: ``<mount>/system.slice/<scope>/job_<J>/step_<S>/{slurm,user/task_<T>}``.
+v2: ``<mount>/system.slice/<scope>/job_<J>/step_<S>/{slurm,user/task_<T>}``. Slurm 26.05 names
+the job folder by the job's SLUID instead (``s`` and 13 characters), unless cgroup.conf says
+``CgroupJobIdPaths=yes`` (26.05.2 and later); ``JobFolderNames`` tells which job such a folder is.
 
 ``discover_layout`` reads the mount table, cgroup.conf and which of the candidate node folders
 slurmd made (or, before any, where the node's slurmstepd processes live), and raises
@@ -22,8 +24,9 @@ import enum
 import os
 import re
 import signal
+import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -71,6 +74,9 @@ class SlurmCgroupLayout:
     version: CgroupVersion
     hierarchy: Path
     root: str
+    # Which job a v2 job folder named by SLUID is (told once, kept for the layout's life).
+    names: "JobFolderNames" = field(default_factory=lambda: JobFolderNames(), compare=False,
+                                    repr=False)
 
     @classmethod
     def named(cls, node: str, version: CgroupVersion, *, multiple_slurmd: bool,
@@ -90,7 +96,7 @@ class SlurmCgroupLayout:
     def describe(self) -> str:
         build = "multiple-slurmd build" if self.multiple_slurmd else "one slurmd per host"
         below = "uid_<U>/job_<J>/step_<S>" if self.version is CgroupVersion.V1 else \
-            "job_<J>/step_<S>/user/task_<T>"
+            "job_<J> or <SLUID>/step_<S>/user/task_<T>"
         return f"cgroup {self.version.value}, {self.node_dir()}/{below} ({build})"
 
     # --- paths ---------------------------------------------------------------------------
@@ -102,7 +108,17 @@ class SlurmCgroupLayout:
         check_job_id(job_id)
         if self.version is CgroupVersion.V1:
             return self.node_dir() / f"uid_{_check_uid(uid)}" / f"job_{job_id}"
-        return self.node_dir() / f"job_{job_id}"
+        return self.node_dir() / self.names.folder_of(self, job_id)
+
+    def job_id_of(self, name: str) -> int | None:
+        """The job a job folder named ``name`` is (``job_<J>``, or on v2 a SLUID a slurmstepd
+        in it tells); None for any other name, or a SLUID no slurmstepd tells yet."""
+        m = _JOB_NAME.fullmatch(name)
+        if m:
+            return int(m[1])
+        if self.version is CgroupVersion.V2 and SLUID_RE.fullmatch(name):
+            return self.names.job_of(self, name)
+        return None
 
     def step_dir(self, uid: int, job_id: int, step: str) -> Path:
         return self.job_dir(uid, job_id) / check_step_name(step)
@@ -149,7 +165,8 @@ class SlurmCgroupLayout:
             if len(rest) < 3 or not rest[0].startswith("uid_"):
                 return None
             rest = rest[1:]
-        if len(rest) < 2 or rest[0] != f"job_{job_id}" or not _STEP_NAME.fullmatch(rest[1]):
+        if len(rest) < 2 or not _STEP_NAME.fullmatch(rest[1]) or \
+                self.job_id_of(rest[0]) != job_id:
             return None        # not a step folder Slurm names (a user's own folder on v1)
         return rest[1]
 
@@ -161,8 +178,7 @@ class SlurmCgroupLayout:
         rest = path[len(head):].split("/")
         if self.version is CgroupVersion.V1:
             rest = rest[1:] if rest and rest[0].startswith("uid_") else []
-        m = _JOB_NAME.fullmatch(rest[0]) if rest else None
-        return int(m[1]) if m else None
+        return self.job_id_of(rest[0]) if rest else None
 
     def step_set_up(self, step: str, folders: Mapping[str, frozenset[int]],
                     stepd_path: str | None, job_id: int) -> bool:
@@ -226,14 +242,12 @@ class LayoutEvidence:
     v2_controllers: frozenset[str]             # cgroup.controllers of the v2 mount
     existing: frozenset[str]                   # candidate node folders that exist
     stepd_paths: tuple[str, ...] = ()          # cpuset folders of slurmstepd processes
-    # Job folders named by SLUID (Slurm 26.05 on v2 without CgroupJobIdPaths=yes) in the node's
-    # v2 folder or in slurmstepd processes' paths.
-    sluid_folders: tuple[str, ...] = ()
 
 
-# Slurm 26.05's SLUID as cgroup/v2 names a job folder by it (src/common/sluid.c: "s" and 13
-# characters of Crockford's base 32).
-SLUID_RE = re.compile(r"^s[0-9A-HJKMNP-TV-Z]{13}$")
+# Slurm 26.05's SLUID as cgroup/v2 names a job folder by it (src/common/sluid.c, print_sluid:
+# "s" and 13 characters of Crockford's base 32, the first only the cluster id's top 4 bits).
+# Matched whole (fullmatch).
+SLUID_RE = re.compile(r"s[0-9A-F][0-9A-HJKMNP-TV-Z]{12}")
 
 
 def candidates(node: str, version: CgroupVersion, mount: Path) -> list[SlurmCgroupLayout]:
@@ -278,11 +292,6 @@ def decide_layout(ev: LayoutEvidence) -> SlurmCgroupLayout:
     A node-named folder is this node's (multiple-slurmd); else the plain one; before slurmd has
     made either, the folders its slurmstepd processes run in."""
     version = cgroup_version_of(ev)
-    if version is CgroupVersion.V2 and ev.sluid_folders:
-        raise LayoutUnknown(
-            f"job folders named by SLUID ({', '.join(sorted(ev.sluid_folders)[:3])}): Slurm "
-            "26.05's cgroup/v2 does so unless cgroup.conf says CgroupJobIdPaths=yes; set it "
-            "(and restart slurmd) so that a job's folder says which job it is")
     cands = candidates(ev.node, version, ev.mount)
     for layout in cands:
         if str(layout.node_dir()) in ev.existing:
@@ -349,6 +358,120 @@ def _owned_by_root(entry: os.DirEntry) -> bool:
         return False         # exited
 
 
+def stepd_title(cmdline: bytes) -> tuple[int, str] | None:
+    """The job id and step folder in slurmstepd's title ("slurmstepd: [5.batch]": 5,
+    "step_batch"); None for any other."""
+    job = parse_stepd_title(cmdline)
+    text = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+    step = text.partition("[")[2].partition("]")[0].partition(".")[2]
+    return (job, f"step_{step}") if job is not None and _STEP_NAME.fullmatch(f"step_{step}") \
+        else None
+
+
+def _stepd_at(proc: Path, name: str) -> tuple[StepdProcess, bytes] | None:
+    """Process ``name`` of ``proc`` if it is a slurmstepd of root's (every uid 0), with its
+    command line; its files read through one descriptor of its /proc folder, so a pid taken
+    over meanwhile reads nothing."""
+    try:
+        dfd = os.open(proc / name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if _read_at(dfd, "comm", 64).strip() != b"slurmstepd" or \
+                parse_status_uid(_read_at(dfd, "status", 8192)) != 0:
+            return None
+        cmdline = _read_at(dfd, "cmdline", 256)
+        path = cpuset_cgroup(_read_at(dfd, "cgroup", 65536).decode(errors="replace"))
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    return StepdProcess(int(name), parse_stepd_title(cmdline), path or ""), cmdline
+
+
+MAX_STEPS_LOOKED_AT = 64      # step folders of one SLUID folder read to tell its job
+
+
+def stepd_job_in(layout: SlurmCgroupLayout, name: str, proc: Path = Path("/proc")) -> int | None:
+    """The job of the v2 job folder ``name`` (a SLUID), as a slurmstepd in it says: a process
+    of root's in one of its ``step_<S>/slurm`` folders (root's, and only root can move a
+    process into them), whose cgroup is that folder and whose title is "[<J>.<S>]" for that
+    same step. None while no such process is there (the folder being made or removed)."""
+    top = layout.node_dir() / name
+    try:
+        with os.scandir(top) as it:
+            steps = sorted(e.name for e in it if _STEP_NAME.fullmatch(e.name)
+                           and e.is_dir(follow_symlinks=False))
+    except OSError:
+        return None
+    for step in steps[:MAX_STEPS_LOOKED_AT]:
+        home = top / step / "slurm"
+        try:
+            st = os.lstat(home)
+        except OSError:
+            continue
+        if st.st_uid != 0 or not stat.S_ISDIR(st.st_mode):
+            continue
+        for pid in read_pids(home, 4096)[:8]:
+            seen = _stepd_at(proc, str(pid))
+            if seen is None:
+                continue
+            process, cmdline = seen
+            title = stepd_title(cmdline)
+            if title is not None and title[1] == step and \
+                    process.cgroup == f"{layout.root}/{name}/{step}/slurm":
+                return title[0]
+    return None
+
+
+class JobFolderNames:
+    """Which job a v2 job folder is. ``job_<J>`` says so itself. Slurm 26.05 names it by the
+    job's SLUID unless cgroup.conf says CgroupJobIdPaths=yes: a string id made from the time
+    and the cluster, not from the job id, that only a slurmstepd in the folder tells
+    (``stepd_job_in``). A SLUID once told stays its job's (a requeued job gets a new one); it is
+    forgotten when its folder goes (``keep``). ``stepd_job``: how to ask (tests give their
+    own)."""
+
+    def __init__(self, stepd_job: Callable[[SlurmCgroupLayout, str], int | None] = stepd_job_in):
+        self._stepd_job = stepd_job
+        self._jobs: dict[str, int] = {}
+
+    def job_of(self, layout: SlurmCgroupLayout, name: str) -> int | None:
+        job = self._jobs.get(name)
+        if job is None:
+            job = self._stepd_job(layout, name)
+            if job is not None:
+                self._jobs[name] = job
+        return job
+
+    def folder_of(self, layout: SlurmCgroupLayout, job_id: int) -> str:
+        """The name of ``job_id``'s folder: ``job_<J>`` unless that is missing and a SLUID
+        folder is told to be the job's (``job_<J>`` then: a folder that is not there)."""
+        plain = f"job_{job_id}"
+        node_dir = layout.node_dir()
+        if self._jobs and not (node_dir / plain).is_dir():
+            for name, job in self._jobs.items():
+                if job == job_id and (node_dir / name).is_dir():
+                    return name
+        try:
+            with os.scandir(node_dir) as it:
+                new = [e.name for e in it if SLUID_RE.fullmatch(e.name) and
+                       e.name not in self._jobs]
+        except OSError:
+            return plain
+        if new and not (node_dir / plain).is_dir():
+            for name in new:
+                if self.job_of(layout, name) == job_id:
+                    return name
+        return plain
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Forget the SLUIDs whose folders are gone (``names``: the node folder's now)."""
+        now = set(names)
+        for name in [n for n in self._jobs if n not in now]:
+            del self._jobs[name]
+
+
 def slurmstepd_processes(proc: Path = Path("/proc")) -> list[StepdProcess]:
     """Every slurmstepd on this host: root's processes (slurmd starts them), every uid 0. Its
     name and title are the process's own to set, so a user's process named ``slurmstepd`` with
@@ -362,21 +485,9 @@ def slurmstepd_processes(proc: Path = Path("/proc")) -> list[StepdProcess]:
         names = [e.name for e in entries if e.name.isascii() and e.name.isdigit()
                  and _owned_by_root(e)]
     for name in names:
-        try:
-            dfd = os.open(proc / name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            if _read_at(dfd, "comm", 64).strip() != b"slurmstepd" or \
-                    parse_status_uid(_read_at(dfd, "status", 8192)) != 0:
-                continue
-            job = parse_stepd_title(_read_at(dfd, "cmdline", 256))
-            path = cpuset_cgroup(_read_at(dfd, "cgroup", 65536).decode(errors="replace"))
-        except OSError:
-            continue
-        finally:
-            os.close(dfd)
-        out.append(StepdProcess(int(name), job, path or ""))
+        seen = _stepd_at(proc, name)
+        if seen is not None:
+            out.append(seen[0])
     return out
 
 
@@ -419,15 +530,8 @@ def gather_evidence(node: str, *, cgroup_conf: Path | None = None,
     stepds: tuple[str, ...] = ()
     if not existing:
         stepds = tuple(p.cgroup for p in slurmstepd_processes() if p.cgroup)
-    sluids = {part for p in stepds for part in p.split("/") if SLUID_RE.match(part)}
-    for folder in existing:
-        try:
-            sluids |= {e.name for e in os.scandir(folder) if SLUID_RE.match(e.name)}
-        except OSError:
-            pass
     return LayoutEvidence(node=node, mount=mount, mounts=mounts, plugin=conf.get("cgroupplugin"),
-                          v2_controllers=controllers, existing=existing, stepd_paths=stepds,
-                          sluid_folders=tuple(sorted(sluids)))
+                          v2_controllers=controllers, existing=existing, stepd_paths=stepds)
 
 
 def cgroup_conf_of(slurm_conf: Path | str | None) -> Path | None:

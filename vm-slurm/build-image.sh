@@ -24,6 +24,7 @@ set -euo pipefail
 
 STATE=${STATE:-/var/tmp/vm-slurm}
 SUITE=${SUITE:-trixie}
+JOB_ID_PATHS=${JOB_ID_PATHS:-yes}    # no: Slurm 26.05's job folders keep their SLUID names
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 FORCE=0
 [ "${1:-}" = --force ] && FORCE=1
@@ -44,7 +45,7 @@ log() { echo "[vm-slurm] $*"; }
 # shellcheck source=../scripts/lib/need-packages.sh
 source "$(dirname "$(readlink -f "$0")")/../scripts/lib/need-packages.sh"
 
-key=$( { cat "$0"; echo "$SUITE"; } | sha256sum | cut -c1-16)
+key=$( { cat "$0"; echo "$SUITE $JOB_ID_PATHS"; } | sha256sum | cut -c1-16)
 out="$STATE/images/$key"
 mkdir -p "$STATE/images" "$STATE/debs"
 
@@ -273,9 +274,10 @@ ConstrainRAMSpace=no
 ConstrainDevices=no
 EOF
 # Slurm 26.05's cgroup/v2 names a job's folder by its SLUID unless told otherwise (26.05.2 added
-# the key; 24.11 refuses a cgroup.conf with a key it does not know). The co-scheduler needs the
-# job's id in the path, and its doctor refuses a 26.05 node without this (docs/install.md).
-if in_root dpkg --compare-versions "$(in_root dpkg-query -W -f='${Version}' slurmd)" ge 26.05.2; then
+# the key; 24.11 refuses a cgroup.conf with a key it does not know). The co-scheduler follows
+# both; JOB_ID_PATHS=no leaves Slurm's default (SLUID folders) to test that.
+if [ "$JOB_ID_PATHS" = yes ] &&
+   in_root dpkg --compare-versions "$(in_root dpkg-query -W -f='${Version}' slurmd)" ge 26.05.2; then
   echo "CgroupJobIdPaths=yes" >> "$R/etc/slurm/cgroup.conf"
 fi
 install -d -o 0 -g 0 "$R/var/log/slurm"

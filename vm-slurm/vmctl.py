@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -439,9 +440,14 @@ def cmd_ssh(args) -> int:
 
 SMOKE_JOB = r"""
 j=$(runuser -u tester -- sbatch --parsable -w vm1 -D /tmp -o /dev/null --wrap 'sleep 120')
-B=$(ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope)/job_$j
-# (grep, not test -s: cgroup files report size 0 on newer kernels, such as 7.2)
-for _ in $(seq 60); do grep -q . $B/step_batch/user/task_0/cgroup.procs 2>/dev/null && break; sleep 0.5; done
+S=$(ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope)
+# The job's folder: job_<J>, or its SLUID (Slurm 26.05 without CgroupJobIdPaths=yes), as Slurm
+# says it. (grep, not test -s: cgroup files report size 0 on newer kernels, such as 7.2.)
+for _ in $(seq 60); do
+  B=$S/job_$j; [ -d $B ] || B=$S/$(scontrol show job -d $j | grep -o 'SLUID=[^ ]*' | cut -d= -f2)
+  grep -q . $B/step_batch/user/task_0/cgroup.procs 2>/dev/null && break; sleep 0.5
+done
+echo "folder $(basename $B)"
 t=$(cat $B/step_batch/user/task_0/cgroup.procs | tail -1)   # tail alone reads nothing of a size-0 file
 al=$(cat $B/cpuset.cpus); all=$(cat $B/../cpuset.cpus.effective)
 echo "cgroup $(cat /proc/$t/cgroup)"
@@ -487,9 +493,12 @@ def cmd_smoke(args) -> int:
     r = run_in(cluster, 1, SMOKE_JOB, timeout=120, capture=True)
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     cg = lines.get("cgroup", "")
-    check("job task in <node>_slurmstepd.scope/job_J/step_batch/user/task_0",
-          cg.startswith("0::/system.slice/vm1_slurmstepd.scope/job_")
-          and cg.endswith("/step_batch/user/task_0"), r.stdout + r.stderr)
+    folder = lines.get("folder", "")
+    check(f"job task in <node>_slurmstepd.scope/{folder}/step_batch/user/task_0 "
+          f"(job_<J>, or the job's SLUID)",
+          re.fullmatch(r"job_[0-9]+|s[0-9A-Z]{13}", folder) is not None
+          and cg == f"0::/system.slice/vm1_slurmstepd.scope/{folder}/step_batch/user/task_0",
+          r.stdout + r.stderr)
     for key in ("grown", "shrunk"):
         got, _, want = lines.get(key, "? want !").partition(" want ")
         check(f"job cpuset {key} (job folder, then step)" if key == "grown"

@@ -135,19 +135,19 @@ def diagnose(f: Facts) -> list[Check]:
 
 def _job_folder_names_check(f: Facts) -> Check | None:
     """Slurm 26.05's cgroup/v2 names a job's folder by its SLUID unless cgroup.conf says
-    CgroupJobIdPaths=yes (26.05.2 added it); then no folder says which job it is. Checked on the
-    configuration, so an idle node says so before its first job. None: not that Slurm, or not
-    v2."""
+    CgroupJobIdPaths=yes (26.05.2 added it). Both are followed: a SLUID folder's job is what a
+    slurmstepd in it says (cgroups.JobFolderNames). Said from the configuration, so an idle
+    node says it before its first job. None: not that Slurm, or not v2."""
     release = release_of(f.slurm_config or "")
     if release is None or release < (26, 5) or f.cgroup_v2 is False:
         return None
     value = parse_config_value(f.slurm_config or "", "CgroupJobIdPaths") or "(not set)"
     if value.lower() in ("yes", "true", "1", "up"):
         return Check("job folder names", Status.OK, "CgroupJobIdPaths=yes: by job id")
-    return Check("job folder names", Status.FAIL,
-                 f"CgroupJobIdPaths={value}: Slurm {release[0]}.{release[1]:02d} on cgroup v2 "
-                 "names each job's folder by its SLUID; set CgroupJobIdPaths=yes in cgroup.conf "
-                 "(Slurm 26.05.2 or later) and restart slurmd on every node")
+    return Check("job folder names", Status.OK,
+                 f"CgroupJobIdPaths={value}: by SLUID (Slurm {release[0]}.{release[1]:02d} on "
+                 "cgroup v2); each folder's job is what the slurmstepd in it says, and its cores "
+                 "are lent to no one while none does")
 
 
 def _numbering_check(f: Facts) -> Check:

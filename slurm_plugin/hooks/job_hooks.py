@@ -37,6 +37,10 @@ from slurm_plugin.node.procs import agent_pid, is_agent, lock_holder, process_ui
 from slurm_plugin.node.reconciler import CycleResult, Reconciler, node_lock
 from slurm_plugin.node.safety import check_step_start, judge, lent_cores, note, report_verdict, start_step
 
+# How long the Prolog looks again at job folders named by a SLUID that no slurmstepd tells yet
+# (cgroups.JobFolderNames): a starting job's slurmstepd joins its folder within milliseconds.
+UNIDENTIFIED_WAIT_S = 2.0
+
 
 def _job_env() -> tuple[int, int, int]:
     env = os.environ
@@ -71,6 +75,12 @@ def prolog(config: AgentConfig) -> int:
     _prepare_job_folder(config, job_id, uid, gid)
     rec = make_reconciler(config)
     result = _hook_cycle(config, rec, f"prolog job {job_id}", starting_job=job_id)
+    # A job folder named by a SLUID whose slurmstepd has not joined it yet (a job starting at
+    # this moment, maybe this one's extern step) is told within milliseconds: looked at again.
+    deadline = time.monotonic() + UNIDENTIFIED_WAIT_S
+    while rec.observer.actuator.unidentified and time.monotonic() < deadline:
+        time.sleep(0.05)
+        result = _hook_cycle(config, rec, f"prolog job {job_id}", starting_job=job_id)
     # A job whose folder is not where the layout says: its cores cannot be verified free.
     unverified = list(result.snapshot.problems) if result.snapshot is not None else []
     problems = lent_cores(config, rec.observer.actuator) + unverified

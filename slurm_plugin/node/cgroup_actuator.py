@@ -15,7 +15,8 @@ from itertools import islice
 from typing import Callable, Mapping
 from pathlib import Path
 
-from slurm_plugin.cgroups import CPUS_FILE, CgroupVersion, SlurmCgroupLayout, read_pids
+from slurm_plugin.cgroups import (CPUS_FILE, SLUID_RE, CgroupVersion, SlurmCgroupLayout,
+                                  read_pids)
 from malleable_protocol.cpulist import format_cpu_list, parse_cpu_list
 from malleable_protocol.errors import FixableError, printable
 
@@ -190,6 +191,9 @@ class CpusetActuator:
         self.layout = layout
         self._before_write = before_write
         self._writes = 0
+        # The last scan's job folders named by a SLUID that no slurmstepd in them tells yet (just
+        # made, or ending): their CPUs, by folder name. Whose cores they are is unknown.
+        self.unidentified: dict[str, frozenset[int]] = {}
 
     def current(self, uid: int, job_id: int) -> frozenset[int] | None:
         """The job folder's CPUs, or None when the folder does not exist (yet)."""
@@ -200,25 +204,35 @@ class CpusetActuator:
         return read_cpus(self.layout.node_dir()) or frozenset()
 
     def scan(self) -> dict[int, CgroupJob]:
-        """Every job folder of this node, with its step folders' CPUs (one read each)."""
+        """Every job folder of this node, with its step folders' CPUs (one read each). Job
+        folders named by a SLUID no slurmstepd tells yet are left in ``unidentified``."""
         found: dict[int, CgroupJob] = {}
+        unidentified: dict[str, frozenset[int]] = {}
         for uid, parent in self.layout.job_parents():
             try:
-                names = [d for d in os.listdir(parent)
-                         if d.startswith("job_") and d[4:].isascii() and d[4:].isdigit()]
+                names = os.listdir(parent)
             except OSError:
                 continue
+            if uid is None:
+                self.layout.names.keep(names)
             for name in names:
                 t0 = time.thread_time()
+                job_id = self.layout.job_id_of(name)
+                if job_id is None and not (uid is None and SLUID_RE.fullmatch(name)):
+                    continue   # no job folder
                 top = os.path.join(parent, name)
                 cpus = read_cpus(top)
                 if not cpus:
                     continue   # being made or removed
+                if job_id is None:
+                    unidentified[name] = cpus
+                    continue
                 below, foreign = _walk(self.layout, top)
                 folders = {f[len(top) + 1:]: read_cpus(f) or frozenset() for f, _ in below}
-                found[int(name[4:])] = CgroupJob(uid, int(name[4:]), cpus, folders, foreign,
-                                                 unsealed=any(owner != 0 for _, owner in below),
-                                                 scan_cpu_s=time.thread_time() - t0)
+                found[job_id] = CgroupJob(uid, job_id, cpus, folders, foreign,
+                                          unsealed=any(owner != 0 for _, owner in below),
+                                          scan_cpu_s=time.thread_time() - t0)
+        self.unidentified = unidentified
         return found
 
     def apply(self, uid: int, job_id: int, cpus: frozenset[int],

@@ -163,6 +163,11 @@ class NodeObserver:
         # Jobs Slurm placed here whose folder is not made yet: their cores are reserved. A stale
         # feed entry whose cores a running job's folder already holds is an ended job.
         held = frozenset().union(*(v.allocation | v.current for v in views))
+        # Folders named by a SLUID whose job no slurmstepd tells yet (just made, or ending):
+        # their cores are some job's; left out of the node's cores, so none is lent.
+        unknown = self.actuator.unidentified
+        unknown_cpus = frozenset().union(*unknown.values())
+        held |= unknown_cpus
         listed = {fj.job_id for fj in feed.jobs} if feed is not None else set()
         for fj in (ids_feed.jobs if ids_feed is not None else ()):
             if fj.job_id in found or fj.job_id in ledger.ended:
@@ -184,11 +189,14 @@ class NodeObserver:
         for job_id, since in list(ledger.ended.items()):
             if job_id not in scanned and (job_id not in listed or now - since > STARTING_EXPIRY_S):
                 del ledger.ended[job_id]     # the feed has caught up, its folder is gone
-        return NodeSnapshot(node=self.node, cpus=self.node_cpus(feed) | held,
+        return NodeSnapshot(node=self.node, cpus=(self.node_cpus(feed) | held) - unknown_cpus,
                             jobs=tuple(views), pending_starts=tuple(sorted(ledger.starting)),
                             max_cpus=self.max_cpus, limits=self.limits,
                             problems=self._misplaced([v.job_id for v in views
-                                                      if not v.has_folder]))
+                                                      if not v.has_folder])
+                            + tuple(f"job folder {name} holds {format_cpu_list(cpus)}: no "
+                                    "slurmstepd in it says which job it is (yet)"
+                                    for name, cpus in sorted(unknown.items())))
 
     def _disagreement(self, job_id: int, abstract: frozenset[int], linux: frozenset[int],
                       cg: CgroupJob) -> str:

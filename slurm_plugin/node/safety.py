@@ -100,28 +100,32 @@ def start_step(config: AgentConfig, rec: Reconciler, job_id: int, fence: Fence,
 
 
 def _tree(config: AgentConfig, actuator: CpusetActuator | None
-          ) -> tuple[dict[int, CgroupJob], Ledger]:
-    """The real cgroup tree and the ledger's allocations, each read once per check."""
-    return ((actuator or make_actuator(config)).scan(),
-            LedgerFile(config.state_dir, config.node).load())
+          ) -> tuple[dict[int, CgroupJob], dict[str, frozenset[int]], Ledger]:
+    """The real cgroup tree (job folders, and those named by a SLUID no slurmstepd tells yet:
+    ``CpusetActuator.unidentified``) and the ledger's allocations, each read once per check."""
+    act = actuator or make_actuator(config)
+    return act.scan(), act.unidentified, LedgerFile(config.state_dir, config.node).load()
 
 
 def lent_cores(config: AgentConfig, actuator: CpusetActuator | None = None) -> list[str]:
     """Read from the real cgroup tree: jobs holding cores outside their allocation (as the
     ledger knows it), and cores held by two jobs. Empty when the node is safe to start on."""
-    found, ledger = _tree(config, actuator)
-    problems, owner = [], {}
+    found, unidentified, ledger = _tree(config, actuator)
+    problems: list[str] = []
+    owner: dict[int, str] = {}
+    held = [(f"job {job_id}", cg.cpus) for job_id, cg in sorted(found.items())
+            # its Epilog ran: a folder it left (a user's cpusets in it) runs nothing
+            if job_id not in ledger.ended]
     for job_id, cg in sorted(found.items()):
-        if job_id in ledger.ended:
-            continue      # its Epilog ran: a folder it left (a user's cpusets in it) runs nothing
         alloc = ledger.allocations.get(job_id)
-        if alloc is not None and not cg.cpus <= alloc.cpus:
+        if job_id not in ledger.ended and alloc is not None and not cg.cpus <= alloc.cpus:
             problems.append(f"job {job_id} holds {sorted(cg.cpus - alloc.cpus)} outside its "
                             "allocation")
-        for c in cg.cpus:
+    for who, cpus in held + [(f"folder {n}", c) for n, c in sorted(unidentified.items())]:
+        for c in sorted(cpus):
             if c in owner:
-                problems.append(f"core {c} in jobs {owner[c]} and {job_id}")
-            owner[c] = job_id
+                problems.append(f"core {c} in {owner[c]} and {who}")
+            owner[c] = who
     return problems
 
 
@@ -129,7 +133,7 @@ def jobs_off_their_allocation(config: AgentConfig,
                               actuator: CpusetActuator | None = None) -> list[str]:
     """Read from the real cgroup tree: running jobs whose folder holds other cores than their
     allocation (as the ledger knows it). Empty when every job holds exactly Slurm's cores."""
-    found, ledger = _tree(config, actuator)
+    found, _, ledger = _tree(config, actuator)
     return [f"job {job_id} holds {sorted(cg.cpus)}, not its {sorted(alloc.cpus)}"
             for job_id, cg in sorted(found.items())
             if job_id not in ledger.ended and (alloc := ledger.allocations.get(job_id))
@@ -142,7 +146,7 @@ def step_start_problems(config: AgentConfig, job_id: int,
     (as the ledger knows it), and cores of that allocation another running job's folder holds
     (a shrink of a borrower that failed). Empty when slurmstepd can write the allocation to the
     job folder without sharing a core."""
-    found, ledger = _tree(config, actuator)
+    found, unidentified, ledger = _tree(config, actuator)
     cg = found.get(job_id)
     alloc = ledger.allocations.get(job_id)
     if alloc is None:      # no folder yet (the batch step): slurmstepd makes it
@@ -153,4 +157,7 @@ def step_start_problems(config: AgentConfig, job_id: int,
         if not cpus <= alloc.cpus]
     return mine + [f"job {other} holds {sorted(c.cpus & alloc.cpus)} of job {job_id}'s "
                    "allocation" for other, c in sorted(found.items())
-                   if other != job_id and other not in ledger.ended and c.cpus & alloc.cpus]
+                   if other != job_id and other not in ledger.ended and c.cpus & alloc.cpus] \
+        + [f"folder {name} (no slurmstepd says whose) holds {sorted(cpus & alloc.cpus)} of job "
+           f"{job_id}'s allocation" for name, cpus in sorted(unidentified.items())
+           if cpus & alloc.cpus]

@@ -126,8 +126,10 @@ class FakeFeed:
 class FakeCgroups:
     layout = SlurmCgroupLayout.named("n1", CgroupVersion.V1, multiple_slurmd=True)
 
-    def __init__(self, jobs):
+    def __init__(self, jobs, unidentified=None):
         self.jobs = jobs
+        # Job folders named by a SLUID no slurmstepd tells yet (CpusetActuator.unidentified).
+        self.unidentified = dict(unidentified or {})
 
     def scan(self):
         return dict(self.jobs)

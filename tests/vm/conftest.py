@@ -43,6 +43,7 @@ from pathlib import Path
 import pytest
 
 from malleable_protocol import parse_cpu_list
+from malleable_protocol.layout import check_step_name
 from slurm_plugin.cgroups import SLUID_RE, CgroupVersion, SlurmCgroupLayout
 from slurm_plugin.slurm.parsers import parse_config_values
 
@@ -165,11 +166,17 @@ class Node:
         self.layout = SlurmCgroupLayout.named(name, CgroupVersion.V2, multiple_slurmd=True)
         self.scope = str(self.layout.node_dir())
 
+    def _job_folder_sh(self, job: int) -> str:
+        """Shell that sets B to the job's folder as Slurm names it: job_<J>, or its SLUID (Slurm
+        26.05 without CgroupJobIdPaths=yes) as `scontrol show job -d` gives it, not as the
+        agent tells it."""
+        return (f"B={self.scope}/job_{job}; [ -d $B ] || {{ S=$(scontrol show job -d {job} | "
+                f"grep -o 'SLUID=[^ ]*' | cut -d= -f2); B={self.scope}/${{S:-job_{job}}}; }}; ")
+
     def job_cpus(self, job: int, step: str | None = None) -> frozenset[int] | None:
-        folder = self.layout.job_dir(0, job) if step is None else \
-            self.layout.step_dir(0, job, step)
-        r = self.vms.run(self.name, f"cat {folder}/cpuset.cpus.effective", check=False,
-                         timeout=60)
+        below = f"/{check_step_name(step)}" if step else ""
+        r = self.vms.run(self.name, self._job_folder_sh(job) +
+                         f"cat $B{below}/cpuset.cpus.effective", check=False, timeout=60)
         return parse_cpu_list(r.stdout.strip()) if r.returncode == 0 else None
 
     def record(self, job: int, rank: int = 0, step: str = "step_batch") -> dict | None:
@@ -182,18 +189,15 @@ class Node:
         return d
 
     def cpusets(self) -> dict[str, frozenset[int]]:
-        """Every job folder's effective cpuset, read together. A folder named by SLUID (Slurm
-        26.05 without CgroupJobIdPaths=yes) fails here: the job_* folders would not be every
-        job's, and checks on them would pass on nothing."""
+        """Every job folder's effective cpuset, read together: job_<J> and, on Slurm 26.05
+        without CgroupJobIdPaths=yes, <SLUID> folders."""
         out = self.vms.out(self.name, f"cd {self.scope} && for j in *; do [ -d \"$j\" ] "
                                       f"&& echo $j $(cat $j/cpuset.cpus.effective); done",
                            timeout=60)
         folders = {name: cpus for name, _, cpus in (line.partition(" ")
                                                     for line in out.splitlines())}
-        sluids = sorted(n for n in folders if SLUID_RE.match(n))
-        assert not sluids, f"{self.name}: job folders named by SLUID: {sluids}"
         return {name: parse_cpu_list(cpus.strip()) for name, cpus in folders.items()
-                if name.startswith("job_")}
+                if name.startswith("job_") or SLUID_RE.fullmatch(name)}
 
     def overlaps(self) -> list[str]:
         """CPUs in two jobs' cpusets."""

@@ -177,29 +177,32 @@ def on_slurm(release: str, cgroup_conf_line: str | None, v2: bool | None) -> Fac
     return f
 
 
-def test_slurm_26_05_on_cgroup_v2_needs_job_folders_named_by_job_id():
-    """26.05's cgroup/v2 names job folders by SLUID unless CgroupJobIdPaths=yes: an idle node
-    (no folder to see yet) fails on its configuration alone."""
+def test_slurm_26_05_on_cgroup_v2_says_how_job_folders_are_named():
+    """26.05's cgroup/v2 names job folders by SLUID unless CgroupJobIdPaths=yes; both are
+    followed, and an idle node (no folder to see yet) says which from its configuration."""
     unset = diagnose(on_slurm("26.05.5", None, v2=True))
     check = next(c for c in unset if c.name == "job folder names")
-    assert check.status is Status.FAIL and "CgroupJobIdPaths=yes" in check.detail
-    no = statuses(on_slurm("26.05.5", "CgroupJobIdPaths        = no", v2=True))
-    assert no["job folder names"] is Status.FAIL
-    assert statuses(on_slurm("26.05.5", "CgroupJobIdPaths        = yes", v2=True))[
-        "job folder names"] is Status.OK
-    # Unknown version of the layout (it was not found): checked all the same.
-    assert statuses(on_slurm("26.05.5", None, v2=None))["job folder names"] is Status.FAIL
+    assert check.status is Status.OK and "by SLUID" in check.detail, check
+    no = diagnose(on_slurm("26.05.5", "CgroupJobIdPaths        = no", v2=True))
+    assert "by SLUID" in next(c for c in no if c.name == "job folder names").detail
+    yes = diagnose(on_slurm("26.05.5", "CgroupJobIdPaths        = yes", v2=True))
+    assert "by job id" in next(c for c in yes if c.name == "job folder names").detail
+    # Unknown version of the layout (it was not found): said all the same.
+    assert "job folder names" in statuses(on_slurm("26.05.5", None, v2=None))
     # Not that release, or cgroup v1: no such check.
     for release, v2 in (("24.11.5", True), ("26.05.5", False)):
         assert "job folder names" not in statuses(on_slurm(release, None, v2=v2))
 
 
-def test_slurm_26_05s_own_configuration_passes_the_job_folder_check():
+def test_slurm_26_05s_own_configuration_says_its_job_folder_names():
     """scontrol show config of Debian sid's 26.05.5 with CgroupJobIdPaths=yes (captured in
-    vm-slurm, SUITE=sid); the same text with the line gone fails."""
+    vm-slurm, SUITE=sid): by job id; the same text with the line gone: by SLUID."""
     real = (FIX / "slurm-26.05-cgroup-v2" / "scontrol_show_config.txt").read_text()
     f = healthy()
     f.slurm_config, f.cgroup_v2 = real, True
-    assert {c.name: c.status for c in diagnose(f)}["job folder names"] is Status.OK
+
+    def detail() -> str:
+        return next(c for c in diagnose(f) if c.name == "job folder names").detail
+    assert "by job id" in detail()
     f.slurm_config = "\n".join(x for x in real.splitlines() if "CgroupJobIdPaths" not in x)
-    assert statuses(f)["job folder names"] is Status.FAIL
+    assert "by SLUID" in detail()

@@ -422,3 +422,19 @@ def test_the_sites_switch_reaches_every_nodes_feed_through_the_watcher(tmp_path)
     assert store.read_node(names[0]).switched_off is None
     store.site_switch_file.mkdir()                         # unreadable as a file: off
     assert "switched off for the site" in store.site_switched_off()
+
+
+def test_cores_of_a_folder_no_slurmstepd_tells_yet_are_lent_to_no_one():
+    """Slurm 26.05's SLUID-named job folder whose slurmstepd has not joined it yet: its cores
+    are some job's. They are not the node's to hand out, and the node reports why."""
+    feed = NodeFeed("n1", 4, (FeedJob(7, 1000, "u", S({0}), ("n1",), MalleableSpec(1, None)),))
+    cg = {7: CgroupJob(None, 7, S({0}), {"step_0": S({0})})}
+    obs = NodeObserver("n1", RunLayout(Path("/nonexistent")), FakeFeed(feed),
+                       FakeCgroups(cg, unidentified={"s1M9M8M9BHHT00": S({2, 3})}),
+                       read_ranks=lambda *a: (), wall=lambda: 1000.0)
+    snap = obs.observe(Ledger())
+    assert snap.cpus == {0, 1}
+    assert snap.problems == ("job folder s1M9M8M9BHHT00 holds 2-3: no slurmstepd in it says "
+                             "which job it is (yet)",)
+    plan = decide(snap, Policy.LEND_IDLE)
+    assert plan.targets[7] == {0, 1}        # grown into the idle core, not into 2-3

@@ -265,7 +265,7 @@ def _burst(tmp_path, config, asks: list[bytes], *, turns: int):
     cycles: list[dict] = []
     woken = []
     rec = SimpleNamespace(cycle=lambda **m: cycles.append(m) or CycleResult(),
-                          observer=SimpleNamespace(actuator=SimpleNamespace(scan=dict)))
+                          observer=SimpleNamespace(actuator=SimpleNamespace(scan=dict, unidentified={})))
     try:
         for t in clients:
             t.start()

@@ -145,18 +145,16 @@ def test_discovery_on_v2_and_from_slurmstepd_processes():
     assert decide_layout(ev) == layout(version=CgroupVersion.V2)
 
 
-def test_slurm_26_05s_sluid_named_job_folders_are_refused_with_the_setting_to_change():
+def test_slurm_26_05s_sluid_named_job_folders_are_a_layout_like_any_other():
     """26.05's cgroup/v2 names a job's folder by its SLUID (cgroup_v2.c, print_sluid) unless
-    CgroupJobIdPaths=yes: a folder that does not say its job cannot be told apart."""
-    from slurm_plugin.cgroups import SLUID_RE
-    assert SLUID_RE.match("sEKNKTV3WPV500")                  # cgroup.conf(5)'s example
-    for other in ("job_5", "sEKNKTV3WPV50", "sEKNKTV3WPV5000", "sEKNKTV3WPVU00", "step_0"):
-        assert not SLUID_RE.match(other), other
+    CgroupJobIdPaths=yes: the node's folder is discovered as before, and which job a SLUID
+    folder is, a slurmstepd in it says (test_sluid_folders.py)."""
     v2 = dict(mounts=V2_MOUNTS, plugin="cgroup/v2", v2_controllers=V2_CONTROLLERS,
               existing=frozenset({"/sys/fs/cgroup/system.slice/slurmstepd.scope"}))
-    with pytest.raises(LayoutUnknown, match="CgroupJobIdPaths=yes"):
-        decide_layout(evidence(**v2, sluid_folders=("sEKNKTV3WPV500",)))
     assert decide_layout(evidence(**v2)) == layout(version=CgroupVersion.V2, multiple=False)
+    ev = evidence(mounts=V2_MOUNTS, plugin="autodetect", v2_controllers=V2_CONTROLLERS,
+                  stepd_paths=("/system.slice/n1_slurmstepd.scope/sEKNKTV3WPV500/step_0/slurm",))
+    assert decide_layout(ev) == layout(version=CgroupVersion.V2)
 
 
 def test_the_hierarchy_is_known_from_the_mounts_before_any_slurm_folder():
