@@ -76,7 +76,8 @@ class _Conn:
     session: Session | None = None
     out: bytearray = field(default_factory=bytearray)
     sent: dict[tuple[str, str], bytes] = field(default_factory=dict)   # what -> digest
-    poked: bool = False
+    # When its node asked for a poll (wall time), until a poll begun after that is published.
+    poked_at: float | None = None
     checking: bool = False             # its hello is with a handshake thread
     early: bytearray = field(default_factory=bytearray)   # what came meanwhile
 
@@ -84,9 +85,10 @@ class _Conn:
 class LinkServer:
     def __init__(self, store: FeedStore, auth: LinkAuth, *, port: int, address: str = "0.0.0.0",
                  on_poke: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
         self.store, self.auth, self.port, self.address = store, auth, port, address
-        self._on_poke, self._clock = on_poke, clock
+        self._on_poke, self._clock, self._wall = on_poke, clock, wall
         self.stats = LinkStats()
         self._feeds: dict[str, NodeFeed] = {}
         self._encoded: dict[str, bytes] = {}
@@ -348,7 +350,8 @@ class LinkServer:
                 self.store.write_usage(parsed[0], node, data)
                 self._send(conn, {"t": "ack", "name": name})
             elif kind == "poke":
-                conn.poked = True
+                if conn.poked_at is None:
+                    conn.poked_at = self._wall()
                 self._on_poke()
             elif kind != "ping":
                 raise LinkError(f"an unknown message {kind[:20]!r}")
@@ -366,9 +369,12 @@ class LinkServer:
             self._send_state(conn)
 
     def _polled(self, at: float) -> None:
+        """Nodes that poked are told; each still waits for a poll begun after its poke (one
+        that was under way when the poke came lists nothing newer), so it stays poked."""
         for conn in list(self._conns.values()):
-            if conn.poked:
-                conn.poked = False
+            if conn.poked_at is not None:
+                if at >= conn.poked_at:
+                    conn.poked_at = None
                 self._send(conn, {"t": "polled", "at": at})
 
     def _send_state(self, conn: _Conn) -> None:

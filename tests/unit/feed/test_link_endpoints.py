@@ -83,6 +83,27 @@ def test_feeds_go_down_and_offers_reports_usage_and_pokes_come_up(link):
     wait_for(lambda: n1.store.polled_at() == 1234.5, "the poll time on the node")
 
 
+def test_a_poll_under_way_when_a_node_pokes_does_not_answer_its_poke(link):
+    """A node that stopped being quiet waits for a poll begun after that (node/quiet.py). A
+    poll already under way when its poke came is published to it, but the node stays poked:
+    the next poll's time goes to it too, without another poke. (Before, the earlier poll
+    answered the poke, and the next poll's time went nowhere until the node asked again.)"""
+    server, _, connect, pokes = link
+    n1 = connect("n1")
+    wait_for(lambda: server.connected() == ["n1"], "n1's link open")
+    began_before = time.time() - 5.0
+    n1.store.poke_watcher()
+    wait_for(lambda: pokes, "the poke")
+    server.polled(began_before)
+    wait_for(lambda: n1.store.polled_at() == began_before, "the earlier poll's time")
+    after = time.time() + 1.0
+    server.polled(after)
+    wait_for(lambda: n1.store.polled_at() == after, "the next poll's time, unasked")
+    server.polled(after + 1.0)                     # answered: not poked any more
+    time.sleep(0.3)
+    assert n1.store.polled_at() == after
+
+
 def test_a_multi_node_jobs_offers_reach_its_other_nodes_only(link):
     server, _, connect, _ = link
     n1, n2, n3 = connect("n1"), connect("n2"), connect("n3")

@@ -183,34 +183,45 @@ def test_a_folder_named_as_slurm_names_but_made_by_the_user_is_foreign(v1):
     assert read_cpus(job) == {0, 1}
 
 
-@pytest.mark.parametrize("release", ["24.11", "26.05"])
+@pytest.mark.parametrize("release", ["24.11", "26.05", "26.05-sluid"])
 def test_v2_tree_as_slurm_makes_it(tmp_path, release):
     """The shape captured on Debian's Slurm 24.11 (trixie) and 26.05 (sid) under systemd
     (fixtures slurm-<release>-cgroup-v2): root's folders, Slurm's CPUs on job_<J> and
     step_<S>/user, the slurmstepd in step_<S>/slurm, tasks in step_<S>/user/task_<T> (and, on
     26.05, an empty task_special), the others empty (inherit). Every level below the job takes
-    the job's CPUs; the owner is not in the path."""
+    the job's CPUs; the owner is not in the path. 26.05-sluid: the same tree with the job
+    folder named by the job's SLUID (from the fixture's jobs.txt), as 26.05 names it without
+    CgroupJobIdPaths=yes; which job it is, the slurmstepd in it says (here: the fixture)."""
+    import dataclasses
+    from slurm_plugin.cgroups import JobFolderNames
     layout = SlurmCgroupLayout.named("vm1", CgroupVersion.V2, multiple_slurmd=True, mount=tmp_path)
-    fixture = (Path(__file__).parents[2] / "fixtures" / f"slurm-{release}-cgroup-v2" /
-               "find_dirs.txt")
+    fixture = (Path(__file__).parents[2] / "fixtures" /
+               f"slurm-{release.split('-')[0]}-cgroup-v2" / "find_dirs.txt")
     scope = "/sys/fs/cgroup/system.slice/vm1_slurmstepd.scope/"
     lines = [x[len(scope):] for x in fixture.read_text().splitlines() if x.startswith(scope)]
     job_name = next(x.split("/")[0] for x in lines if x.endswith("/step_0"))   # the one with a step
     j = int(job_name[4:])
+    folder = job_name
+    if release.endswith("sluid"):
+        jobs = (fixture.parent / "jobs.txt").read_text()
+        folder = jobs.split(f"JobId={j} ", 1)[1].split("SLUID=", 1)[1].split()[0]
+        layout = dataclasses.replace(layout, names=JobFolderNames(
+            lambda lay, name: j if name == folder else None))
     for rel in (x for x in lines if x.split("/")[0] == job_name):
-        d = layout.node_dir() / rel
+        d = layout.node_dir() / rel.replace(job_name, folder, 1)
         d.mkdir(parents=True)
-        (d / "cpuset.cpus").write_text("1" if d.name in (job_name, "user") else "")
+        (d / "cpuset.cpus").write_text("1" if d.name in (folder, "user") else "")
     (layout.node_dir() / "cpuset.cpus").write_text("")
     found = CpusetActuator(layout).scan()[j]
     assert found.uid is None and found.cpus == {1}
     special = {"step_batch/user/task_special", "step_0/user/task_special"} \
-        if release == "26.05" else set()
+        if release.startswith("26.05") else set()
     assert set(found.folders) == {"step_batch", "step_batch/slurm", "step_batch/user",
                                   "step_batch/user/task_0", "step_0", "step_0/slurm",
                                   "step_0/user", "step_0/user/task_0"} | special
     CpusetActuator(layout).apply(1000, j, frozenset({0, 1}))
     job = layout.job_dir(1000, j)
+    assert job.name == folder
     assert all(read_cpus(job / rel) == {0, 1} for rel in found.folders)
     CpusetActuator(layout).apply(1000, j, frozenset({1}))
     assert read_cpus(job) == {1} and read_cpus(job / "step_0" / "user" / "task_0") == {1}
