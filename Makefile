@@ -38,8 +38,8 @@ test-site: site-slurm
 
 # Slurm 26.05 (Debian sid's): in docker-slurm's containers (cgroup v1), its SPANK plugin built
 # against 26.05's libslurm, its JSON read, the end-to-end tests; then in vm-slurm's virtual
-# machines (cgroup v2, CgroupJobIdPaths=yes so job folders are named by job id, not SLUID), the
-# guide's install and every VM scenario.
+# machines (cgroup v2), the guide's install and every VM scenario, twice: job folders named by
+# job id (CgroupJobIdPaths=yes), then by SLUID (Slurm's default).
 test-slurm26:
 	bash scripts/setup.sh
 	$(MAKE) -C docker-slurm test SUITE=sid
