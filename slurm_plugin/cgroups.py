@@ -449,20 +449,20 @@ class JobFolderNames:
         folder is told to be the job's (``job_<J>`` then: a folder that is not there)."""
         plain = f"job_{job_id}"
         node_dir = layout.node_dir()
-        if self._jobs and not (node_dir / plain).is_dir():
-            for name, job in self._jobs.items():
-                if job == job_id and (node_dir / name).is_dir():
-                    return name
+        if (node_dir / plain).is_dir():
+            return plain            # one stat where Slurm names folders by job id
+        for name, job in self._jobs.items():
+            if job == job_id and (node_dir / name).is_dir():
+                return name
         try:
             with os.scandir(node_dir) as it:
                 new = [e.name for e in it if SLUID_RE.fullmatch(e.name) and
                        e.name not in self._jobs]
         except OSError:
             return plain
-        if new and not (node_dir / plain).is_dir():
-            for name in new:
-                if self.job_of(layout, name) == job_id:
-                    return name
+        for name in new:
+            if self.job_of(layout, name) == job_id:
+                return name
         return plain
 
     def keep(self, names: Iterable[str]) -> None:
