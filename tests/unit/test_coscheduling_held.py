@@ -22,6 +22,9 @@ def test_the_summary_counts_by_workload_and_by_the_mode_the_job_ran_in():
     jobs = [{"name": "A", "malleable": True}, {"name": "B", "malleable": False}]
     long_ = run("malleable", [(16.5, "A"), (20.4, "B")])
     short = run("malleable", [(11.0, "A"), (20.4, "B")])
-    summary = held_after_end_summary([(long_, jobs), (short, jobs)])
+    summary = held_after_end_summary([(long_, jobs, "plain"), (short, jobs, "plain")])
     assert summary == {"tf_data malleable": {"runs": 2, "held": 1, "longest_s": 6.5},
                        "keras_cnn plain": {"runs": 2, "held": 0, "longest_s": 0.4}}
+    # A repetition whose plain jobs ran without tf.data's autotuner: its rigid jobs say so.
+    summary = held_after_end_summary([(short, jobs, "plain-noautotune")])
+    assert set(summary) == {"tf_data malleable", "keras_cnn plain-noautotune"}

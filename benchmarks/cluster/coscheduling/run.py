@@ -328,18 +328,19 @@ def pool(repetitions: list[dict]) -> dict:
                                    for r in rep["runs"] if r["regime"] == name]
                             for name in ratios},
             "held_after_end": {name: held_after_end_summary(
-                [(r, rep["jobs"]) for rep in repetitions for r in rep["runs"]
-                 if r["regime"] == name]) for name in ratios}}
+                [(r, rep["jobs"], rep.get("plain_mode", "plain")) for rep in repetitions
+                 for r in rep["runs"] if r["regime"] == name]) for name in ratios}}
 
 
-def held_after_end_summary(runs: list[tuple[dict, list[dict]]]) -> dict:
+def held_after_end_summary(runs: list[tuple[dict, list[dict], str]]) -> dict:
     """Per workload and job mode: how many job runs held their cgroup more than
-    HELD_AFTER_END_S after their last line, and the longest."""
+    HELD_AFTER_END_S after their last line, and the longest. ``runs``: (a regime's run, the
+    repetition's jobs, how its plain jobs ran: ``plain`` or ``plain-noautotune``)."""
     out: dict[str, dict] = {}
-    for run, jobs in runs:
+    for run, jobs, plain_mode in runs:
         malleable = {j["name"]: j["malleable"] for j in jobs}
         for name, held in held_after_end(run).items():
-            mode = run["job_mode"] if malleable[name] else "plain"
+            mode = run["job_mode"] if malleable[name] else plain_mode
             key = f"{run['jobs'][name]['workload']} {mode}"
             row = out.setdefault(key, {"runs": 0, "held": 0, "longest_s": 0.0})
             row["runs"] += 1
