@@ -20,7 +20,7 @@ bootstrap 95% confidence interval that resamples whole pairs.
 
     python -m benchmarks.framework.fidelity [--pairs 5] [--rounds 3] [--seconds 1]
                                   [--groups floating,pinned,overhead] [--env K=V] [--name NAME]
-                                  [--framework tensorflow|torch]
+                                  [--framework tensorflow|torch] [--workloads tf_data]
 
 Writes benchmarks/results/NAME.json and NAME.png (NAME: fidelity, or fidelity_torch). --env sets
 a variable in every worker, e.g. TF_ENABLE_ONEDNN_OPTS=0 to see what oneDNN's kernels
@@ -32,6 +32,7 @@ intra-op count is compared.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import signal
@@ -233,8 +234,15 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], help="K=V for every worker")
     ap.add_argument("--name", help="default: fidelity (TensorFlow), fidelity_torch (PyTorch)")
     ap.add_argument("--framework", choices=sorted(FRAMEWORKS), default="tensorflow")
+    ap.add_argument("--workloads", help="a subset of the framework's, e.g. tf_data")
     args = ap.parse_args()
     args.fw = FRAMEWORKS[args.framework]
+    if args.workloads:
+        chosen = tuple(args.workloads.split(","))
+        unknown = set(chosen) - set(args.fw.workloads)
+        if unknown:
+            ap.error(f"--workloads: not {args.framework}'s: {', '.join(sorted(unknown))}")
+        args.fw = dataclasses.replace(args.fw, workloads=chosen)
     args.name = args.name or ("fidelity" if args.framework == "tensorflow" else "fidelity_torch")
     args.env = dict(kv.split("=", 1) for kv in args.env)
     m = len(os.sched_getaffinity(0))
