@@ -333,14 +333,22 @@ class StepdProcess:
     cgroup: str
 
 
-def parse_stepd_title(cmdline: bytes) -> int | None:
-    """The job id in slurmstepd's title ("slurmstepd: [5.batch]"); None for any other."""
+def _title_parts(cmdline: bytes) -> tuple[int, str] | None:
+    """The job id and the text after its dot in slurmstepd's title ("slurmstepd: [5.batch]":
+    5, "batch"); None when it is no slurmstepd's title or names no valid job id."""
     text = cmdline.split(b"\0", 1)[0].decode(errors="replace")
     head, sep, rest = text.partition("[")
     if not sep or not head.startswith("slurmstepd"):
         return None
-    job = rest.split(".", 1)[0].split("]", 1)[0]
-    return int(job) if job.isascii() and job.isdigit() and 0 < int(job) < 2**32 else None
+    job, _, step = rest.split("]", 1)[0].partition(".")
+    return (int(job), step) if job.isascii() and job.isdigit() and 0 < int(job) < 2**32 \
+        else None
+
+
+def parse_stepd_title(cmdline: bytes) -> int | None:
+    """The job id in slurmstepd's title ("slurmstepd: [5.batch]"); None for any other."""
+    parts = _title_parts(cmdline)
+    return parts[0] if parts is not None else None
 
 
 def _read_at(dir_fd: int, name: str, limit: int) -> bytes:
@@ -361,11 +369,10 @@ def _owned_by_root(entry: os.DirEntry) -> bool:
 def stepd_title(cmdline: bytes) -> tuple[int, str] | None:
     """The job id and step folder in slurmstepd's title ("slurmstepd: [5.batch]": 5,
     "step_batch"); None for any other."""
-    job = parse_stepd_title(cmdline)
-    text = cmdline.split(b"\0", 1)[0].decode(errors="replace")
-    step = text.partition("[")[2].partition("]")[0].partition(".")[2]
-    return (job, f"step_{step}") if job is not None and _STEP_NAME.fullmatch(f"step_{step}") \
-        else None
+    parts = _title_parts(cmdline)
+    if parts is None or not _STEP_NAME.fullmatch(f"step_{parts[1]}"):
+        return None
+    return parts[0], f"step_{parts[1]}"
 
 
 def _stepd_at(proc: Path, name: str) -> tuple[StepdProcess, bytes] | None:

@@ -113,19 +113,23 @@ def lent_cores(config: AgentConfig, actuator: CpusetActuator | None = None) -> l
     found, unidentified, ledger = _tree(config, actuator)
     problems: list[str] = []
     owner: dict[int, str] = {}
-    held = [(f"job {job_id}", cg.cpus) for job_id, cg in sorted(found.items())
-            # its Epilog ran: a folder it left (a user's cpusets in it) runs nothing
-            if job_id not in ledger.ended]
-    for job_id, cg in sorted(found.items()):
-        alloc = ledger.allocations.get(job_id)
-        if job_id not in ledger.ended and alloc is not None and not cg.cpus <= alloc.cpus:
-            problems.append(f"job {job_id} holds {sorted(cg.cpus - alloc.cpus)} outside its "
-                            "allocation")
-    for who, cpus in held + [(f"folder {n}", c) for n, c in sorted(unidentified.items())]:
+
+    def claim(who: str, cpus: frozenset[int]) -> None:
         for c in sorted(cpus):
             if c in owner:
                 problems.append(f"core {c} in {owner[c]} and {who}")
             owner[c] = who
+
+    for job_id, cg in sorted(found.items()):
+        if job_id in ledger.ended:
+            continue      # its Epilog ran: a folder it left (a user's cpusets in it) runs nothing
+        alloc = ledger.allocations.get(job_id)
+        if alloc is not None and not cg.cpus <= alloc.cpus:
+            problems.append(f"job {job_id} holds {sorted(cg.cpus - alloc.cpus)} outside its "
+                            "allocation")
+        claim(f"job {job_id}", cg.cpus)
+    for name, cpus in sorted(unidentified.items()):
+        claim(f"folder {name}", cpus)
     return problems
 
 
