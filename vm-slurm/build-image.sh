@@ -25,6 +25,16 @@ set -euo pipefail
 STATE=${STATE:-/var/tmp/vm-slurm}
 SUITE=${SUITE:-trixie}
 JOB_ID_PATHS=${JOB_ID_PATHS:-yes}    # no: Slurm 26.05's job folders keep their SLUID names
+# UPGRADE_TO=sid: the image also carries sid's Slurm (and what of sid it needs) as a local apt
+# repository, /var/local/slurm-upgrade, for the rolling upgrade the guests run without network
+# (tests/vm/test_upgrade.py: apt-get with /etc/apt/slurm-upgrade.list as its only source).
+UPGRADE_TO=${UPGRADE_TO:-}
+# SLURM_BUILD=production (trixie): Slurm 24.11.5 built from Debian's source WITHOUT
+# multiple-slurmd (scripts/build-slurm-production.sh, in the chroot, into /opt/slurm), as most
+# sites build it: job folders under system.slice/slurmstepd.scope. Debian's packages stay
+# installed (what depends on them), their daemons and commands replaced by the build's.
+SLURM_BUILD=${SLURM_BUILD:-debian}
+PRODUCTION_SCRIPT="$(dirname "$(readlink -f "$0")")/../scripts/build-slurm-production.sh"
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 FORCE=0
 [ "${1:-}" = --force ] && FORCE=1
@@ -45,7 +55,8 @@ log() { echo "[vm-slurm] $*"; }
 # shellcheck source=../scripts/lib/need-packages.sh
 source "$(dirname "$(readlink -f "$0")")/../scripts/lib/need-packages.sh"
 
-key=$( { cat "$0"; echo "$SUITE $JOB_ID_PATHS"; } | sha256sum | cut -c1-16)
+key=$( { cat "$0"; echo "$SUITE $JOB_ID_PATHS $UPGRADE_TO $SLURM_BUILD"
+          [ "$SLURM_BUILD" = debian ] || cat "$PRODUCTION_SCRIPT"; } | sha256sum | cut -c1-16)
 out="$STATE/images/$key"
 mkdir -p "$STATE/images" "$STATE/debs"
 
@@ -107,6 +118,57 @@ in_root apt-get update -q >"$work/apt.log" 2>&1 || { tail -30 "$work/apt.log" >&
 in_root apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >>"$work/apt.log" 2>&1 \
   || { tail -30 "$work/apt.log" >&2; exit 1; }
 log "packages installed at $(( $(date +%s) - start ))s"
+
+if [ -n "$UPGRADE_TO" ]; then
+  # What `apt-get install -t $UPGRADE_TO` of Slurm's packages would download on this system
+  # (Slurm's, and each library of $UPGRADE_TO they need a newer version of), as a flat
+  # repository the guest installs from; $UPGRADE_TO's source and lists are gone afterwards.
+  log "$UPGRADE_TO's Slurm into /var/local/slurm-upgrade"
+  echo "deb $MIRROR $UPGRADE_TO main" > "$rootfs/etc/apt/sources.list.d/upgrade.list"
+  echo 'Acquire::Check-Valid-Until "false";' > "$rootfs/etc/apt/apt.conf.d/99archive-snapshot"
+  up=/var/local/slurm-upgrade
+  mkdir -p "$rootfs$up/partial"
+  { in_root apt-get install -y -q --no-install-recommends apt-utils &&
+    in_root apt-get update -q &&
+    in_root apt-get install -y -q --no-install-recommends --download-only -t "$UPGRADE_TO" \
+      -o Dir::Cache::archives="$up" slurmctld slurmd slurm-client libslurm-dev &&
+    rm -rf "$rootfs$up/partial" "$rootfs$up/lock" &&
+    in_root sh -c "cd $up && apt-ftparchive packages . > Packages"; } >>"$work/apt.log" 2>&1 \
+    || { tail -30 "$work/apt.log" >&2; exit 1; }
+  rm -f "$rootfs/etc/apt/sources.list.d/upgrade.list"
+  echo "deb [trusted=yes] file:$up ./" > "$rootfs/etc/apt/slurm-upgrade.list"
+  log "$(ls "$rootfs$up"/*.deb | wc -l) packages of $UPGRADE_TO ($(du -sh "$rootfs$up" | cut -f1)):" \
+    "$(cd "$rootfs$up" && ls -- *.deb | cut -d_ -f1 | paste -sd' ')"
+fi
+
+if [ "$SLURM_BUILD" = production ]; then
+  [ "$SUITE" = trixie ] || { echo "SLURM_BUILD=production is made for SUITE=trixie" >&2; exit 1; }
+  log "Slurm without multiple-slurmd: scripts/build-slurm-production.sh in the chroot"
+  # The source download is kept across image builds (STATE/slurm-src).
+  mkdir -p "$STATE/slurm-src" "$rootfs/var/cache/slurm-production"
+  mount --bind "$STATE/slurm-src" "$rootfs/var/cache/slurm-production"
+  cp "$PRODUCTION_SCRIPT" "$rootfs/tmp/build-slurm-production.sh"
+  in_root env SLURM_SUITE=trixie PREFIX=/opt/slurm SYSCONFDIR=/etc/slurm RUNSTATEDIR=/run \
+    MALLEABLE_CACHE=/var/cache JOBS="$(nproc)" bash /tmp/build-slurm-production.sh \
+    >"$work/slurm-production.log" 2>&1 || { tail -40 "$work/slurm-production.log" >&2; exit 1; }
+  grep '^\[slurm-production\]' "$work/slurm-production.log" | tail -3
+  umount "$rootfs/var/cache/slurm-production"
+  rm -f "$rootfs"/etc/apt/sources.list.d/malleable-deb-src-*.list "$rootfs/tmp/build-slurm-production.sh"
+  # The daemons through Debian's own alternatives (its units run /usr/sbin/slurmd), the
+  # commands by diverting Debian's: whatever PATH a unit, a hook or a user has, it is this build.
+  in_root update-alternatives --install /usr/sbin/slurmd slurmd /opt/slurm/sbin/slurmd 100 \
+    --slave /usr/sbin/slurmstepd slurmstepd /opt/slurm/sbin/slurmstepd >>"$work/apt.log"
+  in_root update-alternatives --install /usr/sbin/slurmctld slurmctld /opt/slurm/sbin/slurmctld 100 \
+    >>"$work/apt.log"
+  for f in "$rootfs"/opt/slurm/bin/*; do
+    b=$(basename "$f")
+    [ -e "$rootfs/usr/bin/$b" ] || continue
+    in_root dpkg-divert --quiet --local --rename --add "/usr/bin/$b"
+    ln -s "/opt/slurm/bin/$b" "$rootfs/usr/bin/$b"
+  done
+  in_root sh -c 'slurmd -V; sinfo -V; readlink -f /usr/sbin/slurmstepd' | paste -sd' ' \
+    | sed 's/^/[vm-slurm] production build: /'
+fi
 
 # --- the guest's configuration -------------------------------------------------------------
 R=$rootfs
@@ -310,6 +372,9 @@ cp "$initrd" "$work/initrd.img"
   echo "key=$key suite=$SUITE built=$(date -u +%FT%TZ)"
   echo "kernel=$(basename "$kernel") initrd=$(basename "$initrd") ($(du -h "$initrd" | cut -f1))"
   in_root dpkg-query -W -f='${Package} ${Version}\n' "${PACKAGES[@]}" slurm-wlm-basic-plugins
+  [ -z "$UPGRADE_TO" ] || (cd "$R/var/local/slurm-upgrade" && ls -- *.deb | sed 's/^/upgrade: /')
+  [ "$SLURM_BUILD" = debian ] || echo "slurm build: $SLURM_BUILD, $(in_root slurmd -V) in /opt/slurm" \
+    "($(grep '^debian_version=' "$R/opt/slurm/.build-stamp" | cut -d= -f2), no multiple-slurmd)"
 } > "$work/manifest.txt"
 findmnt -rn -o TARGET | grep "^$rootfs/" | sort -r | while read -r m; do umount "$m"; done
 rm -rf "$R"/var/lib/apt/lists/* "$R"/var/cache/apt/*.bin "$R"/var/log/*.log "$R"/tmp/*

@@ -292,6 +292,20 @@ def panicked(console: Path) -> str | None:
 
 
 # --- commands ---------------------------------------------------------------------------------
+def slurm_build(image: Path) -> str:
+    """The image's Slurm build, as build-image.sh's manifest says: "debian" (Debian's packages,
+    multiple-slurmd: <node>_slurmstepd.scope) or "production" (no multiple-slurmd:
+    slurmstepd.scope)."""
+    manifest = (image / "manifest.txt").read_text(errors="replace")
+    return "production" if "slurm build: production" in manifest else "debian"
+
+
+def stepd_scope(cluster: dict, node: str) -> str:
+    """The node's slurmstepd scope under system.slice, by the cluster's Slurm build."""
+    return ("slurmstepd.scope" if cluster.get("slurm_build") == "production"
+            else f"{node}_slurmstepd.scope")
+
+
 def cmd_up(args) -> int:
     if load_cluster() is not None:
         log(f"a cluster is recorded in {RUN}: `vmctl.py down` first")
@@ -336,7 +350,7 @@ def cmd_up(args) -> int:
                "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN),
                "share": str(share) if share else None,
                "topology": {str(k): str(t) for k, t in servers.items()},
-               "configless": configless}
+               "configless": configless, "slurm_build": slurm_build(image)}
     (RUN / "cluster.json").write_text(json.dumps(cluster, indent=1))
 
     hub_log = open(RUN / "hub.log", "w")
@@ -494,10 +508,11 @@ def cmd_smoke(args) -> int:
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     cg = lines.get("cgroup", "")
     folder = lines.get("folder", "")
-    check(f"job task in <node>_slurmstepd.scope/{folder}/step_batch/user/task_0 "
-          f"(job_<J>, or the job's SLUID)",
+    scope = stepd_scope(cluster, "vm1")
+    check(f"job task in {scope}/{folder}/step_batch/user/task_0 "
+          f"(job_<J>, or the job's SLUID; Slurm's {cluster.get('slurm_build', 'debian')} build)",
           re.fullmatch(r"job_[0-9]+|s[0-9A-Z]{13}", folder) is not None
-          and cg == f"0::/system.slice/vm1_slurmstepd.scope/{folder}/step_batch/user/task_0",
+          and cg == f"0::/system.slice/{scope}/{folder}/step_batch/user/task_0",
           r.stdout + r.stderr)
     for key in ("grown", "shrunk"):
         got, _, want = lines.get(key, "? want !").partition(" want ")

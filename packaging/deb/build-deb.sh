@@ -6,6 +6,8 @@
 # that release (Debian's slurm-client or SchedMD's slurm-smd-client, >= X.Y and < the next; the
 # upper bound as Breaks) and its version says it (0.1.0+slurm22.05).
 #   packaging/deb/build-deb.sh [OUT_DIR]     (default: dist/) -> OUT_DIR/malleable-slurm_*.deb
+# SLURM_INCLUDE=DIR builds against the Slurm headers in DIR/slurm instead of /usr/include's: the
+# package for the release a site upgrades to, built before its hosts have it (docs/install.md).
 # Needs python3, gcc, Slurm's headers (libslurm-dev, or slurm-smd-dev) and dpkg-deb; runs as any
 # user (--root-owner-group). What it holds is staged by packaging/lib/node-side.sh (the RPM's too).
 set -euo pipefail
@@ -18,8 +20,9 @@ command -v dpkg-deb >/dev/null || die "dpkg-deb is missing (a Debian or Ubuntu h
 command -v python3 >/dev/null || die "python3 is missing"
 # shellcheck source=../lib/node-side.sh
 source "$REPO/packaging/lib/node-side.sh"
-release=$(slurm_release /usr/include) \
-  || die "no Slurm headers in /usr/include/slurm (apt-get install libslurm-dev gcc): the SPANK plugin is built against them"
+INCLUDE=${SLURM_INCLUDE:-/usr/include}
+release=$(slurm_release "$INCLUDE") \
+  || die "no Slurm headers in $INCLUDE/slurm (apt-get install libslurm-dev gcc): the SPANK plugin is built against them"
 next=$(next_release "$release")
 project=$(project_version "$REPO") || die "no version in $REPO/pyproject.toml"
 version="$project+slurm$release"

@@ -7,7 +7,8 @@
 #   stage_node_side ROOT SITE UNITS SHEBANG VERSION INSTALLER
 #     ROOT/SITE: the Python packages (the co-scheduler, its policy, the protocol, the templates;
 #     not the simulator, nor the development cluster) and their dist-info (VERSION, INSTALLER);
-#     ROOT/usr/lib/malleable/malleable_spank.so, built here; ROOT/usr/bin/malleable run by
+#     ROOT/usr/lib/malleable/malleable_spank.so, built here against the headers in SLURM_INCLUDE
+#     (default /usr/include: the release slurm_release reads there); ROOT/usr/bin/malleable run by
 #     SHEBANG; the systemd units in ROOT/UNITS; the install guide in ROOT/usr/share/doc.
 
 slurm_release() {
@@ -48,7 +49,8 @@ stage_node_side() {
 import sys; from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from slurm_plugin.hooks import spank
-print("[node-side] built", spank.build(Path(sys.argv[2])))' "$site" "$root/usr/lib/malleable"
+print("[node-side] built", spank.build(Path(sys.argv[2]), include=Path(sys.argv[3])))' \
+    "$site" "$root/usr/lib/malleable" "${SLURM_INCLUDE:-/usr/include}"
   chmod 0644 "$root/usr/lib/malleable/malleable_spank.so"
   cat > "$root/usr/bin/malleable" <<PY
 #!$shebang

@@ -180,6 +180,36 @@ def test_the_node_package_is_built_for_this_slurm_and_runs_from_its_own_files(tm
     assert "ExecStart=/usr/bin/malleable watcher --config /etc/malleable/agent.json" in unit
 
 
+def test_the_package_for_the_release_a_site_upgrades_to_builds_against_its_headers(tmp_path):
+    """SLURM_INCLUDE (docs/install.md section 10): the package for another release, built
+    before the host has it, from that release's headers (here this host's, their version
+    number changed to 26.05's): its version, Depends and Breaks name 26.05, and its plugin says
+    26.05 to the Slurm that loads it (plugin_version, which Slurm's plugin loader compares)."""
+    include = tmp_path / "include"
+    include.mkdir()
+    run(["cp", "-r", "/usr/include/slurm", include / "slurm"])
+    header = include / "slurm" / "slurm_version.h"
+    text, n = re.subn(r"(?m)^#define SLURM_VERSION_NUMBER 0x[0-9a-fA-F]+",
+                      "#define SLURM_VERSION_NUMBER 0x1a0500", header.read_text())
+    assert n == 1
+    header.write_text(text)
+    run(["bash", REPO / "packaging" / "deb" / "build-deb.sh", tmp_path / "dist"],
+        env={**os.environ, "SLURM_INCLUDE": str(include)})
+    deb, = (tmp_path / "dist").glob("malleable-slurm_*.deb")
+    fields = dict(line.split(": ", 1) for line in
+                  run(["dpkg-deb", "-f", deb, "Version", "Depends", "Breaks"]).stdout.splitlines())
+    assert fields["Version"].endswith("+slurm26.05"), fields
+    assert "slurm-client (>= 26.05)" in fields["Depends"], fields
+    assert fields["Breaks"] == "slurm-client (>= 26.06), slurm-smd-client (>= 26.06)", fields
+    root = tmp_path / "root"
+    run(["dpkg-deb", "-x", deb, root])
+    so = root / "usr/lib/malleable/malleable_spank.so"
+    number = run(["python3", "-c", "import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1], "
+                  "os.RTLD_LAZY); print(hex(ctypes.c_uint.in_dll(lib, 'plugin_version').value))",
+                  so]).stdout.strip()
+    assert number == "0x1a0500", number
+
+
 def test_the_rpm_holds_the_same_node_side_for_rhel_9s_python_3_11(tmp_path):
     """RHEL 9's python3 is 3.9: the RPM's files are python3.11's, its command runs on it, and it
     requires SchedMD's slurm package of the release its plugin was built for."""

@@ -34,6 +34,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -118,6 +119,9 @@ class VMs:
         # Nodes whose slurmd runs configless (vmctl.py's VM_SLURM_CONFIGLESS): no slurm.conf of
         # their own, vm1's served into /run/slurm/conf.
         self.configless = list(self.cluster.get("configless", []))
+        # Debian's Slurm is a multiple-slurmd build (<node>_slurmstepd.scope); the image's
+        # production build (build-image.sh SLURM_BUILD=production) is not (slurmstepd.scope).
+        self.multiple_slurmd = self.cluster.get("slurm_build", "debian") == "debian"
 
     def argv(self, node: str) -> list[str]:
         return self.vmctl.ssh_argv(self.cluster, self.vmctl.node_index(node))
@@ -158,12 +162,13 @@ class VMs:
 
 class Node:
     """Reads of one node's real state, by plain shell (a guest's Python start takes seconds).
-    Its job folders are where Slurm's naming rule puts them for Debian's build (multiple-slurmd)
-    on v2, as the layout's owner says."""
+    Its job folders are where Slurm's naming rule puts them on v2 for the cluster's build
+    (multiple-slurmd or not), as the layout's owner says."""
 
     def __init__(self, vms: VMs, name: str):
         self.vms, self.name = vms, name
-        self.layout = SlurmCgroupLayout.named(name, CgroupVersion.V2, multiple_slurmd=True)
+        self.layout = SlurmCgroupLayout.named(name, CgroupVersion.V2,
+                                              multiple_slurmd=vms.multiple_slurmd)
         self.scope = str(self.layout.node_dir())
 
     def _job_folder_sh(self, job: int) -> str:
@@ -178,6 +183,15 @@ class Node:
         r = self.vms.run(self.name, self._job_folder_sh(job) +
                          f"cat $B{below}/cpuset.cpus.effective", check=False, timeout=60)
         return parse_cpu_list(r.stdout.strip()) if r.returncode == 0 else None
+
+    def slurm_wrote(self, job: int) -> frozenset[int]:
+        """The Linux CPUs Slurm's task/cgroup gave the job's batch step here (its own abstract
+        -> Linux map, through hwloc), from slurmstepd's debug line in slurmd.log."""
+        out = self.vms.out(self.name, f"grep -a '\\[{job}\\.batch\\].*job physical CPUs are' "
+                                      "/var/log/slurm/slurmd.log | tail -1", check=False, timeout=60)
+        m = re.search(r"job physical CPUs are '([^']*)'", out)
+        assert m, f"slurmstepd did not log job {job}'s physical CPUs on {self.name}: {out!r}"
+        return parse_cpu_list(m[1])
 
     def record(self, job: int, rank: int = 0, step: str = "step_batch") -> dict | None:
         r = self.vms.run(self.name, f"cat {RUN_DIR}/jobs/job_{job}/rank_{rank}.{step}.json",

@@ -1,5 +1,7 @@
 """The co-scheduler LIVE on cgroup v2: Debian trixie's Slurm 24.11 under systemd in vm-slurm's
-virtual machines (a multiple-slurmd build: its v2 scope is named after the node).
+virtual machines (Debian's multiple-slurmd build, its v2 scope named after the node; or, with
+`make -C vm-slurm test SLURM_BUILD=production`, Slurm built as most sites build it, whose jobs
+are under system.slice/slurmstepd.scope).
 The scenario of tests/site/test_production_layout.py, with tests/programs/allowance_rank.py as
 the malleable rank (TensorFlow does not run under emulation): a job grows into the idle core
 and its rank follows; a new job gets its core back before its script runs (the Prolog);
@@ -10,28 +12,27 @@ from __future__ import annotations
 import time
 
 from malleable_protocol import parse_cpu_list
-from slurm_plugin.cgroups import CgroupVersion, SlurmCgroupLayout
 
 from .conftest import NOTES, RUN_DIR, SLURM_CONF, Node, Stage, VMs, diagnostics, wait_for
 
 NODE = "vm1"
-# Where Slurm's naming rule puts vm1's jobs for Debian's build (multiple-slurmd) on v2, as the
-# layout's owner says; test (a) checks that discovery inside the VM finds the same.
-LAYOUT = SlurmCgroupLayout.named(NODE, CgroupVersion.V2, multiple_slurmd=True)
-SCOPE = str(LAYOUT.node_dir())
 RANK = "/opt/malleable/src/tests/programs/allowance_rank.py"
 AS_TESTER = "runuser -u tester --"
 
 
 def test_discover_layout_reports_v2_and_the_node_scope(cosched: VMs):
+    # Where Slurm's naming rule puts vm1's jobs on v2 for the cluster's build (Debian's:
+    # multiple-slurmd; or the production build), as the layout's owner says; discovery inside
+    # the VM must find the same.
+    scope = str(Node(cosched, NODE).layout.node_dir())
     with Stage("(a) discover_layout in vm1"):
         out = cosched.out(NODE, (
             "python3 -c 'from slurm_plugin.cgroups import discover_layout as d; "
             f"l = d(\"{NODE}\", slurm_conf=\"{SLURM_CONF}\"); "
             "print(l.version.value, l.node_dir(), l.multiple_slurmd)'"))
-        assert out.split() == ["v2", SCOPE, "True"], out
+        assert out.split() == ["v2", scope, str(cosched.multiple_slurmd)], out
         cli = cosched.out(NODE, f"python3 -m slurm_plugin.commands.main cgroups --node {NODE}")
-        assert cli.startswith(f"cgroup v2, {SCOPE}/job_<J> or <SLUID>/step_<S>/user/task_<T>"), cli
+        assert cli.startswith(f"cgroup v2, {scope}/job_<J> or <SLUID>/step_<S>/user/task_<T>"), cli
 
 
 def test_grow_step_reclaim_and_shrink_on_cgroup_v2(cosched: VMs):

@@ -51,16 +51,6 @@ def cores_of(topology: dict[int, tuple[int, int, int]]) -> list[frozenset[int]]:
     return sorted((frozenset(c) for c in by_core.values()), key=min)
 
 
-def slurm_wrote(vms: VMs, job: int) -> frozenset[int]:
-    """The Linux CPUs Slurm's task/cgroup gave the job's batch step on vm2 (its own abstract ->
-    Linux map, through hwloc), from slurmstepd's debug line in slurmd.log."""
-    out = vms.out(NODE, f"grep -a '\\[{job}\\.batch\\].*job physical CPUs are' "
-                        "/var/log/slurm/slurmd.log | tail -1", check=False, timeout=60)
-    m = re.search(r"job physical CPUs are '([^']*)'", out)
-    assert m, f"slurmstepd did not log job {job}'s physical CPUs: {out!r}"
-    return parse_cpu_list(m[1])
-
-
 def abstract_ids(vms: VMs, job: int) -> str:
     """Slurm's abstract CPU ids of the job on vm2 (scontrol show job -d's CPU_IDs)."""
     out = vms.out(NODE, f"scontrol show job -d {job}", timeout=60)
@@ -142,7 +132,7 @@ def test_grow_reclaim_shrink_and_step_on_a_server_numbered_node(cosched: VMs):
         """Slurm's abstract ids, what Slurm's task/cgroup wrote for them, the agent's mapping:
         the last two must be the same CPUs."""
         ids = abstract_ids(vms, job)
-        slurm, ours = slurm_wrote(vms, job), mapped(vms, ids)
+        slurm, ours = node.slurm_wrote(job), mapped(vms, ids)
         NOTES.append(f"{what}: job {job} Slurm CPU_IDs {ids} (abstract) -> Slurm's "
                      f"task/cgroup wrote {format_cpu_list(slurm)}; the agent's mapping "
                      f"{format_cpu_list(ours)}")
@@ -201,7 +191,7 @@ def test_grow_reclaim_shrink_and_step_on_a_server_numbered_node(cosched: VMs):
             wait_for(lambda: (r := node.record(a)) and r["allowed"] == a_alloc
                      and r["intra_active"] == 2, timeout=180, interval=2,
                      what="A shrunk to its allocation, its rank to 2 threads", show=show(a))
-            assert node.job_cpus(a) == a_alloc == slurm_wrote(vms, a)
+            assert node.job_cpus(a) == a_alloc == node.slurm_wrote(a)
             NOTES.append(f"(t4) A shrunk: its cpuset {format_cpu_list(node.job_cpus(a))}, "
                          f"Slurm's task/cgroup wrote {format_cpu_list(a_alloc)}")
             time.sleep(5)    # and it stays there
@@ -325,7 +315,7 @@ def test_under_cr_cpu_slurm_gives_no_core_to_two_jobs(cosched: VMs):
             held = {j: wait_for(lambda j=j: node.job_cpus(j), timeout=60, interval=2,
                                 what=f"job {j}'s cpuset") for j in jobs}
             for j, cpus in held.items():
-                slurm = slurm_wrote(vms, j)
+                slurm = node.slurm_wrote(j)
                 NOTES.append(f"(t8) CR_CPU: job {j} -c1, Slurm CPU_IDs {abstract_ids(vms, j)}, "
                              f"task/cgroup wrote {format_cpu_list(slurm)}, its cpuset "
                              f"{format_cpu_list(cpus)}")

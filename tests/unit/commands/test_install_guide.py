@@ -40,7 +40,8 @@ def run_steps(names: list[str], env: dict[str, str], cwd: Path) -> subprocess.Co
 def test_the_guide_has_a_sites_steps_in_order():
     assert list(steps()) == ["settings", "build", "install-package", "configure", "slurm-conf",
                              "job-submit", "restart-slurm", "services", "check",
-                             "uninstall-return", "uninstall-unhook", "uninstall-remove"]
+                             "upgrade-begin", "upgrade-end", "uninstall-return", "uninstall-unhook",
+                             "uninstall-remove"]
 
 
 def test_a_marker_without_its_block_an_open_block_and_a_repeated_name_are_errors():
