@@ -1,36 +1,39 @@
 #!/usr/bin/env bash
-# Build Slurm 22.05.8 from Debian bookworm's own source package (Debian's patches applied) the
-# way SchedMD's packages and most sites run it: WITHOUT --enable-multiple-slurmd. Its job
-# cgroups are then the production layout (/sys/fs/cgroup/cpuset/slurm/uid_U/job_J/step_S on
-# cgroup v1, slurmstepd.scope on v2) instead of Debian's slurm_<node>.
+# Build Slurm from Debian's own source package (Debian's patches applied) the way SchedMD's
+# packages and most sites run it: WITHOUT --enable-multiple-slurmd. Its job cgroups are then the
+# production layout (/sys/fs/cgroup/cpuset/slurm/uid_U/job_J/step_S on cgroup v1,
+# system.slice/slurmstepd.scope on v2) instead of Debian's slurm_<node> / <node>_slurmstepd.scope.
+#   SLURM_SUITE=bookworm   22.05.8 (default; the local cluster's tests/site)
+#   SLURM_SUITE=trixie     24.11.5 (vm-slurm's SLURM_BUILD=production image, built in its chroot)
 #
-# It is installed into a prefix of its own (Debian's slurm packages and /etc/slurm are not
-# touched): PREFIX/{bin,sbin,lib/slurm,etc}. Run as root (apt). Idempotent: the whole install is
+# It is installed into a prefix of its own (Debian's slurm packages are not touched):
+# PREFIX/{bin,sbin,lib/slurm-wlm,etc}. Run as root (apt). Idempotent: the whole install is
 # cached, a second run returns at once when PREFIX/.build-stamp names the same Slurm version and
 # the same hash of this script.
 #
-#   PREFIX           (default /opt/malleable/slurm-production-22.05.8)
-#   MALLEABLE_CACHE  (default $HOME/.cache/malleable): the source package is downloaded into
+#   PREFIX           (default /opt/malleable/slurm-production-<version>)
+#   SYSCONFDIR       where it reads slurm.conf (default PREFIX/etc)
+#   RUNSTATEDIR      where its daemons keep their run-time files, a configless slurmd its copy of
+#                    the configuration (default PREFIX/var/run; Debian's build: /run)
+#   MALLEABLE_CACHE  (default $HOME/.cache/malleable): the source is downloaded into
 #                    $MALLEABLE_CACHE/slurm-production/, the build tree lives there while building
 #   JOBS             make -j (default 2)
 #   KEEP_BUILD=1     keep the build tree after a successful install (default: removed)
+#
+# The source: the suite's Sources index as apt fetched and verified it (a deb-src entry for the
+# suite, and for its security suite where it has one; added when missing), the orig and debian
+# tarballs downloaded from the pool of a deb-src repository and checked against the index's
+# SHA-256, Debian's patches applied in their series' order (what dpkg-source -x does; the .dsc
+# itself is not needed: trixie's is not on the mirrors).
 #
 # Build dependencies: a minimal explicit list, not `apt-get build-dep slurm-wlm` (on a machine
 # with Debian's slurm already installed that would install 119 packages and upgrade 23 others,
 # for GTK, MySQL, HDF5, RRD, IPMI, ROCm, PAM, Perl ... which this build leaves out).
 set -euo pipefail
 
-SLURM_VERSION=22.05.8
-PREFIX="${PREFIX:-/opt/malleable/slurm-production-$SLURM_VERSION}"
-CACHE="${MALLEABLE_CACHE:-${HOME}/.cache/malleable}/slurm-production"
-JOBS="${JOBS:-2}"
-STAMP="$PREFIX/.build-stamp"
-MARKER="$PREFIX/.malleable-slurm-production"   # says PREFIX is ours (safe to wipe on rebuild)
-SCRIPT="$(readlink -f "${BASH_SOURCE[0]}")"
-SCRIPT_SHA="$(sha256sum "$SCRIPT" | cut -d' ' -f1)"
+SUITE="${SLURM_SUITE:-bookworm}"
 ARCH="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -dumpmachine)"
-
-BUILD_DEPS=(build-essential pkg-config dpkg-dev xz-utils
+BUILD_DEPS=(build-essential pkg-config dpkg-dev xz-utils patch
             autoconf automake libtool   # autoreconf, as Debian's dh does: two Debian patches
                                         # change configure.ac / Makefile.am
             libmunge-dev munge          # auth/munge, cred/munge (+ munged to run it)
@@ -39,9 +42,32 @@ BUILD_DEPS=(build-essential pkg-config dpkg-dev xz-utils
             libdbus-1-dev               # cgroup/v2 is only built with dbus (and linux/bpf.h)
             linux-libc-dev              # linux/bpf.h for cgroup/v2
             libhwloc-dev                # task/affinity, node topology (as Debian's build)
-            libpmix-dev)                # mpi/pmix (Debian's PMIx 4)
+            libpmix-dev                 # mpi/pmix (Debian's PMIx; in .../pmix2 in both suites)
+            python3)                    # the source download; 24.11's make runs it for its docs
+# The plugins the build must have (a missing library silently drops one).
+REQUIRED=(auth_munge cred_munge cgroup_v1 cgroup_v2 task_cgroup task_affinity proctrack_cgroup
+          select_cons_tres sched_backfill job_submit_lua cli_filter_lua serializer_json mpi_pmix)
+EXTRA_CONFIGURE=()
+case "$SUITE" in
+  bookworm) SLURM_VERSION=22.05.8
+            REQUIRED+=(openapi_v0_0_38) ;;
+  trixie)   SLURM_VERSION=24.11.5
+            # cgroup/v2 or a failed configure (by default a missing dbus drops it silently)
+            EXTRA_CONFIGURE=(--enable-cgroupv2 --disable-sview)
+            REQUIRED+=(data_parser_v0_0_41) ;;
+  *) echo "[slurm-production] SLURM_SUITE=$SUITE: bookworm (22.05.8) or trixie (24.11.5)" >&2
+     exit 1 ;;
+esac
+PREFIX="${PREFIX:-/opt/malleable/slurm-production-$SLURM_VERSION}"
+SYSCONFDIR="${SYSCONFDIR:-$PREFIX/etc}"
+CACHE="${MALLEABLE_CACHE:-${HOME}/.cache/malleable}/slurm-production"
+JOBS="${JOBS:-2}"
+STAMP="$PREFIX/.build-stamp"
+MARKER="$PREFIX/.malleable-slurm-production"   # says PREFIX is ours (safe to wipe on rebuild)
+SCRIPT="$(readlink -f "${BASH_SOURCE[0]}")"
+SCRIPT_SHA="$(sha256sum "$SCRIPT" | cut -d' ' -f1)"
 
-CONFIGURE_ARGS=(--prefix="$PREFIX" --sysconfdir="$PREFIX/etc"
+CONFIGURE_ARGS=(--prefix="$PREFIX" --sysconfdir="$SYSCONFDIR"
                 --disable-debug --disable-static --disable-dependency-tracking
                 --with-munge --with-json --with-hwloc
                 --with-pmix="/usr/lib/$ARCH/pmix2"
@@ -49,6 +75,7 @@ CONFIGURE_ARGS=(--prefix="$PREFIX" --sysconfdir="$PREFIX/etc"
                 --without-mysql_config --with-hdf5=no --without-rrdtool --without-freeipmi
                 --without-nvml --without-rsmi --with-oneapi=no --without-ucx --without-lz4
                 --without-netloc --without-ofed --without-datawarp
+                "${EXTRA_CONFIGURE[@]}" ${RUNSTATEDIR:+--runstatedir="$RUNSTATEDIR"}
                 SUCMD=/bin/su SLEEP_CMD=/bin/sleep)
 
 T0=$EPOCHREALTIME
@@ -82,68 +109,7 @@ if stamp_ok; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 
-# ---- 1. a deb-src source for bookworm main ----
-step "deb-src source for bookworm main"
-has_deb_src() {
-  # deb822 (.sources) stanzas with deb-src and bookworm, or one-line "deb-src ... bookworm main"
-  local f
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk 'BEGIN{RS=""} /Types:[^\n]*deb-src/ && /Suites:[^\n]*bookworm([ \t\n]|$)/ && /Components:[^\n]*main/ && !/Enabled: *no/ {found=1} END{exit !found}' "$f" && return 0
-  done
-  # (grep -q never ends a pipe here: with pipefail, a writer killed by SIGPIPE fails the test)
-  grep -Eqs '^[[:space:]]*deb-src[[:space:]].*[[:space:]]bookworm[[:space:]].*\bmain\b' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list
-}
-if has_deb_src; then
-  echo "[slurm-production] a deb-src entry for bookworm main exists"
-else
-  # Same URIs (and key) as the existing binary entry for bookworm.
-  src_file=""
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] && grep -Eq '^Suites:.*\bbookworm\b' "$f" && { src_file="$f"; break; }
-  done
-  if [ -n "$src_file" ]; then
-    read -r uris keyring < <(awk 'BEGIN{RS=""} /Suites:[^\n]*bookworm([ \t\n]|$)/ {
-        u=""; k="";
-        n=split($0, L, "\n");
-        for (i=1;i<=n;i++) { if (L[i] ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", L[i]); u=L[i] }
-                             if (L[i] ~ /^Signed-By:/) { sub(/^Signed-By:[ \t]*/, "", L[i]); k=L[i] } }
-        gsub(/ /, ",", u); print u, (k==""?"-":k); exit }' "$src_file")
-  else
-    uris="http://deb.debian.org/debian"; keyring="/usr/share/keyrings/debian-archive-keyring.gpg"
-  fi
-  {
-    echo "# Added by malleable's scripts/build-slurm-production.sh (apt-get source slurm-wlm)"
-    echo "Types: deb-src"
-    echo "URIs: ${uris//,/ }"
-    echo "Suites: bookworm bookworm-updates"
-    echo "Components: main"
-    [ "$keyring" != "-" ] && echo "Signed-By: $keyring"
-  } > /etc/apt/sources.list.d/malleable-deb-src.sources
-  echo "[slurm-production] wrote /etc/apt/sources.list.d/malleable-deb-src.sources (URIs: ${uris//,/ })"
-  apt-get update -q
-fi
-done_step
-
-# ---- 2. the source package (.dsc, orig tarball, debian tarball) ----
-step "apt-get source --download-only slurm-wlm into $CACHE"
-find_dsc() { (shopt -s nullglob; for f in "$CACHE"/slurm-wlm_"$SLURM_VERSION"-*.dsc; do echo "$f"; done) | sort -V | tail -1; }
-DSC="$(find_dsc)"
-if [ -z "$DSC" ]; then
-  showsrc="$(apt-cache showsrc slurm-wlm 2>/dev/null || true)"
-  grep -q '^Version' <<<"$showsrc" || apt-get update -q
-  # _apt cannot write root's cache folder: apt then downloads as root (a warning, not an error).
-  (cd "$CACHE" && apt-get source -q --download-only "slurm-wlm" 2>&1 | { grep -v "unsandboxed as root" || true; })
-  DSC="$(find_dsc)"
-  [ -n "$DSC" ] || { echo "[slurm-production] no slurm-wlm_$SLURM_VERSION-*.dsc downloaded (archive has: $(apt-cache showsrc slurm-wlm | awk '/^Version/{print $2}' | xargs))" >&2; exit 1; }
-else
-  echo "[slurm-production] cached: $(basename "$DSC")"
-fi
-DEB_VERSION="$(awk '/^Version:/{print $2; exit}' "$DSC")"
-done_step
-
-# ---- 3. build dependencies (a minimal explicit list) ----
+# ---- 1. build dependencies (a minimal explicit list) ----
 step "build dependencies (${BUILD_DEPS[*]})"
 missing=()
 for p in "${BUILD_DEPS[@]}"; do
@@ -157,16 +123,110 @@ else
 fi
 done_step
 
-# ---- 4. unpack with Debian's patches ----
+# ---- 2. deb-src entries for the suite (and its security suite) ----
+step "deb-src entries for $SUITE"
+src_suites() { apt-get indextargets --format '$(RELEASE)' 'Created-By: Sources' 2>/dev/null | sort -u; }
+want=("$SUITE")
+# trixie's slurm-wlm is a security update (24.11.5-4+deb13u1): its debian tarball is in that pool.
+[ "$SUITE" = bookworm ] || want+=("$SUITE-security")
+missing=()
+for w in "${want[@]}"; do src_suites | grep -qx "$w" || missing+=("$w"); done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "[slurm-production] deb-src entries for ${want[*]} exist"
+else
+  # The URI of the suite's binary entry (one-line or deb822), Debian's own otherwise.
+  uri=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
+        | awk -v s="$SUITE" '$2 == s { print $1; exit }')
+  uri=${uri:-http://deb.debian.org/debian/}
+  {
+    echo "# Added by malleable's scripts/build-slurm-production.sh (the source of slurm-wlm)"
+    for w in "${missing[@]}"; do
+      case "$w" in
+        *-security) echo "deb-src http://deb.debian.org/debian-security $w main" ;;
+        *)          echo "deb-src ${uri%/} $w main" ;;
+      esac
+    done
+  } > "/etc/apt/sources.list.d/malleable-deb-src-$SUITE.list"
+  echo "[slurm-production] wrote /etc/apt/sources.list.d/malleable-deb-src-$SUITE.list (${missing[*]})"
+  apt-get update -q
+fi
+done_step
+
+# ---- 3. the source (orig and debian tarballs, checked) with Debian's patches ----
+step "slurm-wlm $SLURM_VERSION's source into $CACHE, Debian's patches applied"
+# apt-cache showsrc: the index apt verified (InRelease signature, then the index's hash). The
+# highest Debian revision of the wanted upstream version; every file but the .dsc, from the pool
+# of whichever deb-src repository serves it, checked against the index's SHA-256.
+DEB_VERSION=$(apt-cache showsrc slurm-wlm | python3 -c '
+import hashlib, subprocess, sys, urllib.request
+from pathlib import Path
+want, cache = sys.argv[1], Path(sys.argv[2])
+stanzas = [dict(version="", directory="", files=[])]
+key = None
+for line in sys.stdin.read().splitlines():
+    if not line.strip():
+        stanzas.append(dict(version="", directory="", files=[]))
+        continue
+    if line[0] in " \t":
+        if key == "Checksums-Sha256":
+            sha, size, name = line.split()
+            stanzas[-1]["files"].append((sha, name))
+        continue
+    key, _, value = line.partition(":")
+    if key == "Version":
+        stanzas[-1]["version"] = value.strip()
+    elif key == "Directory":
+        stanzas[-1]["directory"] = value.strip()
+found = [s for s in stanzas if s["version"].startswith(want + "-") and s["files"]]
+if not found:
+    sys.exit(f"no slurm-wlm {want}-* in the deb-src indexes (they have: "
+             f"{sorted({s['version'] for s in stanzas if s['version']})})")
+ordered = subprocess.run(["sort", "-V"], input="\n".join(s["version"] for s in found),
+                         capture_output=True, text=True, check=True).stdout.split()
+version = ordered[-1]
+uris = subprocess.run(["apt-get", "indextargets", "--format", "$(REPO_URI)",
+                       "Created-By: Sources"], capture_output=True, text=True,
+                      check=True).stdout.split()
+places = {(u.rstrip("/"), s["directory"]) for s in found if s["version"] == version for u in uris}
+files = next(s["files"] for s in found if s["version"] == version)
+for sha, name in files:
+    if name.endswith(".dsc"):
+        continue
+    dest = cache / name
+    if dest.exists() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
+        continue
+    for uri, directory in sorted(places):
+        try:
+            with urllib.request.urlopen(f"{uri}/{directory}/{name}", timeout=120) as r:
+                data = r.read()
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() == sha:
+            dest.write_bytes(data)
+            print(f"[slurm-production] downloaded {name} from {uri}", file=sys.stderr)
+            break
+    else:
+        sys.exit(f"{name} ({sha}) is on none of {sorted(places)}")
+print(version)
+' "$SLURM_VERSION" "$CACHE")
 BUILD="$CACHE/build-$DEB_VERSION"
-step "dpkg-source -x $(basename "$DSC") (Debian patches applied)"
 rm -rf "$BUILD"
-dpkg-source -q -x "$DSC" "$BUILD" >/dev/null
+mkdir -p "$BUILD"
+tar -xf "$CACHE/slurm-wlm_$SLURM_VERSION.orig.tar."* -C "$BUILD" --strip-components=1
+tar -xf "$CACHE/slurm-wlm_$DEB_VERSION.debian.tar."* -C "$BUILD"
+# 3.0 (quilt): debian/patches/series, in order; a line may carry patch's -pN.
+applied=0
+while read -r name opt; do
+  case "$name" in ''|'#'*) continue ;; esac
+  patch -s -d "$BUILD" ${opt:--p1} --no-backup-if-mismatch < "$BUILD/debian/patches/$name"
+  applied=$((applied + 1))
+done < "$BUILD/debian/patches/series"
+echo "[slurm-production] $DEB_VERSION: $applied Debian patches applied"
 grep -q -- '--enable-multiple-slurmd' "$BUILD/debian/rules" \
   && echo "[slurm-production] (debian/rules uses --enable-multiple-slurmd; this build does not)"
 done_step
 
-# ---- 5. autoreconf (what dh_autoreconf does in Debian's build) ----
+# ---- 4. autoreconf (what dh_autoreconf does in Debian's build) ----
 # Debian's patches "rpath" (private libs and plugins in lib/slurm-wlm, package name slurm-wlm) and
 # "miscellanea-manpages" (slurm.1 -> slurm.7) edit configure.ac and Makefile.am: without this
 # step the shipped configure still lists doc/man/man1/slurm.1 and make fails there. configure.ac
@@ -182,7 +242,7 @@ M4
   || { tail -30 "$BUILD/autoreconf.out" >&2; exit 1; }
 done_step
 
-# ---- 6. configure ----
+# ---- 5. configure ----
 step "configure"
 CONFIGURE_LINE="./configure ${CONFIGURE_ARGS[*]}"
 echo "[slurm-production] $CONFIGURE_LINE"
@@ -197,13 +257,13 @@ for need in HAVE_LUA HAVE_JSON HAVE_PMIX HAVE_HWLOC HAVE_BPF; do
 done
 done_step
 
-# ---- 7. make ----
+# ---- 6. make ----
 step "make -j$JOBS"
 (cd "$BUILD" && make -s -j"$JOBS" > "$BUILD/make.out" 2>&1) \
   || { tail -40 "$BUILD/make.out" >&2; exit 1; }
 done_step
 
-# ---- 8. make install into PREFIX (a fresh one) ----
+# ---- 7. make install into PREFIX (a fresh one) ----
 step "make install into $PREFIX"
 if [ -e "$PREFIX" ]; then
   if [ -e "$MARKER" ] || [ -z "$(ls -A "$PREFIX")" ]; then
@@ -220,15 +280,12 @@ mkdir -p "$PREFIX/etc"
 find "$PREFIX/lib" -name '*.la' -delete   # libtool archives: not needed at run time (Debian drops them too)
 done_step
 
-# ---- 9. check what the build must have, then the stamp ----
+# ---- 8. check what the build must have, then the stamp ----
 step "check plugins and binaries"
 # Private libslurmfull and the plugins: lib/slurm-wlm (Debian's rpath patch), lib/slurm upstream.
 PLUGDIR="$(dirname "$(find "$PREFIX/lib" -name libslurmfull.so | head -1)")"
-required=(auth_munge cred_munge cgroup_v1 cgroup_v2 task_cgroup task_affinity proctrack_cgroup
-          select_cons_tres sched_backfill job_submit_lua cli_filter_lua serializer_json
-          openapi_v0_0_38 mpi_pmix)
 absent=()
-for p in "${required[@]}"; do [ -e "$PLUGDIR/$p.so" ] || absent+=("$p"); done
+for p in "${REQUIRED[@]}"; do [ -e "$PLUGDIR/$p.so" ] || absent+=("$p"); done
 if [ ${#absent[@]} -gt 0 ]; then
   echo "[slurm-production] missing plugins: ${absent[*]}" >&2; exit 1
 fi
@@ -239,7 +296,7 @@ case "$version_out" in "slurm $SLURM_VERSION" | "slurm-wlm $SLURM_VERSION") ;; *
 ldd_out="$(ldd "$PREFIX/bin/squeue")"
 grep -qF "$PLUGDIR/libslurmfull.so" <<<"$ldd_out" \
   || { echo "[slurm-production] squeue does not load $PLUGDIR/libslurmfull.so:" >&2; ldd "$PREFIX/bin/squeue" >&2; exit 1; }
-echo "[slurm-production] $version_out; plugins in $PLUGDIR: ${#required[@]} required present, $(ls "$PLUGDIR"/*.so | wc -l) in all"
+echo "[slurm-production] $version_out; plugins in $PLUGDIR: ${#REQUIRED[@]} required present, $(ls "$PLUGDIR"/*.so | wc -l) in all"
 done_step
 
 {

@@ -166,8 +166,8 @@ if [ "$SLURM_BUILD" = production ]; then
     in_root dpkg-divert --quiet --local --rename --add "/usr/bin/$b"
     ln -s "/opt/slurm/bin/$b" "$rootfs/usr/bin/$b"
   done
-  in_root sh -c 'slurmd -V; sinfo -V; readlink -f /usr/sbin/slurmstepd' | paste -sd' ' \
-    | sed 's/^/[vm-slurm] production build: /'
+  log "production build: $(in_root slurmd -V), commands and daemons:" \
+    "$(in_root readlink -f /usr/bin/sinfo /usr/sbin/slurmd /usr/sbin/slurmstepd /usr/sbin/slurmctld | paste -sd' ')"
 fi
 
 # --- the guest's configuration -------------------------------------------------------------
