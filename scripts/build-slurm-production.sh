@@ -134,20 +134,27 @@ for w in "${want[@]}"; do src_suites | grep -qx "$w" || missing+=("$w"); done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "[slurm-production] deb-src entries for ${want[*]} exist"
 else
-  # The URI of the suite's binary entry (one-line or deb822), Debian's own otherwise.
+  # The URI of the suite's binary entry (one-line or deb822), Debian's own otherwise; and its
+  # Signed-By (apt refuses two entries of one URI and suite whose keys differ).
   uri=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
         | awk -v s="$SUITE" '$2 == s { print $1; exit }')
   uri=${uri:-http://deb.debian.org/debian/}
+  key=$({ cat /etc/apt/sources.list.d/*.sources 2>/dev/null || :; } | awk -v s="$SUITE" 'BEGIN { RS = "" }
+          $0 ~ ("Suites:[^\n]*[ \t]" s "([ \t\n]|$)") && match($0, /Signed-By:[ \t]*[^\n]+/) {
+            v = substr($0, RSTART, RLENGTH); sub(/Signed-By:[ \t]*/, "", v); print v; exit }')
+  file="/etc/apt/sources.list.d/malleable-deb-src-$SUITE.sources"
   {
     echo "# Added by malleable's scripts/build-slurm-production.sh (the source of slurm-wlm)"
     for w in "${missing[@]}"; do
+      echo "Types: deb-src"
       case "$w" in
-        *-security) echo "deb-src http://deb.debian.org/debian-security $w main" ;;
-        *)          echo "deb-src ${uri%/} $w main" ;;
+        *-security) echo "URIs: http://deb.debian.org/debian-security/" ;;
+        *)          echo "URIs: $uri"; [ -z "$key" ] || echo "Signed-By: $key" ;;
       esac
+      printf 'Suites: %s\nComponents: main\n\n' "$w"
     done
-  } > "/etc/apt/sources.list.d/malleable-deb-src-$SUITE.list"
-  echo "[slurm-production] wrote /etc/apt/sources.list.d/malleable-deb-src-$SUITE.list (${missing[*]})"
+  } > "$file"
+  echo "[slurm-production] wrote $file (${missing[*]})"
   apt-get update -q
 fi
 done_step

@@ -153,7 +153,7 @@ if [ "$SLURM_BUILD" = production ]; then
     >"$work/slurm-production.log" 2>&1 || { tail -40 "$work/slurm-production.log" >&2; exit 1; }
   grep '^\[slurm-production\]' "$work/slurm-production.log" | tail -3
   umount "$rootfs/var/cache/slurm-production"
-  rm -f "$rootfs"/etc/apt/sources.list.d/malleable-deb-src-*.list "$rootfs/tmp/build-slurm-production.sh"
+  rm -f "$rootfs"/etc/apt/sources.list.d/malleable-deb-src-*.sources "$rootfs/tmp/build-slurm-production.sh"
   # The daemons through Debian's own alternatives (its units run /usr/sbin/slurmd), the
   # commands by diverting Debian's: whatever PATH a unit, a hook or a user has, it is this build.
   in_root update-alternatives --install /usr/sbin/slurmd slurmd /opt/slurm/sbin/slurmd 100 \
