@@ -3,7 +3,13 @@
 Every .cc file in native/ is compiled into one shared library against the installed TensorFlow's
 headers on first use, cached per TensorFlow version, sources (.cc and .h) and compiler flags, so
 no manual build step exists. Several ranks starting at once on one node build it once: the build
-holds a file lock.
+holds a file lock. Where it is looked for, in order: the environment's site copy (``python -m
+malleable_tf.build``), the copies the wheel carries (``native/prebuilt``, built by
+packaging/build-wheels.sh for the TensorFlow releases it was given), then the user's cache. A
+library's name says the TensorFlow version and a digest of the sources and of TensorFlow's flags
+with their paths left out (the headers' and the library's folder differ from one environment to
+the next; the ABI flags and TensorFlow's version do not), so a copy built in another
+environment with the same TensorFlow is found. MALLEABLE_TF_PREBUILT=0 ignores the wheel's.
 
 One part reads a private member of TensorFlow (split_width.cc). Against a TensorFlow whose
 headers differ there, the full build fails; ``load`` then builds the parking-only variant, warns
@@ -28,6 +34,7 @@ from typing import Sequence
 from .settings import NativeBuild, NativeVariant
 
 NATIVE_DIR = Path(__file__).parent / "native"
+PREBUILT_DIR = NATIVE_DIR / "prebuilt"
 
 INTRA = 0
 INTER = 1
@@ -82,26 +89,39 @@ def _flags(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -> list
             *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
 
 
+def _without_paths(flags: Sequence[str]) -> list[str]:
+    """The flags with the folders of -I and -L left out: where TensorFlow is installed does not
+    change the library built against it."""
+    return [flag[:2] if flag.startswith(("-I", "-L")) else flag for flag in flags]
+
+
 def library_name(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -> str:
     h = hashlib.sha256()
     for path in _digest_inputs():
         data = path.read_bytes()
         h.update(f"{path.name}\0{len(data)}\0".encode())
         h.update(data)
-    h.update("\0".join(_flags(tf, parking_only, cxxflags)).encode())
+    h.update("\0".join(_without_paths(_flags(tf, parking_only, cxxflags))).encode())
     digest = h.hexdigest()[:16]
     variant = "-parking-only" if parking_only else ""
     return f"libmalleable_tf-{tf.__version__}{variant}-{digest}.so"
 
 
+def prebuilt_dirs() -> list[Path]:
+    """The copies the wheel carries, unless MALLEABLE_TF_PREBUILT=0."""
+    return [] if os.environ.get("MALLEABLE_TF_PREBUILT", "1") == "0" else [PREBUILT_DIR]
+
+
 def library_path(tf, parking_only: bool = False, cxxflags: Sequence[str] = ()) -> Path:
     """Where this TensorFlow's library is, or will be built: the site's copy when the
-    installer made one, else the user's cache."""
+    installer made one, else the wheel's, else the user's cache."""
     name = library_name(tf, parking_only, cxxflags)
-    site = site_cache_dir() / name
-    # The site's build refused (its note there): the fallback is the site's too, not a
-    # compiler a compute node may not have.
-    return site if site.exists() or _failure_note(site).exists() else cache_dir() / name
+    for folder in (site_cache_dir(), *prebuilt_dirs()):
+        # A build refused there (its note): the fallback is that folder's too, not a
+        # compiler a compute node may not have.
+        if (folder / name).exists() or _failure_note(folder / name).exists():
+            return folder / name
+    return cache_dir() / name
 
 
 def _failure_note(target: Path) -> Path:
@@ -124,7 +144,9 @@ def build(tf, *, compiler: str | None = None, parking_only: bool = False,
     if shutil.which(cxx) is None:
         raise NativeBuildError(
             f"malleable_tf needs its thread-parking library for TensorFlow {tf.__version__}, "
-            f"and no build of it is in {site_cache_dir()} or {cache_dir()}; building one needs a "
+            f"and no build of it is in "
+            f"{', '.join(str(d) for d in (site_cache_dir(), *prebuilt_dirs()))} or "
+            f"{cache_dir()}; building one needs a "
             f"C++ compiler, and '{cxx}' is not on PATH: run `{sys.executable} -m "
             f"malleable_tf.build` once where there is one (a login node), or install g++ (or "
             f"set CXX)")

@@ -5,13 +5,25 @@
 # `malleable-sbatch` command) and the protocol they share with the node side. Installed into a user's environment beside the TensorFlow or PyTorch there: it requires
 # neither (pip cannot say "tensorflow or tensorflow-cpu or a site build", and requiring one would
 # install it beside, or over, another; a torch requirement would fetch a CUDA build of several GB
-# over a CPU one); the extra [tensorflow] asks for TensorFlow's tested range. Pure Python: the
-# native part (malleable_tf/native) is compiled on first use against the TensorFlow it finds;
-# malleable_torch has none.
-#   packaging/build-wheels.sh [OUT_DIR]     (default: dist/) -> OUT_DIR/malleable_tf-*.whl
-# Needs python3 with pip, setuptools and wheel (the project's .venv has them); no network.
+# over a CPU one); the extra [tensorflow] asks for TensorFlow's tested range. The native part
+# of malleable_tf (malleable_tf/native) is compiled against the TensorFlow it runs with: on first
+# use, or by `python -m malleable_tf.build` at install time, or here, once per TensorFlow the
+# wheel is for: `--prebuilt PYTHON` (repeatable; the python of an environment that has that
+# TensorFlow) puts the library built for it into the wheel (malleable_tf/native/prebuilt), which
+# is then tagged for this platform (linux_x86_64): a job on a node without a compiler finds it.
+# Without --prebuilt the wheel is pure Python. malleable_torch has no native part.
+#   packaging/build-wheels.sh [--prebuilt PYTHON]... [OUT_DIR]   (default: dist/) -> OUT_DIR/malleable_tf-*.whl
+# Needs python3 with pip, setuptools and wheel (the project's .venv has them), g++ for
+# --prebuilt; no network.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+prebuilt=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) prebuilt+=("$2"); shift 2 ;;
+    *) break ;;
+  esac
+done
 OUT=$(mkdir -p "${1:-$REPO/dist}" && cd "${1:-$REPO/dist}" && pwd)
 PY=${PYTHON:-$([ -x "$REPO/.venv/bin/python" ] && echo "$REPO/.venv/bin/python" || echo python3)}
 version=$(sed -n -E 's/^version = "([^"]+)"/\1/p' "$REPO/pyproject.toml" | head -1)
@@ -29,6 +41,14 @@ copy malleable_protocol malleable_protocol
 copy malleable_runtime malleable_runtime
 copy sbatch_templates sbatch_templates
 cp "$REPO/README.md" "$work/"
+# The native library for each --prebuilt environment's TensorFlow, built from this copy (its
+# name digests the sources it was built from), as `python -m malleable_tf.build` builds it.
+for py in "${prebuilt[@]}"; do
+  (cd "$work" && PYTHONPATH="$work" MALLEABLE_CACHE="$work/.cache" TF_CPP_MIN_LOG_LEVEL=2 \
+     "$py" -m malleable_tf.build \
+     --into "$work/malleable_tf/native/prebuilt") | sed 's/^/[build-wheels] /'
+done
+rm -rf "$work/.cache" "$work/malleable_tf/native/prebuilt/.build.lock"
 cat > "$work/pyproject.toml" <<TOML
 [build-system]
 requires = ["setuptools>=61", "wheel"]
@@ -57,8 +77,13 @@ include = ["malleable_tf*", "malleable_torch*", "malleable_runtime*", "malleable
            "sbatch_templates*"]
 
 [tool.setuptools.package-data]
-malleable_tf = ["native/*.cc", "native/*.h"]
+malleable_tf = ["native/*.cc", "native/*.h", "native/prebuilt/*"]
 sbatch_templates = ["*.sbatch.tmpl"]
 TOML
 "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$OUT" "$work" >/dev/null
+if [ ${#prebuilt[@]} -gt 0 ]; then
+  # Native code inside: this platform's wheel, not a pure one.
+  pure="$OUT/malleable_tf-$version-py3-none-any.whl"
+  "$PY" -m wheel tags --remove --platform-tag "linux_$(uname -m)" "$pure" >/dev/null
+fi
 ls "$OUT"/malleable_tf-"$version"-*.whl | sed 's/^/[build-wheels] /'

@@ -29,13 +29,14 @@ def run(argv, **kw) -> subprocess.CompletedProcess:
                           timeout=kw.pop("timeout", 300), **kw)
 
 
-def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path
-                 ) -> tuple[Path, str, str]:
+def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path,
+                 build_args: tuple = ()) -> tuple[Path, str, str]:
     """The user wheel built, and installed into a new environment that sees a framework's
     environment's packages (as a user's own environment holds its framework): the wheel must
     install alone and leave the framework as it was. Returns the new environment's python, its
     site folder and the framework's version."""
-    run(["bash", REPO / "packaging" / "build-wheels.sh", tmp_path / "dist"])
+    run(["bash", REPO / "packaging" / "build-wheels.sh", *build_args, tmp_path / "dist"],
+        timeout=600)
     wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
     env_dir = tmp_path / "venv"
     run([framework_python, "-m", "venv", env_dir])
@@ -57,7 +58,9 @@ def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path
 
 def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp_path):
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
-    py, own_site, version = wheel_beside(KERAS3_PY, TF_VERSION, tmp_path)
+    # The wheel carries the native library built for TensorFlow 2.21 (in .venv-keras3).
+    py, own_site, version = wheel_beside(KERAS3_PY, TF_VERSION, tmp_path,
+                                         ("--prebuilt", KERAS3_PY))
     assert version.startswith("2.21"), version
     where = run([py, "-I", "-c", "import malleable_tf, malleable_runtime.srun as s; "
                  "print(malleable_tf.__file__)"]).stdout
@@ -68,18 +71,21 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
     assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf",
                                    "malleable_torch", "sbatch_templates"]
-    # The native library built once at install, into the environment's site copy; a job then
-    # loads it with no compiler on PATH and no cache of its own.
-    built = run([py, "-I", "-m", "malleable_tf.build"], cwd=tmp_path, timeout=600).stdout
-    site_copy = tmp_path / "venv" / "share" / "malleable" / "native"
-    assert f"TensorFlow {version} (full): {site_copy}/libmalleable_tf-{version}-" in built, built
     code = ("import malleable_tf; s = malleable_tf.init(max_threads=2); "
             "print(s.intra_active, *{l.split()[-1] for l in open('/proc/self/maps') "
             "if 'libmalleable_tf-' in l})")
-    out = run([py, "-I", "-c", code], cwd=tmp_path,
-              env={"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
-                   "MALLEABLE_CACHE": str(tmp_path / "empty-cache"),
-                   "MALLEABLE_TF_LOG": "0"}).stdout.split()
+    job_env = {"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
+               "MALLEABLE_CACHE": str(tmp_path / "empty-cache"), "MALLEABLE_TF_LOG": "0"}
+    # A job on a node with no compiler and no cache of its own, right after pip install: the
+    # wheel's copy, built in another environment, loads in this one.
+    out = run([py, "-I", "-c", code], cwd=tmp_path, env=job_env).stdout.split()
+    assert out[0] == "2" and out[1].startswith(f"{own_site}/malleable_tf/native/prebuilt/"), out
+    # The native library built once at install, into the environment's site copy (a site's
+    # own flags, say): a job then loads that one, still with no compiler and no cache.
+    built = run([py, "-I", "-m", "malleable_tf.build"], cwd=tmp_path, timeout=600).stdout
+    site_copy = tmp_path / "venv" / "share" / "malleable" / "native"
+    assert f"TensorFlow {version} (full): {site_copy}/libmalleable_tf-{version}-" in built, built
+    out = run([py, "-I", "-c", code], cwd=tmp_path, env=job_env).stdout.split()
     assert out[0] == "2" and out[1].startswith(f"{site_copy}/"), out
     assert not (tmp_path / "empty-cache").exists()
 
