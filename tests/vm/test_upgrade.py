@@ -100,7 +100,7 @@ def test_slurm_upgraded_node_by_node_under_running_jobs(cosched: VMs):
             assert f"+slurm{NEW}_" in out, out
             NOTES.append("(g2) " + out.strip().splitlines()[-1])
         for n in ("vm1", "vm2"):
-            upgrade(vms, n, nodes, jobs, allocation, stop)
+            upgrade(vms, n, nodes, jobs, allocation)
         with Stage(f"(g5) after: a new step of the job started under {OLD}; a new job's Prolog "
                    "takes the lent core back; doctor on both nodes"):
             a, node = jobs["vm1"], nodes["vm1"]
@@ -136,7 +136,7 @@ def test_slurm_upgraded_node_by_node_under_running_jobs(cosched: VMs):
 
 
 def upgrade(vms: VMs, n: str, nodes: dict[str, Node], jobs: dict[str, int],
-            allocation: dict[str, frozenset[int]], stop: str) -> None:
+            allocation: dict[str, frozenset[int]]) -> None:
     """docs/install.md's upgrade on one host, then what must hold."""
     node = nodes[n]
     with Stage(f"(g3 {n}) step upgrade-begin: the node's job back on its allocation"):
