@@ -80,8 +80,13 @@ def test_the_backups_watcher_takes_over_when_the_primarys_host_goes_and_hands_ba
         wait_for(lambda: len(job_cpus(c, node, job) or ()) == 1, timeout=60,
                  what="the job at 1 core (primary's watcher)")
         agent_mark = len(agent_log.read_text())
-        # The backup knows only what the primary saved: the job's state written after it.
+        # The backup knows only what the primary saved: the job's state written after it. The
+        # update's own save may end within 0.5 s of it (then no save comes after t_update + 0.5
+        # until the job changes again: seen in CI); the same update a second later starts one
+        # that surely follows it.
         job_state_file = c.host_dir / "state" / "job_state"
+        time.sleep(1.0)
+        assert resize(c, node, job, 1)
         wait_for(lambda: job_state_file.stat().st_mtime > t_update + 0.5, timeout=60,
                  what="slurmctld's job state saved")
 
