@@ -33,7 +33,7 @@ trap 'rm -rf "$work"' EXIT
 root="$work/root"
 mkdir -p "$root/DEBIAN"
 stage_node_side "$root" /usr/lib/python3/dist-packages /lib/systemd/system \
-  "/usr/bin/python3 -I" "$version" dpkg
+  "/usr/bin/python3 -I" "$version" dpkg "$INCLUDE"
 cat > "$root/usr/share/doc/malleable-slurm/copyright" <<'TXT'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: malleable-hpc

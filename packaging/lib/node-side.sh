@@ -4,11 +4,11 @@
 #                                     against (slurm/slurm_version.h), whatever packaged them
 #   next_release 22.05             -> 22.06: the first release the package must not meet
 #   project_version REPO           -> 0.1.0: pyproject.toml's
-#   stage_node_side ROOT SITE UNITS SHEBANG VERSION INSTALLER
+#   stage_node_side ROOT SITE UNITS SHEBANG VERSION INSTALLER INCLUDE
 #     ROOT/SITE: the Python packages (the co-scheduler, its policy, the protocol, the templates;
 #     not the simulator, nor the development cluster) and their dist-info (VERSION, INSTALLER);
-#     ROOT/usr/lib/malleable/malleable_spank.so, built here against the headers in SLURM_INCLUDE
-#     (default /usr/include: the release slurm_release reads there); ROOT/usr/bin/malleable run by
+#     ROOT/usr/lib/malleable/malleable_spank.so, built here against the headers in INCLUDE (the
+#     folder slurm_release read the release from); ROOT/usr/bin/malleable run by
 #     SHEBANG; the systemd units in ROOT/UNITS; the install guide in ROOT/usr/share/doc.
 
 slurm_release() {
@@ -30,7 +30,7 @@ project_version() {
 }
 
 stage_node_side() {
-  local root=$1 site=$1$2 units=$1$3 shebang=$4 version=$5 installer=$6 repo pkg f info
+  local root=$1 site=$1$2 units=$1$3 shebang=$4 version=$5 installer=$6 include=$7 repo pkg f info
   repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
   mkdir -p "$site" "$root/usr/bin" "$root/usr/lib/malleable" "$units" \
            "$root/usr/share/doc/malleable-slurm"
@@ -50,7 +50,7 @@ import sys; from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from slurm_plugin.hooks import spank
 print("[node-side] built", spank.build(Path(sys.argv[2]), include=Path(sys.argv[3])))' \
-    "$site" "$root/usr/lib/malleable" "${SLURM_INCLUDE:-/usr/include}"
+    "$site" "$root/usr/lib/malleable" "$include"
   chmod 0644 "$root/usr/lib/malleable/malleable_spank.so"
   cat > "$root/usr/bin/malleable" <<PY
 #!$shebang

@@ -29,7 +29,7 @@ trap 'rm -rf "$work"' EXIT
 root="$work/stage"
 # RPM versions take no "+": the Slurm release goes into the release field (1.slurm22.05).
 stage_node_side "$root" "/usr/lib/python$PYTHON_VERSION/site-packages" /usr/lib/systemd/system \
-  "/usr/bin/python$PYTHON_VERSION -I" "$project+slurm$release" rpm
+  "/usr/bin/python$PYTHON_VERSION -I" "$project+slurm$release" rpm "$INCLUDE"
 # The files, and the folders that are the package's own (erased with it).
 site="/usr/lib/python$PYTHON_VERSION/site-packages"
 { (cd "$root" && find . -type f -o -type l) | sed 's/^\.//'
