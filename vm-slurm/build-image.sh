@@ -19,6 +19,9 @@
 #                           (see tests/fixtures/slurm-24.11-cgroup-v2/NOTES.md)
 #   [vmslurm.share=TAG]     a 9p folder of the host (vmctl.py's -virtfs ...,mount_tag=TAG),
 #                           the same for every VM, mounted at /shared
+#   [vmslurm.configless=1]  slurmd runs configless (--conf-server vm1): no Slurm file of its own
+#   [vmslurm.logins=vm3,...] the login hosts (no NodeName line); [vmslurm.login=1] on them: no
+#                           slurmd, no Slurm file of their own, sackd --conf-server vm1
 # Users: root (ssh key STATE/current/id_ed25519) and tester (uid 1000, for jobs not run as root).
 set -euo pipefail
 
@@ -49,6 +52,10 @@ PACKAGES=(
   # headers for the SPANK plugin that `malleable install-slurm-hooks` builds in the guest.
   python3-psutil python3-prometheus-client gcc libc6-dev make libslurm-dev
 )
+# sackd (Slurm 23.11 and later): a login host's configless client configuration. Not in the
+# image that carries the next release for test-upgrade (it runs no login host, and sackd pins
+# this release's plugins).
+[ -n "$UPGRADE_TO" ] || PACKAGES+=(sackd)
 
 log() { echo "[vm-slurm] $*"; }
 
@@ -226,7 +233,9 @@ ip link set "$privif" up
 # One NodeName line per node: 2 CPUs on one socket, or the SOCKETSxCORESxTHREADS that
 # vmslurm.layouts gives it (vm2=2x2x2,...: vmctl.py's server topologies).
 layouts=$(arg layouts)
+logins=",$(arg logins),"
 nodelines=$(for j in $(seq 1 "$n"); do
+  [ "${logins#*,vm$j,}" = "$logins" ] || continue    # a login host: no slurmd, no NodeName
   l=$(tr ',' '\n' <<< "$layouts" | sed -n "s/^vm$j=//p")
   IFS=x read -r s c t <<< "${l:-1x2x1}"
   echo "NodeName=vm$j CPUs=$((s * c * t)) Sockets=$s CoresPerSocket=$c ThreadsPerCore=$t State=UNKNOWN"
@@ -239,6 +248,12 @@ if [ "$(arg configless)" = 1 ]; then
   # the server's); slurmd fetches vm1's into /run/slurm/conf, the client commands read it there.
   rm -f /etc/slurm/slurm.conf /etc/slurm/site.conf /etc/slurm/cgroup.conf /etc/slurm/plugstack.conf
   printf 'SLURMD_OPTIONS=--conf-server vm1\nSLURM_CONF_SERVER=vm1\n' >> /etc/default/slurmd
+fi
+if [ "$(arg login)" = 1 ]; then
+  # A login host of a configless site: no Slurm file of its own; sackd fetches the controller's
+  # client configuration into /run/slurm/conf, where sbatch, salloc and srun read it.
+  rm -f /etc/slurm/slurm.conf /etc/slurm/site.conf /etc/slurm/cgroup.conf /etc/slurm/plugstack.conf
+  printf 'SACKD_OPTIONS=--conf-server vm1\n' >> /etc/default/sackd
 fi
 if [ "$hwloc_x86" = 0 ]; then
   echo "HWLOC_COMPONENTS=-x86" >> /etc/default/slurmd
@@ -270,7 +285,7 @@ ExecStart=/usr/local/sbin/vmslurm-setup
 WantedBy=multi-user.target
 EOF
 
-for unit in munge slurmd slurmctld ssh; do
+for unit in munge slurmd slurmctld sackd ssh; do
   mkdir -p "$R/etc/systemd/system/$unit.service.d"
   printf '[Unit]\nWants=vmslurm-setup.service\nAfter=vmslurm-setup.service\n' \
     > "$R/etc/systemd/system/$unit.service.d/vm-slurm.conf"
@@ -279,9 +294,17 @@ done
 # retries every 10 s until vm1's slurmctld serves its configuration (both boot at once).
 printf 'ConditionPathExists=\n[Service]\nTimeoutStartSec=900\n' \
   >> "$R/etc/systemd/system/slurmd.service.d/vm-slurm.conf"
-# slurmctld only where the command line says vmslurm.ctld=1 (vm1); slurmd everywhere.
+# slurmctld only where the command line says vmslurm.ctld=1 (vm1); slurmd on every node, sackd
+# on the login hosts (vmslurm.login=1) instead.
 printf '[Unit]\nConditionKernelCommandLine=vmslurm.ctld=1\n' \
   >> "$R/etc/systemd/system/slurmctld.service.d/vm-slurm.conf"
+printf '[Unit]\nConditionKernelCommandLine=!vmslurm.login=1\n' \
+  >> "$R/etc/systemd/system/slurmd.service.d/vm-slurm.conf"
+if [ -z "$UPGRADE_TO" ]; then
+  # sackd retries until vm1's slurmctld answers (both boot at once).
+  printf '[Unit]\nConditionKernelCommandLine=vmslurm.login=1\n[Service]\nRestart=on-failure\nRestartSec=5\n' \
+    >> "$R/etc/systemd/system/sackd.service.d/vm-slurm.conf"
+fi
 
 cat > "$R/etc/slurm/slurm.conf.in" <<'EOF'
 # vm-slurm: written at boot from slurm.conf.in by vmslurm-setup (@NODELINES@ from vmslurm.n and
@@ -354,7 +377,7 @@ fi
 in_root sh -c 'chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key'
 
 in_root systemctl enable vmslurm-setup.service munge.service slurmd.service slurmctld.service \
-  ssh.service >>"$work/apt.log" 2>&1
+  ssh.service $([ -n "$UPGRADE_TO" ] || echo sackd.service) >>"$work/apt.log" 2>&1
 # Timers and units a short-lived test VM does not need (boot time under emulation).
 for u in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer \
     fstrim.timer man-db.timer logrotate.timer systemd-tmpfiles-clean.timer getty@tty1.service \

@@ -15,7 +15,9 @@ VM_SLURM_HWLOC_X86 (set 0: slurmd runs with HWLOC_COMPONENTS=-x86), VM_SLURM_SHA
 folder every VM mounts at /shared over virtio-9p; default STATE/run/share, "none": no share),
 VM_SLURM_TOPOLOGY (VMs numbered as servers are, "vm2=2x2x2,...": SOCKETSxCORESxTHREADS; see
 `Topology`), VM_SLURM_CONFIGLESS (VMs whose slurmd runs configless, "vm2,...": no slurm.conf of
-their own, slurmd fetches vm1's with --conf-server; vm1, the controller, never).
+their own, slurmd fetches vm1's with --conf-server; vm1, the controller, never),
+VM_SLURM_LOGIN (how many login hosts follow the N nodes, vm<N+1>...: no slurmd, no Slurm file of
+their own; sackd fetches vm1's client configuration, as a configless site's login nodes do).
 
 The image comes from build-image.sh (STATE/current). Emulation only (-accel tcg): KVM does not
 run guests on the project's machines. Each VM has two NICs:
@@ -62,6 +64,8 @@ SHARE_TAG = "vmshare"
 TOPOLOGY = os.environ.get("VM_SLURM_TOPOLOGY", "")
 # VMs whose slurmd takes its configuration from slurmctld (configless), as many sites run them.
 CONFIGLESS = os.environ.get("VM_SLURM_CONFIGLESS", "")
+# Login hosts after the nodes: users' sbatch, salloc and srun run there, no slurmd.
+LOGIN = int(os.environ.get("VM_SLURM_LOGIN", "0") or 0)
 HERE = Path(__file__).resolve().parent
 
 
@@ -78,6 +82,12 @@ def load_cluster() -> dict | None:
 
 def node_index(node: str) -> int:
     return int(node[2:]) if node.startswith("vm") else int(node)
+
+
+def nodes_of(cluster: dict) -> list[str]:
+    """The VMs that are Slurm nodes (slurmd), in order: every VM but the login hosts."""
+    return [f"vm{i}" for i in range(1, cluster["n"] + 1)
+            if f"vm{i}" not in cluster.get("login", [])]
 
 
 def port_free(port: int, kind: int) -> bool:
@@ -238,6 +248,8 @@ def vm_argv(cluster: dict, i: int, share: Path | None) -> list[str]:
     append = (f"{KERNEL_OPTIONS} vmslurm.name={name} vmslurm.n={n} vmslurm.net={cluster['net']}"
               + (" vmslurm.ctld=1" if i == 1 else "")
               + (" vmslurm.configless=1" if name in cluster.get("configless", []) else "")
+              + (" vmslurm.login=1" if name in cluster.get("login", []) else "")
+              + (f" vmslurm.logins={','.join(cluster['login'])}" if cluster.get("login") else "")
               + (f" vmslurm.layouts={layouts}" if layouts else "")
               + (" acpi_apic_instance=2" if server else "")
               + (f" vmslurm.taskplugin={TASK_PLUGIN}" if TASK_PLUGIN else "")
@@ -310,9 +322,10 @@ def cmd_up(args) -> int:
     if load_cluster() is not None:
         log(f"a cluster is recorded in {RUN}: `vmctl.py down` first")
         return 1
-    n = args.n
-    if not 1 <= n <= 50:
-        log("N must be 1..50")
+    nodes = args.n
+    n = nodes + LOGIN    # every VM: the nodes, then the login hosts
+    if not 1 <= nodes or n > 50 or LOGIN < 0:
+        log("N must be 1..50 VMs with the login hosts (VM_SLURM_LOGIN)")
         return 2
     rc = subprocess.run([str(HERE / "build-image.sh")]).returncode
     if rc:
@@ -323,14 +336,15 @@ def cmd_up(args) -> int:
     except ValueError as exc:
         log(f"VM_SLURM_TOPOLOGY: {exc}")
         return 2
-    if any(not 1 <= k <= n for k in servers):
-        log(f"VM_SLURM_TOPOLOGY names a VM outside vm1..vm{n}: {TOPOLOGY}")
+    if any(not 1 <= k <= nodes for k in servers):
+        log(f"VM_SLURM_TOPOLOGY names a VM outside the nodes vm1..vm{nodes}: {TOPOLOGY}")
         return 2
     configless = sorted({name.strip() for name in CONFIGLESS.split(",") if name.strip()})
-    if any(name not in {f"vm{i}" for i in range(2, n + 1)} for name in configless):
-        log(f"VM_SLURM_CONFIGLESS names a VM outside vm2..vm{n} (vm1 holds slurm.conf): "
-            f"{CONFIGLESS}")
+    if any(name not in {f"vm{i}" for i in range(2, nodes + 1)} for name in configless):
+        log(f"VM_SLURM_CONFIGLESS names a VM outside the nodes vm2..vm{nodes} (vm1 holds "
+            f"slurm.conf): {CONFIGLESS}")
         return 2
+    login = [f"vm{i}" for i in range(nodes + 1, n + 1)]
     ssh_ports = [PORT_BASE + i for i in range(1, n + 1)]
     udp_ports = [PORT_BASE + 100 + i for i in range(1, n + 1)]
     busy = [p for p in ssh_ports if not port_free(p, socket.SOCK_STREAM)]
@@ -350,7 +364,7 @@ def cmd_up(args) -> int:
                "hub": PORT_BASE, "net": NET, "started": started, "run": str(RUN),
                "share": str(share) if share else None,
                "topology": {str(k): str(t) for k, t in servers.items()},
-               "configless": configless, "slurm_build": slurm_build(image)}
+               "configless": configless, "login": login, "slurm_build": slurm_build(image)}
     (RUN / "cluster.json").write_text(json.dumps(cluster, indent=1))
 
     hub_log = open(RUN / "hub.log", "w")
@@ -365,8 +379,9 @@ def cmd_up(args) -> int:
     for i in range(1, n + 1):
         (RUN / f"vm{i}.cmd").write_text(shlex.join(vm_argv(cluster, i, share)) + "\n")
         boot_vm(cluster, i)
-    log(f"{n} VMs started in {time.time() - started:.1f}s (ssh 127.0.0.1:{ssh_ports[0]}"
-        f"..{ssh_ports[-1]}; serial logs {RUN}/vmI.log)")
+    log(f"{n} VMs started in {time.time() - started:.1f}s"
+        + (f" ({', '.join(login)}: login host{'s' if len(login) > 1 else ''})" if login else "")
+        + f" (ssh 127.0.0.1:{ssh_ports[0]}..{ssh_ports[-1]}; serial logs {RUN}/vmI.log)")
     if args.no_wait:
         return 0
     return cmd_wait(args)
@@ -379,7 +394,7 @@ def cmd_wait(args) -> int:
         return 1
     n = cluster["n"]
     deadline = time.time() + args.timeout
-    want = {f"vm{i}" for i in range(1, n + 1)}
+    want = set(nodes_of(cluster))
     last = ""
     reboots = {i: 0 for i in range(1, n + 1)}
     seen_up: set[str] = set()
@@ -414,13 +429,28 @@ def cmd_wait(args) -> int:
             log(f"{time.time() - cluster['started']:.0f}s: "
                 + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
         if set(states) == want and all(v == "idle" for v in states.values()):
-            log(f"healthy: {n} nodes idle, {time.time() - cluster['started']:.1f}s after start")
-            return 0
+            for login in cluster.get("login", []):
+                if not login_ready(cluster, login):
+                    break
+            else:
+                log(f"healthy: {len(want)} nodes idle"
+                    + "".join(f", {h} answers sinfo" for h in cluster.get("login", []))
+                    + f", {time.time() - cluster['started']:.1f}s after start")
+                return 0
         time.sleep(2)
     log(f"not healthy after {args.timeout:.0f}s; last sinfo: {last.strip() or '(no answer)'}")
     for i in range(1, n + 1):
         print_tail(RUN / f"vm{i}.log", 15)
     return 1
+
+
+def login_ready(cluster: dict, name: str) -> bool:
+    """A login host is up when its client commands reach slurmctld (with sackd's configuration)."""
+    try:
+        return run_in(cluster, node_index(name), "sinfo -h -o %D", timeout=30,
+                      capture=True).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def print_tail(path: Path, lines: int = 30) -> None:
@@ -500,10 +530,25 @@ def cmd_smoke(args) -> int:
                    capture=True)
         check(f"{name} configless (no slurm.conf of its own; vm1's in /run/slurm/conf)",
               r.returncode == 0 and r.stdout.strip() == "1", r.stdout + r.stderr)
-    r = run_in(cluster, 1, f"srun -N{n} hostname", timeout=120, capture=True)
+    nodes = nodes_of(cluster)
+    r = run_in(cluster, 1, f"srun -N{len(nodes)} hostname", timeout=120, capture=True)
     names = sorted(r.stdout.split())
-    check(f"srun -N{n} hostname", r.returncode == 0
-          and names == sorted(f"vm{i}" for i in range(1, n + 1)), r.stdout + r.stderr)
+    check(f"srun -N{len(nodes)} hostname", r.returncode == 0 and names == nodes,
+          r.stdout + r.stderr)
+    for name in cluster.get("login", []):
+        # A login host as configless sites run them: no slurmd, no Slurm file of its own, sackd
+        # holding the controller's configuration; a user's srun there runs on the nodes.
+        r = run_in(cluster, node_index(name), (
+            "systemctl is-active slurmd || true; systemctl is-active sackd; "
+            "test ! -e /etc/slurm/slurm.conf && grep -c '^SlurmctldHost=vm1' "
+            "/run/slurm/conf/slurm.conf"), timeout=60, capture=True)
+        check(f"{name} login host (no slurmd; sackd, vm1's configuration in /run/slurm/conf)",
+              r.returncode == 0 and r.stdout.split() == ["inactive", "active", "1"],
+              r.stdout + r.stderr)
+        r = run_in(cluster, node_index(name), f"cd /tmp && runuser -u tester -- "
+                   f"srun -N{len(nodes)} hostname", timeout=120, capture=True)
+        check(f"srun -N{len(nodes)} hostname by tester on {name}",
+              r.returncode == 0 and sorted(r.stdout.split()) == nodes, r.stdout + r.stderr)
     r = run_in(cluster, 1, SMOKE_JOB, timeout=120, capture=True)
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     cg = lines.get("cgroup", "")

@@ -119,6 +119,8 @@ class VMs:
         # Nodes whose slurmd runs configless (vmctl.py's VM_SLURM_CONFIGLESS): no slurm.conf of
         # their own, vm1's served into /run/slurm/conf.
         self.configless = list(self.cluster.get("configless", []))
+        # Login hosts (vmctl.py's VM_SLURM_LOGIN): no slurmd, sackd holding vm1's configuration.
+        self.logins = list(self.cluster.get("login", []))
         # Debian's Slurm is a multiple-slurmd build (<node>_slurmstepd.scope); the image's
         # production build (build-image.sh SLURM_BUILD=production) is not (slurmstepd.scope).
         self.multiple_slurmd = self.cluster.get("slurm_build", "debian") == "debian"
@@ -326,7 +328,7 @@ def cosched(vms: VMs) -> VMs:
     with Stage("install: copy the project into every VM (tar over ssh); the user side on the "
                "jobs' path (.pth)"):
         data = project_tar()
-        for node in vms.nodes:
+        for node in vms.nodes + vms.logins:
             vms.run(node, f"rm -rf {SRC} {USER_SIDE} && mkdir -p {SRC} {USER_SIDE} && "
                           f"tar -xz -C {SRC} && "
                           f"cp -r {SRC}/malleable_runtime {SRC}/malleable_tf {USER_SIDE}/ && "
@@ -342,7 +344,7 @@ def cosched(vms: VMs) -> VMs:
         assert vms.out(node, f"test -e {SLURM_CONF} || echo none").strip() == "none", \
             f"{node} is configless but has a {SLURM_CONF} of its own"
     with Stage("install: the package's share (9p) is mounted in every VM"):
-        for node in vms.nodes:
+        for node in vms.nodes + vms.logins:
             fs = vms.out(node, "findmnt -n -o FSTYPE /shared || true").strip()
             assert fs == "9p", (f"{node}: /shared is not the 9p share (findmnt says {fs!r}); "
                                 "journalctl -u vmslurm-setup: "
