@@ -17,7 +17,9 @@ is. The same K jobs again in folders named ``job_<J>``. Rows, per K:
 - ``tell_all``: every job folder of the node told (a fresh layout, as a hook has): the scan the
   Prolog's and Epilog's checks make (``job_id_of`` on each folder name);
 - ``folder_of_last``: the folder of the job made last (``job_dir``), as a hook finds its own
-  job's folder.
+  job's folder;
+- ``hook_python_floor``: beside them, what every hook that starts Python pays anyway (the
+  interpreter's start and the hook's imports, as ``prolog_cost.py`` measures it), every tenth run.
 
     python -m benchmarks.node.sluid_folders [--runs 200] [--counts 1,8,32,64]   (as root)
 """
@@ -28,6 +30,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,7 +115,13 @@ def main() -> None:
                 assert told == list(range(FIRST_JOB, FIRST_JOB + k)), (naming, k, told)
                 last = FIRST_JOB + k - 1
                 assert layout.job_dir(0, last).name != f"job_{last}" or naming == "job_id"
-            for _ in range(args.runs):
+            for run in range(args.runs):
+                if run % 10 == 0:
+                    t0 = time.perf_counter()
+                    subprocess.run([sys.executable, "-I", "-c",
+                                    "import slurm_plugin.hooks.job_hooks"], check=True, cwd="/")
+                    rows.setdefault("hook_python_floor", {}).setdefault("us", []).append(
+                        (time.perf_counter() - t0) * 1e6)
                 for (naming, k), root in layouts.items():
                     for row, work in (("tell_all", tell_all),
                                       ("folder_of_last",
@@ -141,6 +150,10 @@ def main() -> None:
                                       if row == "tell_all" else None}
     for name, r in out.items():
         print(f"{name:28s} p50 {r['p50_us']:9.1f} us  p90 {r['p90_us']:9.1f} us")
+    floor = out["hook_python_floor"]["p50_us"]
+    for k in counts:
+        ratios[f"tell_all K={k}"]["share_of_python_floor"] = round(
+            ratios[f"tell_all K={k}"]["sluid_minus_job_id_p50_us"] / floor, 3)
     for name, r in ratios.items():
         print(f"{name:22s} SLUID costs {r['sluid_minus_job_id_p50_us']:8.1f} us more"
               + (f" ({r['per_sluid_folder_us']} us per folder)" if r["per_sluid_folder_us"] else ""))
