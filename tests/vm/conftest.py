@@ -143,11 +143,13 @@ class VMs:
     def out(self, node: str, command: str, **kw) -> str:
         return self.run(node, command, **kw).stdout
 
-    def parallel(self, command_of, timeout: float = 600) -> dict[str, str]:
-        """Run ``command_of(node)`` on every node at once; their outputs (each must exit 0)."""
+    def parallel(self, command_of, timeout: float = 600,
+                 hosts: list[str] | None = None) -> dict[str, str]:
+        """Run ``command_of(host)`` on every node (or ``hosts``) at once; their outputs (each
+        must exit 0)."""
         procs = {n: subprocess.Popen([*self.argv(n), command_of(n)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for n in self.nodes}
+                 for n in (self.nodes if hosts is None else hosts)}
         outs, failed = {}, []
         for n, p in procs.items():
             try:
@@ -336,7 +338,7 @@ def cosched(vms: VMs) -> VMs:
                           f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
                           f" && mkdir -p $d && echo {USER_SIDE} > $d/malleable-user.pth", data=data)
     vms.run("vm1", "touch /run/malleable-install-start")
-    files_before = {node: slurm_files(vms, node) for node in vms.nodes}
+    files_before = {node: slurm_files(vms, node) for node in vms.nodes + vms.logins}
     SLURM_FILES_BEFORE.update(files_before)
     conf_before = {node: vms.out(node, f"cat {SLURM_CONF}") for node in vms.nodes
                    if node not in vms.configless}

@@ -12,8 +12,7 @@ controller's configuration.
   files change by the drop-ins of configure only.
 - Then a user's `sbatch --malleable=1:2` from the login host gives a malleable job (its
   AdminComment, by job_submit.lua), which grows into vm1's idle core.
-- The guide's uninstall steps for that host leave nothing of ours there, and its Slurm files as
-  they were."""
+The guide's uninstall runs on the login host with the others' (test_uninstall.py)."""
 from __future__ import annotations
 
 from .conftest import (DIST, GUIDE, GUIDE_ENV, NOTES, Node, Stage, VMs, changed_files,
@@ -22,12 +21,6 @@ from .conftest import (DIST, GUIDE, GUIDE_ENV, NOTES, Node, Stage, VMs, changed_
 NODE = "vm1"
 RANK = "/opt/malleable/src/tests/programs/allowance_rank.py"
 AS_TESTER = "cd /tmp && runuser -u tester --"
-# What is of ours on a host, one word per thing found (``0`` alone: nothing; test_uninstall's).
-OURS = ("systemctl list-units --all --plain --no-legend 'malleable*' | cut -d' ' -f1; "
-        "dpkg -s malleable-slurm 2>/dev/null | grep -m1 '^Status'; "
-        "grep -c ' /run/malleable' /proc/self/mountinfo; "
-        "ls -d /run/malleable /etc/malleable /var/lib/malleable/watcher "
-        "/usr/lib/malleable /usr/bin/malleable 2>/dev/null")
 
 
 def admin_comment(vms: VMs, host: str, job: int) -> str:
@@ -103,15 +96,5 @@ def test_the_login_role_on_a_configless_login_host(cosched: VMs):
             wait_for(lambda: node.state(a) == "COMPLETED", timeout=120, interval=2,
                      what=f"job {a} completed")
 
-        with Stage(f"(l4) guide steps uninstall-unhook, uninstall-remove on {login}"):
-            vms.run(login, f"{GUIDE_ENV} {GUIDE} run uninstall-unhook uninstall-remove 2>&1",
-                    timeout=300)
-            left = vms.out(login, OURS, check=False).split()
-            assert left == ["0"], f"{login}: left behind: {left}"
-            changes = changed_files(before, slurm_files(vms, login))
-            assert changes == {}, f"{login}: Slurm files differ from before its install: {changes}"
-            again = vms.run(login, f"{AS_TESTER} sbatch --malleable=1 --hold --wrap true",
-                            check=False)
-            assert again.returncode != 0, (again.stdout, again.stderr)
     finally:
         vms.run(NODE, f"touch {stop}; scancel {a or ''}", check=False)

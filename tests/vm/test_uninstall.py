@@ -1,7 +1,8 @@
 """docs/install.md's uninstall (section 11), run as written in the VM cluster, last (it removes
 what the other tests use), with a malleable job running grown and a rigid one running:
 afterwards both still run, each holds exactly its Slurm allocation, and nothing of ours is left
-on any node (no unit, package, mount or folder; every Slurm file as it was before the install).
+on any host, the login host's included (no unit, package, mount or folder; every Slurm file as
+it was before the install; `--malleable` unknown to sbatch there again).
 
 vm1's CPUs are numbered as Slurm's abstract ids are (one socket, no SMT), so a job's cpuset
 there is its CPU_IDs as `scontrol show job -d` gives them."""
@@ -62,25 +63,28 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
             for n in vms.nodes:
                 if n not in vms.configless:
                     vms.run(n, f"sed -i '/^Include malleable.conf$/d' {SLURM_CONF}")
-        with Stage("(u4) step uninstall-unhook (vm1 first), every node idle or allocated"):
+        with Stage("(u4) step uninstall-unhook (vm1 first; the login host too), every node idle "
+                   "or allocated"):
             vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run uninstall-unhook 2>&1", timeout=180)
             vms.parallel(lambda n: "true" if n == "vm1" else
-                         f"{GUIDE_ENV} {GUIDE} run uninstall-unhook 2>&1", timeout=180)
+                         f"{GUIDE_ENV} {GUIDE} run uninstall-unhook 2>&1", timeout=180,
+                         hosts=vms.nodes + vms.logins)
             wait_for(lambda: all(s in ("idle", "mixed", "allocated") for s in vms.out(
                 "vm1", "sinfo -h -N -o '%T'", check=False, timeout=60).split()),
                 timeout=240, interval=2, what="every node back after Slurm's restart")
             text = vms.out("vm1", "scontrol show config")
             assert "malleable" not in text, [ln for ln in text.splitlines() if "malleable" in ln]
-        with Stage("(u5) step uninstall-remove on every node"):
-            vms.parallel(lambda n: f"{GUIDE_ENV} {GUIDE} run uninstall-remove 2>&1", timeout=300)
+        with Stage("(u5) step uninstall-remove on every host"):
+            vms.parallel(lambda n: f"{GUIDE_ENV} {GUIDE} run uninstall-remove 2>&1", timeout=300,
+                         hosts=vms.nodes + vms.logins)
         with Stage("(u6) both jobs still run, each on exactly its allocation"):
             for job in (a, b):
                 assert node.state(job) == "RUNNING", (job, node.state(job))
                 assert node.job_cpus(job) == slurm_cpus(vms, job), (
                     job, node.job_cpus(job), slurm_cpus(vms, job))
             assert not node.overlaps(), node.overlaps()
-        with Stage("(u7) nothing of ours on any node; every Slurm file as before the install"):
-            for n in vms.nodes:
+        with Stage("(u7) nothing of ours on any host; every Slurm file as before the install"):
+            for n in vms.nodes + vms.logins:
                 left = vms.out(n, (
                     "systemctl list-units --all --plain --no-legend 'malleable*' | cut -d' ' -f1; "
                     "dpkg -s malleable-slurm 2>/dev/null | grep -m1 '^Status'; "
@@ -94,9 +98,14 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
                 assert changes == {}, f"{n}: Slurm files differ from before the install: {changes}"
                 if kept:
                     NOTES.append(f"(u7) {n}: left as the site's: {kept}")
+            for n in vms.logins:
+                again = vms.run(n, "cd /tmp && runuser -u tester -- sbatch --malleable=1 --hold "
+                                   "--wrap true", check=False)
+                assert again.returncode != 0 and "unrecognized option" in again.stderr, (
+                    n, again.stdout, again.stderr)
             NOTES.append(f"(u7) after the uninstall: jobs {a} (malleable) and {b} (rigid) running "
                          f"on {sorted(slurm_cpus(vms, a))} and {sorted(slurm_cpus(vms, b))}, "
                          "their allocations; no unit, package, mount or folder of ours; Slurm "
-                         "files as before on " + ", ".join(vms.nodes))
+                         "files as before on " + ", ".join(vms.nodes + vms.logins))
     finally:
         vms.run(NODE, f"touch {stop}; scancel {a or ''} {b or ''}", check=False)
