@@ -30,11 +30,13 @@ def run(argv, **kw) -> subprocess.CompletedProcess:
 
 
 def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path,
-                 build_args: tuple = ()) -> tuple[Path, str, str]:
+                 build_args: tuple = (), elsewhere: bool = False) -> tuple[Path, str, str]:
     """The user wheel built, and installed into a new environment that sees a framework's
     environment's packages (as a user's own environment holds its framework): the wheel must
-    install alone and leave the framework as it was. Returns the new environment's python, its
-    site folder and the framework's version."""
+    install alone and leave the framework as it was. ``elsewhere``: the new environment sees
+    them at another path (a folder of links to each), as a user's own install of the same
+    release has them. Returns the new environment's python, its site folder and the
+    framework's version."""
     run(["bash", REPO / "packaging" / "build-wheels.sh", *build_args, tmp_path / "dist"],
         timeout=600)
     wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
@@ -44,7 +46,13 @@ def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path,
     site = "import sysconfig; print(sysconfig.get_path('purelib'))"
     framework_site = run([framework_python, "-c", site]).stdout.strip()
     own_site = run([py, "-c", site]).stdout.strip()
-    Path(own_site, "framework-env.pth").write_text(framework_site + "\n")
+    seen_at = framework_site
+    if elsewhere:
+        seen_at = str(tmp_path / "framework-elsewhere")
+        Path(seen_at).mkdir()
+        for entry in Path(framework_site).iterdir():
+            Path(seen_at, entry.name).symlink_to(entry)
+    Path(own_site, "framework-env.pth").write_text(seen_at + "\n")
     before = run([py, "-c", version_code]).stdout.strip()
     report = tmp_path / "report.json"
     run([py, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", report,
@@ -58,10 +66,15 @@ def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path,
 
 def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp_path):
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
-    # The wheel carries the native library built for TensorFlow 2.21 (in .venv-keras3).
+    # The wheel carries the native library built for TensorFlow 2.21 (in .venv-keras3); the
+    # new environment has that release at another path, as a user's own install would.
     py, own_site, version = wheel_beside(KERAS3_PY, TF_VERSION, tmp_path,
-                                         ("--prebuilt", KERAS3_PY))
+                                         ("--prebuilt", KERAS3_PY), elsewhere=True)
     assert version.startswith("2.21"), version
+    includes = [run([p, "-I", "-c", "import tensorflow as tf; print(tf.sysconfig.get_include())"])
+                .stdout.strip() for p in (KERAS3_PY, py)]
+    assert includes[1].startswith(f"{tmp_path}/framework-elsewhere/") and \
+        includes[0] != includes[1], includes
     where = run([py, "-I", "-c", "import malleable_tf, malleable_runtime.srun as s; "
                  "print(malleable_tf.__file__)"]).stdout
     assert where.startswith(own_site), where       # the wheel's, not the checkout's

@@ -280,11 +280,13 @@ def vms() -> VMs:
     return VMs()
 
 
-# Every file and link of a node's Slurm configuration (its own, and the copy a configless slurmd
-# fetched): a digest of each file, a link's target.
-SLURM_FILES = r"""for d in /etc/slurm /run/slurm/conf/; do [ -d "$d" ] && find "$d" \( -type f -o -type l \); done |
+# Every file, link and folder of a node's Slurm configuration (its own, and the copy a
+# configless slurmd fetched): a digest of each file, a link's target, "folder" (as "path/").
+SLURM_FILES = r"""for d in /etc/slurm /run/slurm/conf/; do [ -d "$d" ] && find "$d" \( -type f -o -type l -o -type d \); done |
   sort | while read -r f; do
-    if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; else echo "$f $(sha256sum < "$f" | cut -c1-12)"; fi
+    if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"
+    elif [ -d "$f" ]; then echo "$f/ folder"
+    else echo "$f $(sha256sum < "$f" | cut -c1-12)"; fi
   done"""
 
 
@@ -308,8 +310,8 @@ def changed_files(before: dict[str, str], after: dict[str, str]) -> dict[str, st
 # else is a defect.
 NEW, CHANGED = frozenset({"new"}), frozenset({"changed"})
 CONFIGURE_DROP_INS = {"/etc/slurm/plugstack.conf.d/malleable.conf": NEW,
-                      "/etc/slurm/prolog.d/50-malleable": NEW,
-                      "/etc/slurm/epilog.d/50-malleable": NEW}
+                      "/etc/slurm/prolog.d/": NEW, "/etc/slurm/prolog.d/50-malleable": NEW,
+                      "/etc/slurm/epilog.d/": NEW, "/etc/slurm/epilog.d/50-malleable": NEW}
 OWN_FILES = {"/etc/slurm/malleable.conf": NEW, "/etc/slurm/slurm.conf": CHANGED,
              "/etc/slurm/plugstack.conf": NEW | CHANGED}
 SERVED_FILES = {"/run/slurm/conf/slurm.conf": CHANGED, "/run/slurm/conf/malleable.conf": NEW,

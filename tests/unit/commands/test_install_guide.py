@@ -181,11 +181,35 @@ def test_the_lines_a_site_merges_by_hand_are_the_ones_the_step_writes():
         assert line in step, line
 
 
+def test_configure_notes_the_folders_it_makes_and_the_uninstall_removes_only_those(tmp_path):
+    """Debian's slurm-wlm-basic-plugins ships plugstack.conf.d: configure makes prolog.d and
+    epilog.d only, and the uninstall leaves the package's folder where it was."""
+    slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
+    (slurm_etc / "plugstack.conf.d").mkdir(parents=True)
+    (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
+    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": str(etc), "MALLEABLE_WATCHER_HOSTS": "ctl"}
+    # install-slurm-hooks played: its folder made (the VM cluster runs the real one).
+    (tmp_path / "bin" / "malleable").write_text('#!/bin/sh\nmkdir -p "$2"\n')
+    for _ in range(2):      # a second configure notes nothing more
+        out = run_steps(["configure"], env, tmp_path)
+        assert out.returncode == 0, out.stderr
+    assert (etc / "folders-made").read_text().split() == [f"{slurm_etc}/prolog.d",
+                                                          f"{slurm_etc}/epilog.d"]
+    assert (slurm_etc / "prolog.d" / "50-malleable").is_symlink()
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")   # nothing running
+    assert run_steps(["uninstall-unhook"], env, tmp_path).returncode == 0
+    left = sorted(str(p.relative_to(slurm_etc)) for p in slurm_etc.rglob("*"))
+    assert left == ["plugstack.conf", "plugstack.conf.d", "slurm.conf"], left
+
+
 def test_uninstall_unhook_removes_only_ours_and_waits_for_the_include_line(tmp_path):
     slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
     for d in (slurm_etc / "prolog.d", slurm_etc / "epilog.d", slurm_etc / "plugstack.conf.d",
               etc):
         d.mkdir(parents=True)
+    # configure made prolog.d and epilog.d; plugstack.conf.d is the site's (its packages').
+    (etc / "folders-made").write_text(f"{slurm_etc}/prolog.d\n{slurm_etc}/epilog.d\n")
     (slurm_etc / "prolog.d" / "50-malleable").symlink_to(etc / "prolog.sh")
     (slurm_etc / "prolog.d" / "10-site").symlink_to("/opt/site/prolog.sh")
     (slurm_etc / "epilog.d" / "50-malleable").symlink_to(etc / "epilog.sh")
@@ -202,4 +226,4 @@ def test_uninstall_unhook_removes_only_ours_and_waits_for_the_include_line(tmp_p
     (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
     assert run_steps(["uninstall-unhook"], env, tmp_path).returncode == 0
     left = sorted(str(p.relative_to(slurm_etc)) for p in slurm_etc.rglob("*"))
-    assert left == ["prolog.d", "prolog.d/10-site", "slurm.conf"], left
+    assert left == ["plugstack.conf.d", "prolog.d", "prolog.d/10-site", "slurm.conf"], left
