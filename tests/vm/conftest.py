@@ -447,10 +447,11 @@ def cosched(vms: VMs) -> VMs:
 
 
 def restart_slurm(vms: VMs, when: str) -> None:
-    """The guide's restart-slurm step on vm1 (slurmctld first), then on every node, and every
-    node idle again."""
+    """The guide's restart-slurm step on vm1 (slurmctld first), then on every node and login
+    host, and every node idle again."""
     vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
-    vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
+    vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180,
+                 hosts=vms.nodes + vms.logins)
 
     def idle():
         out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)

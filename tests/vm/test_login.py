@@ -8,6 +8,8 @@ controller's configuration.
   controller's configuration does not break a host without the package); `--malleable` is an
   unrecognized option, and `--comment=malleable:...` asks for malleability all the same
   (job_submit.lua reads it on the controller).
+- Step restart-slurm ran there with every host's (the `cosched` fixture): it restarts sackd,
+  which fetched the installed controller's files again.
 - The guide's steps for the login role (install-package, configure) run as written. Its Slurm
   files change by the drop-ins of configure only.
 - Then a user's `sbatch --malleable=1:2` from the login host gives a malleable job (its
@@ -42,13 +44,13 @@ def test_the_login_role_on_a_configless_login_host(cosched: VMs):
             fetched = vms.out(login, "ls /run/slurm/conf").split()
             assert "slurm.conf" in fetched, fetched
             assert vms.out(login, "test -e /etc/slurm/slurm.conf || echo none").strip() == "none"
-            # vm1's slurm.conf Includes malleable.conf since the install (restart-slurm):
-            # whether sackd's copy follows the controller's changes.
-            NOTES.append(f"(l1) {login}: sackd's copy of vm1's configuration: {fetched}; its "
-                         "slurm.conf's 'Include malleable.conf' lines: "
-                         + vms.out(login, "grep -c '^Include malleable.conf' "
-                                          "/run/slurm/conf/slurm.conf", check=False).strip()
-                         + "; systemctl is-active slurmd: "
+            # vm1's slurm.conf Includes malleable.conf since the install: sackd fetched it again
+            # when step restart-slurm restarted it (slurmctld's restart pushes nothing).
+            assert "malleable.conf" in fetched and vms.out(
+                login, "grep -c '^Include malleable.conf' /run/slurm/conf/slurm.conf",
+                check=False).strip() == "1", fetched
+            NOTES.append(f"(l1) {login}: sackd's copy of vm1's configuration: {fetched}; "
+                         "systemctl is-active slurmd: "
                          + vms.out(login, "systemctl is-active slurmd", check=False).strip())
             ran = vms.run(login, f"{AS_TESTER} srun -N1 -w {NODE} hostname", check=False,
                           timeout=180)
