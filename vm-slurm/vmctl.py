@@ -324,7 +324,7 @@ def cmd_up(args) -> int:
         return 1
     nodes = args.n
     n = nodes + LOGIN    # every VM: the nodes, then the login hosts
-    if not 1 <= nodes or n > 50 or LOGIN < 0:
+    if nodes < 1 or LOGIN < 0 or n > 50:
         log("N must be 1..50 VMs with the login hosts (VM_SLURM_LOGIN)")
         return 2
     rc = subprocess.run([str(HERE / "build-image.sh")]).returncode
@@ -428,15 +428,13 @@ def cmd_wait(args) -> int:
             last = out
             log(f"{time.time() - cluster['started']:.0f}s: "
                 + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
-        if set(states) == want and all(v == "idle" for v in states.values()):
-            for login in cluster.get("login", []):
-                if not login_ready(cluster, login):
-                    break
-            else:
-                log(f"healthy: {len(want)} nodes idle"
-                    + "".join(f", {h} answers sinfo" for h in cluster.get("login", []))
-                    + f", {time.time() - cluster['started']:.1f}s after start")
-                return 0
+        logins = cluster.get("login", [])
+        if set(states) == want and all(v == "idle" for v in states.values()) and \
+                all(login_ready(cluster, h) for h in logins):
+            log(f"healthy: {len(want)} nodes idle"
+                + "".join(f", {h} answers sinfo" for h in logins)
+                + f", {time.time() - cluster['started']:.1f}s after start")
+            return 0
         time.sleep(2)
     log(f"not healthy after {args.timeout:.0f}s; last sinfo: {last.strip() or '(no answer)'}")
     for i in range(1, n + 1):
