@@ -76,3 +76,16 @@ def test_qemu_gets_the_table_numa_nodes_and_the_smp_shape(vmctl, tmp_path):
     assert "node,nodeid=0,memdev=mem0,cpus=0-3" in joined
     assert "node,nodeid=1,memdev=mem1,cpus=4-7" in joined
     assert "size=512M" in joined
+
+
+def test_a_login_host_boots_without_slurmd_and_is_no_node(vmctl, tmp_path):
+    """The login host (VM_SLURM_LOGIN) is told so on its kernel command line, every VM is told
+    which VMs are login hosts (no NodeName line for them), and the cluster's nodes leave it out."""
+    cluster = {"n": 3, "image": str(tmp_path), "ssh": [1, 2, 3], "udp": [4, 5, 6], "hub": 7,
+               "net": "10.77.0", "topology": {}, "configless": ["vm2"], "login": ["vm3"]}
+    lines = {i: " ".join(vmctl.vm_argv(cluster, i, None)) for i in (1, 2, 3)}
+    assert [("vmslurm.login=1" in lines[i], "vmslurm.logins=vm3" in lines[i])
+            for i in (1, 2, 3)] == [(False, True), (False, True), (True, True)]
+    assert "vmslurm.configless=1" in lines[2] and "vmslurm.configless=1" not in lines[3]
+    assert vmctl.nodes_of(cluster) == ["vm1", "vm2"]
+    assert vmctl.nodes_of({**cluster, "login": []}) == ["vm1", "vm2", "vm3"]
