@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import machine, median, percentile, save
-from slurm_plugin.cgroups import CgroupVersion, JobFolderNames, SlurmCgroupLayout
+from slurm_plugin.cgroups import (CgroupVersion, JobFolderNames, SlurmCgroupLayout,
+                                  remove_cgroup_tree)
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 ROOT = "/malleable_bench_sluid"            # this benchmark's folder in the hierarchy
@@ -64,15 +65,6 @@ def make_node(top: Path, names: dict[int, str], stepd_exe: Path) -> list[subproc
     return procs
 
 
-def remove_tree(top: Path) -> None:
-    """cgroup folders, deepest first (rmdir only: their files are the kernel's)."""
-    if not top.exists():
-        return
-    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        d.rmdir()
-    top.rmdir()
-
-
 def tell_all(layout: SlurmCgroupLayout) -> list[int | None]:
     with os.scandir(layout.node_dir()) as it:
         return [layout.job_id_of(e.name) for e in it if e.is_dir()]
@@ -88,7 +80,7 @@ def main() -> None:
     counts = [int(x) for x in args.counts.split(",")]
     rng = random.Random(1)
     base = CPUSET / ROOT.lstrip("/")
-    remove_tree(base)
+    remove_cgroup_tree(base)      # a run's leftovers, if it was killed
     base.mkdir()
     (base / "cgroup.clone_children").write_text("1")     # v1: children take the parent's CPUs
     for name in ("cpuset.cpus", "cpuset.mems"):
@@ -138,22 +130,23 @@ def main() -> None:
                 p.kill()
             for p in procs:
                 p.wait()
-            remove_tree(base)
+            failed = remove_cgroup_tree(base).failed
+            if failed:
+                print(f"not removed: {failed}", file=sys.stderr)
     out = {name: {"p50_us": round(median(r["us"]), 1), "p90_us": round(percentile(r["us"], 90), 1),
                   "runs": len(r["us"])} for name, r in rows.items()}
-    ratios = {}
+    floor = out["hook_python_floor"]["p50_us"]
+    ratios: dict[str, dict[str, float | None]] = {}
     for k in counts:
         for row in ("tell_all", "folder_of_last"):
-            s, j = out[f"{row} sluid K={k}"], out[f"{row} job_id K={k}"]
-            ratios[f"{row} K={k}"] = {"sluid_minus_job_id_p50_us": round(s["p50_us"] - j["p50_us"], 1),
-                                      "per_sluid_folder_us": round((s["p50_us"] - j["p50_us"]) / k, 1)
-                                      if row == "tell_all" else None}
+            more = round(out[f"{row} sluid K={k}"]["p50_us"] - out[f"{row} job_id K={k}"]["p50_us"], 1)
+            per_folder = round(more / k, 1) if row == "tell_all" else None
+            ratios[f"{row} K={k}"] = {"sluid_minus_job_id_p50_us": more,
+                                      "per_sluid_folder_us": per_folder}
+            if row == "tell_all":
+                ratios[f"{row} K={k}"]["share_of_python_floor"] = round(more / floor, 3)
     for name, r in out.items():
         print(f"{name:28s} p50 {r['p50_us']:9.1f} us  p90 {r['p90_us']:9.1f} us")
-    floor = out["hook_python_floor"]["p50_us"]
-    for k in counts:
-        ratios[f"tell_all K={k}"]["share_of_python_floor"] = round(
-            ratios[f"tell_all K={k}"]["sluid_minus_job_id_p50_us"] / floor, 3)
     for name, r in ratios.items():
         print(f"{name:22s} SLUID costs {r['sluid_minus_job_id_p50_us']:8.1f} us more"
               + (f" ({r['per_sluid_folder_us']} us per folder)" if r["per_sluid_folder_us"] else ""))
