@@ -121,6 +121,7 @@ class VMs:
         self.configless = list(self.cluster.get("configless", []))
         # Login hosts (vmctl.py's VM_SLURM_LOGIN): no slurmd, sackd holding vm1's configuration.
         self.logins = list(self.cluster.get("login", []))
+        self.hosts = self.nodes + self.logins     # every VM
         # Debian's Slurm is a multiple-slurmd build (<node>_slurmstepd.scope); the image's
         # production build (build-image.sh SLURM_BUILD=production) is not (slurmstepd.scope).
         self.multiple_slurmd = self.cluster.get("slurm_build", "debian") == "debian"
@@ -332,7 +333,7 @@ def cosched(vms: VMs) -> VMs:
     with Stage("install: copy the project into every VM (tar over ssh); the user side on the "
                "jobs' path (.pth)"):
         data = project_tar()
-        for node in vms.nodes + vms.logins:
+        for node in vms.hosts:
             vms.run(node, f"rm -rf {SRC} {USER_SIDE} && mkdir -p {SRC} {USER_SIDE} && "
                           f"tar -xz -C {SRC} && "
                           f"cp -r {SRC}/malleable_runtime {SRC}/malleable_tf {USER_SIDE}/ && "
@@ -340,7 +341,7 @@ def cosched(vms: VMs) -> VMs:
                           f"d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
                           f" && mkdir -p $d && echo {USER_SIDE} > $d/malleable-user.pth", data=data)
     vms.run("vm1", "touch /run/malleable-install-start")
-    files_before = {node: slurm_files(vms, node) for node in vms.nodes + vms.logins}
+    files_before = {node: slurm_files(vms, node) for node in vms.hosts}
     SLURM_FILES_BEFORE.update(files_before)
     conf_before = {node: vms.out(node, f"cat {SLURM_CONF}") for node in vms.nodes
                    if node not in vms.configless}
@@ -348,7 +349,7 @@ def cosched(vms: VMs) -> VMs:
         assert vms.out(node, f"test -e {SLURM_CONF} || echo none").strip() == "none", \
             f"{node} is configless but has a {SLURM_CONF} of its own"
     with Stage("install: the package's share (9p) is mounted in every VM"):
-        for node in vms.nodes + vms.logins:
+        for node in vms.hosts:
             fs = vms.out(node, "findmnt -n -o FSTYPE /shared || true").strip()
             assert fs == "9p", (f"{node}: /shared is not the 9p share (findmnt says {fs!r}); "
                                 "journalctl -u vmslurm-setup: "
@@ -451,7 +452,7 @@ def restart_slurm(vms: VMs, when: str) -> None:
     host, and every node idle again."""
     vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180)
     vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run restart-slurm", timeout=180,
-                 hosts=vms.nodes + vms.logins)
+                 hosts=vms.hosts)
 
     def idle():
         out = vms.out("vm1", "sinfo -h -N -o '%N %T'", check=False, timeout=60)

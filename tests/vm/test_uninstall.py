@@ -68,7 +68,7 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
             vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run uninstall-unhook 2>&1", timeout=180)
             vms.parallel(lambda n: "true" if n == "vm1" else
                          f"{GUIDE_ENV} {GUIDE} run uninstall-unhook 2>&1", timeout=180,
-                         hosts=vms.nodes + vms.logins)
+                         hosts=vms.hosts)
             wait_for(lambda: all(s in ("idle", "mixed", "allocated") for s in vms.out(
                 "vm1", "sinfo -h -N -o '%T'", check=False, timeout=60).split()),
                 timeout=240, interval=2, what="every node back after Slurm's restart")
@@ -76,7 +76,7 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
             assert "malleable" not in text, [ln for ln in text.splitlines() if "malleable" in ln]
         with Stage("(u5) step uninstall-remove on every host"):
             vms.parallel(lambda n: f"{GUIDE_ENV} {GUIDE} run uninstall-remove 2>&1", timeout=300,
-                         hosts=vms.nodes + vms.logins)
+                         hosts=vms.hosts)
         with Stage("(u6) both jobs still run, each on exactly its allocation"):
             for job in (a, b):
                 assert node.state(job) == "RUNNING", (job, node.state(job))
@@ -84,7 +84,7 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
                     job, node.job_cpus(job), slurm_cpus(vms, job))
             assert not node.overlaps(), node.overlaps()
         with Stage("(u7) nothing of ours on any host; every Slurm file as before the install"):
-            for n in vms.nodes + vms.logins:
+            for n in vms.hosts:
                 left = vms.out(n, (
                     "systemctl list-units --all --plain --no-legend 'malleable*' | cut -d' ' -f1; "
                     "dpkg -s malleable-slurm 2>/dev/null | grep -m1 '^Status'; "
@@ -106,6 +106,6 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
             NOTES.append(f"(u7) after the uninstall: jobs {a} (malleable) and {b} (rigid) running "
                          f"on {sorted(slurm_cpus(vms, a))} and {sorted(slurm_cpus(vms, b))}, "
                          "their allocations; no unit, package, mount or folder of ours; Slurm "
-                         "files as before on " + ", ".join(vms.nodes + vms.logins))
+                         "files as before on " + ", ".join(vms.hosts))
     finally:
         vms.run(NODE, f"touch {stop}; scancel {a or ''} {b or ''}", check=False)
