@@ -7,17 +7,16 @@ setup:
 demo: setup
 	.venv/bin/python scripts/demo.py
 
-# The tests also run malleable_tf's own tests on Keras 3 (TensorFlow 2.21) in a second venv, and
-# a subset of them on TensorFlow 2.17 and 2.19 (scripts/lib/tf-matrix.sh, a venv each), and
-# malleable_torch's on PyTorch 2.13.0 (.venv-torch), then
-# docker-slurm's end-to-end tests on Slurm 22.05, 24.11 and 26.05 (containers of their own), then Slurm
-# 24.11 on cgroup v2 in virtual machines (vm-slurm; vm2 numbered as a two-socket server with
-# hyperthreads, tests/vm/test_topology.py).
-test: site-slurm
-	bash scripts/setup.sh --keras3 --tf-matrix --torch
-	rc=0; bash scripts/run_tests.sh || rc=$$?; \
-	$(MAKE) -C docker-slurm test-all || rc=1; \
-	$(MAKE) -C vm-slurm test || rc=1; exit $$rc
+# The tests (scripts/ci.sh): the production Slurm build and the set-up, then two lanes at once,
+# each stage timed. One lane holds what uses the host's Slurm and cgroup v1 tree: the local
+# clusters' suite (TensorFlow 2.15, Horovod; tests/site on the production build), then
+# docker-slurm's end-to-end tests on Slurm 22.05, 24.11 and 26.05. The other holds what shares
+# nothing with it: Slurm 24.11 on cgroup v2 in virtual machines (vm-slurm; vm2 numbered as a
+# two-socket server with hyperthreads, a configless node, a login host), then ruff and mypy,
+# malleable_tf's own tests on Keras 3 (TensorFlow 2.21), a subset of them on TensorFlow 2.17 and
+# 2.19 (scripts/lib/tf-matrix.sh, a venv each), and malleable_torch's on PyTorch 2.13.0.
+test:
+	bash scripts/ci.sh
 
 # The subset on every TensorFlow between 2.15 and 2.21 (2.16 to 2.20), not only make test's.
 test-tf-all:

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (unit and integration on the real local cluster) in .venv
-# (TensorFlow 2.15, Keras 2, Horovod), then ruff and mypy (pyproject.toml), then malleable_tf's
-# own tests again in .venv-keras3
-# (TensorFlow 2.21, Keras 3; Horovod does not support it, so tests marked horovod are left out),
-# then malleable_torch's in .venv-torch (torch 2.13.0: `scripts/setup.sh --torch`), then a
-# subset of malleable_tf's in each .venv-tf-<version> (the versions between: scripts/lib/tf-matrix.sh,
-# made by `scripts/setup.sh --tf-matrix`). A failure on any version fails the run.
-# With arguments (a focused run: -k, a file) only the first suite runs, with them; with
-# --tf-matrix alone, only the subset on each version between.
+# The test suite in its parts, each in its own environment:
+#   main       unit and integration tests on the real local clusters, in .venv (TensorFlow 2.15,
+#              Keras 2, Horovod), tests/site included (Slurm built as sites build it)
+#   lint       ruff on everything, mypy (strict) on the pure packages (pyproject.toml)
+#   keras3     malleable_tf's own tests again in .venv-keras3 (TensorFlow 2.21, Keras 3; Horovod
+#              does not support it, so tests marked horovod are left out)
+#   torch      malleable_torch's in .venv-torch (torch 2.13.0: `scripts/setup.sh --torch`)
+#   tf-matrix  a subset of malleable_tf's in each .venv-tf-<version> (the versions between:
+#              scripts/lib/tf-matrix.sh, made by `scripts/setup.sh --tf-matrix`)
+# Usage: run_tests.sh                  every part, one after the other
+#        run_tests.sh --part NAME...   those parts, in that order (scripts/ci.sh runs them in lanes)
+#        run_tests.sh --tf-matrix      the same as --part tf-matrix
+#        run_tests.sh PYTEST_ARGS      main only, with them (a focused run: -k, a file)
+# Every part runs even when one before it failed; the exit is the first failure's.
 # pytest exits 5 when it collected no test: a failure here.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +44,7 @@ TF_MATRIX_TESTS=("$MTF::test_onednn_inline_gives_the_same_results_at_every_width
                  "$MTF::test_custom_loops_count_their_steps"
                  "$MTF::test_keras_fit_with_the_callback_counts_each_batch_once[1]")
 
+
 check() {   # name, pytest's exit code
   if [ "$2" -eq 5 ]; then
     echo "[test] $1: pytest collected no tests: failing" >&2
@@ -47,7 +53,29 @@ check() {   # name, pytest's exit code
   return "$2"
 }
 
-tf_matrix() {   # the subset on each version between; 1 if any failed
+part_main() {   # pytest's arguments, if any
+  .venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm \
+    --ignore=tests/torch "$@" tests
+  check "TensorFlow 2.15 suite" $?
+}
+
+part_lint() {
+  .venv/bin/ruff check . && .venv/bin/mypy
+}
+
+part_keras3() {
+  echo "[test] Keras 3 suite: TensorFlow $(.venv-keras3/bin/python -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')"
+  .venv-keras3/bin/python -m pytest -v -rs --durations=5 -m "not horovod" "${KERAS3_TESTS[@]}"
+  check "Keras 3 suite" $?
+}
+
+part_torch() {
+  echo "[test] PyTorch suite: torch $(.venv-torch/bin/python -c 'from importlib.metadata import version; print(version("torch"))')"
+  .venv-torch/bin/python -m pytest -v -rs --durations=5 "${TORCH_TESTS[@]}"
+  check "PyTorch suite" $?
+}
+
+part_tf-matrix() {   # the subset on each version between; 1 if any failed
   local version venv got start r failed=0
   for version in "${TF_MATRIX_VERSIONS[@]}"; do
     venv=".venv-tf-$version"
@@ -66,30 +94,29 @@ tf_matrix() {   # the subset on each version between; 1 if any failed
   return $failed
 }
 
-if [ "$*" = "--tf-matrix" ]; then
-  tf_matrix
-  exit $?
-fi
+PARTS=(main lint keras3 torch tf-matrix)
 
-.venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm \
-  --ignore=tests/torch "$@" tests
-check "TensorFlow 2.15 suite" $?; rc=$?
-[ $# -gt 0 ] && exit $rc
-# The linter on everything, the type checker (strict) on the pure packages: pyproject.toml.
-start=$(date +%s)
-.venv/bin/ruff check . && .venv/bin/mypy; rcl=$?
-echo "[test] ruff and mypy: exit $rcl in $(( $(date +%s) - start )) s"
-start=$(date +%s)
-.venv-keras3/bin/python -m pytest -v -rs --durations=5 -m "not horovod" "${KERAS3_TESTS[@]}"
-check "Keras 3 suite" $?; rc3=$?
-echo "[test] Keras 3 suite (TensorFlow $(.venv-keras3/bin/python -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')): exit $rc3 in $(( $(date +%s) - start )) s"
-start=$(date +%s)
-.venv-torch/bin/python -m pytest -v -rs --durations=5 "${TORCH_TESTS[@]}"
-check "PyTorch suite" $?; rct=$?
-echo "[test] PyTorch suite (torch $(.venv-torch/bin/python -c 'from importlib.metadata import version; print(version("torch"))')): exit $rct in $(( $(date +%s) - start )) s"
-tf_matrix; rcm=$?
-[ $rc -ne 0 ] && exit $rc
-[ $rcl -ne 0 ] && exit $rcl
-[ $rc3 -ne 0 ] && exit $rc3
-[ $rct -ne 0 ] && exit $rct
-exit $rcm
+run_parts() {   # part names; each timed, all run; the first failure's exit
+  local part start r rc=0
+  for part in "$@"; do
+    start=$(date +%s)
+    "part_$part"; r=$?
+    echo "[test] $part: exit $r in $(( $(date +%s) - start )) s"
+    [ $rc -eq 0 ] && rc=$r
+  done
+  return $rc
+}
+
+case "${1:-}" in
+  "") run_parts "${PARTS[@]}" ;;
+  --tf-matrix) [ $# -eq 1 ] || { echo "run_tests.sh: --tf-matrix takes no argument" >&2; exit 2; }
+               run_parts tf-matrix ;;
+  --part)
+    shift
+    [ $# -gt 0 ] || { echo "run_tests.sh: --part needs one of: ${PARTS[*]}" >&2; exit 2; }
+    for part in "$@"; do
+      [[ " ${PARTS[*]} " == *" $part "* ]] || { echo "run_tests.sh: no part $part (${PARTS[*]})" >&2; exit 2; }
+    done
+    run_parts "$@" ;;
+  *) part_main "$@" ;;
+esac

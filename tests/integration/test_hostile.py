@@ -471,7 +471,8 @@ def test_a_prolog_that_cannot_make_the_node_safe_keeps_the_job_off_the_node(
     subprocess.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"], env=env,
                    check=True, capture_output=True)
     subprocess.run(["scontrol", "release", str(b)], env=env, check=True, capture_output=True)
-    # Slurm makes a requeued job eligible 2 minutes later (Reason=BeginTime): not waited here.
+    # Slurm makes a requeued job eligible cred_expire + 1 s later (Reason=BeginTime; 31 s in
+    # the test clusters' slurm.conf): not waited here.
     subprocess.run(["scontrol", "update", f"JobId={b}", "StartTime=now"], env=env, check=True,
                    capture_output=True)
     wait_for(lambda: c.client().job(b).state is JobState.COMPLETED, timeout=90,
@@ -779,7 +780,8 @@ sleep 120
         env = {**os.environ, **c.env()}
         t0 = time.monotonic()
         subprocess.run(["scontrol", "requeue", str(b)], env=env, check=True, capture_output=True)
-        # Slurm starts a requeued batch job again some two minutes later (its BeginTime); not
+        # Slurm starts a requeued batch job again cred_expire + 1 s later (its BeginTime; 31 s
+        # in the test clusters, 121 s by default); not
         # sooner: slurmd runs no Prolog for a job id whose credential it still holds (seen here
         # with StartTime=now: the job ran again without its folder).
         wait_for(lambda: out.exists() and "mounted, run 1" in out.read_text() and

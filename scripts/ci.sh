@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The whole suite as `make test` and CI run it: the set-up, then two lanes at once, every stage
+# timed, a table of the times at the end. Exit 0 iff every stage passed.
+#
+# Why two lanes: on this 2-core machine the local-cluster suite mostly waits on Slurm (2026-12-07:
+# 25 min of wall time for 12 min of CPU), so what shares nothing with it runs beside it.
+#   host      what uses the host's Slurm and its cgroup v1 tree, one thing at a time: the local
+#             clusters' suite (run_tests.sh --part main, tests/site included), then docker-slurm's
+#             containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05)
+#   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 24.11), then ruff and mypy,
+#             then malleable_tf's and malleable_torch's tests on the other frameworks (processes of
+#             their own; the cpuset folders they make are named by pid)
+# Each lane's lines start with its name. MALLEABLE_CI_SERIAL=1 runs the lanes one after the other
+# (to time a stage alone, or to tell whether a failure needs the other lane beside it).
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+T0=$(date +%s)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+TIMES="$WORK/times"   # one line a stage: lane, name, start (s after T0), seconds, exit
+
+stage() {   # lane name command...: the command, timed; its exit
+  local lane=$1 name=$2 start rc
+  shift 2
+  start=$(date +%s)
+  echo "[ci] $name: started $((start - T0)) s after the run"
+  "$@"
+  rc=$?
+  printf '%s\t%s\t%d\t%d\t%d\n' "$lane" "$name" $((start - T0)) $(($(date +%s) - start)) $rc >>"$TIMES"
+  echo "[ci] $name: exit $rc in $(($(date +%s) - start)) s"
+  return $rc
+}
+
+host_lane() {
+  local rc=0
+  stage host "local clusters: unit, integration, site (TF 2.15)" \
+    bash scripts/run_tests.sh --part main || rc=1
+  stage host "docker-slurm: Slurm 22.05, 24.11, 26.05" make -C docker-slurm test-all || rc=1
+  return $rc
+}
+
+isolated_lane() {
+  local rc=0 part
+  stage isolated "vm-slurm: Slurm 24.11 on cgroup v2" make -C vm-slurm test || rc=1
+  for part in lint keras3 torch tf-matrix; do
+    stage isolated "run_tests.sh --part $part" bash scripts/run_tests.sh --part "$part" || rc=1
+  done
+  return $rc
+}
+
+run_lane() {   # name function: its lines prefixed with the name, its exit in $WORK/<name>.rc
+  { "$2" </dev/null; echo $? >"$WORK/$1.rc"; } 2>&1 | sed -u "s/^/[$1] /"
+}
+
+summary() {
+  echo "[ci] ---- stages (seconds; start counted from the run's start) ----"
+  printf '[ci] %-9s %-52s %6s %6s %5s\n' lane stage start time exit
+  sort -t$'\t' -k3,3n "$TIMES" | while IFS=$'\t' read -r lane name start secs rc; do
+    printf '[ci] %-9s %-52s %6d %6d %5d\n' "$lane" "$name" "$start" "$secs" "$rc"
+  done
+  echo "[ci] whole run: $(($(date +%s) - T0)) s"
+}
+
+# The set-up, before both lanes: the production Slurm build (tests/site), the venvs.
+if ! stage setup "production Slurm build (make site-slurm)" make site-slurm ||
+   ! stage setup "set-up (setup.sh --keras3 --tf-matrix --torch)" \
+       bash scripts/setup.sh --keras3 --tf-matrix --torch; then
+  summary
+  exit 1
+fi
+if [ "${MALLEABLE_CI_SERIAL:-0}" = 1 ]; then
+  run_lane host host_lane
+  run_lane isolated isolated_lane
+else
+  run_lane host host_lane &
+  run_lane isolated isolated_lane &
+  wait
+fi
+summary
+for lane in host isolated; do
+  [ "$(cat "$WORK/$lane.rc" 2>/dev/null)" = 0 ] || { echo "[ci] lane $lane failed"; exit 1; }
+done
+echo "[ci] passed"
