@@ -4,11 +4,12 @@
 #
 # Why two lanes: on this 2-core machine the local-cluster suite mostly waits on Slurm (2026-12-07:
 # 25 min of wall time for 12 min of CPU), so what shares nothing with it runs beside it.
-#   host      what uses the host's Slurm and its cgroup v1 tree, one thing at a time: the local
-#             clusters' suite (run_tests.sh --part main, tests/site included), then docker-slurm's
-#             containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05)
+#   host      what uses the host's Slurm and its cgroup v1 tree, one thing at a time: the tests
+#             that start local clusters (run_tests.sh --part cluster, tests/site included), then
+#             docker-slurm's containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05)
 #   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 24.11), then ruff and mypy,
-#             then malleable_tf's and malleable_torch's tests on the other frameworks (processes of
+#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21, malleable_torch's,
+#             the subset on 2.17 and 2.19, malleable_tf's on 2.15 and the unit tests (processes of
 #             their own; the cpuset folders they make are named by pid)
 # Each lane's lines start with its name. MALLEABLE_CI_SERIAL=1 runs the lanes one after the other
 # (to time a stage alone, or to tell whether a failure needs the other lane beside it).
@@ -34,8 +35,8 @@ stage() {   # lane name command...: the command, timed; its exit
 
 host_lane() {
   local rc=0
-  stage host "local clusters: unit, integration, site (TF 2.15)" \
-    bash scripts/run_tests.sh --part main || rc=1
+  stage host "local clusters: integration, site (TF 2.15)" \
+    bash scripts/run_tests.sh --part cluster || rc=1
   stage host "docker-slurm: Slurm 22.05, 24.11, 26.05" make -C docker-slurm test-all || rc=1
   return $rc
 }
@@ -43,7 +44,7 @@ host_lane() {
 isolated_lane() {
   local rc=0 part
   stage isolated "vm-slurm: Slurm 24.11 on cgroup v2" make -C vm-slurm test || rc=1
-  for part in lint keras3 torch tf-matrix; do
+  for part in lint keras3 torch tf-matrix tf215 unit; do
     stage isolated "run_tests.sh --part $part" bash scripts/run_tests.sh --part "$part" || rc=1
   done
   return $rc

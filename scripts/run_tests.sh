@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The test suite in its parts, each in its own environment:
-#   main       unit and integration tests on the real local clusters, in .venv (TensorFlow 2.15,
-#              Keras 2, Horovod), tests/site included (Slurm built as sites build it)
+#   main       every test in .venv (TensorFlow 2.15, Keras 2, Horovod) but docker's, the VMs' and
+#              PyTorch's, in one pytest run; it is these three:
+#     cluster  the tests that start real local Slurm clusters (tests/integration, tests/site: Slurm
+#              built as sites build it) but test_malleable_tf.py
+#     tf215    test_malleable_tf.py: TensorFlow 2.15's processes, no Slurm
+#     unit     tests/unit
 #   lint       ruff on everything, mypy (strict) on the pure packages (pyproject.toml)
 #   keras3     malleable_tf's own tests again in .venv-keras3 (TensorFlow 2.21, Keras 3; Horovod
 #              does not support it, so tests marked horovod are left out)
@@ -9,7 +13,8 @@
 #   tf-matrix  a subset of malleable_tf's in each .venv-tf-<version> (the versions between:
 #              scripts/lib/tf-matrix.sh, made by `scripts/setup.sh --tf-matrix`)
 # Usage: run_tests.sh                  every part, one after the other
-#        run_tests.sh --part NAME...   those parts, in that order (scripts/ci.sh runs them in lanes)
+#        run_tests.sh --part NAME...   those parts, in that order (scripts/ci.sh runs them in lanes:
+#                                      cluster in one, tf215 and unit in the other)
 #        run_tests.sh --tf-matrix      the same as --part tf-matrix
 #        run_tests.sh PYTEST_ARGS      main only, with them (a focused run: -k, a file)
 # Every part runs even when one before it failed; the exit is the first failure's.
@@ -59,6 +64,21 @@ part_main() {   # pytest's arguments, if any
   check "TensorFlow 2.15 suite" $?
 }
 
+part_cluster() {
+  .venv/bin/python -m pytest -v -rs --durations=15 --ignore="$MTF" tests/integration tests/site
+  check "local clusters' suite" $?
+}
+
+part_tf215() {
+  .venv/bin/python -m pytest -v -rs --durations=5 "$MTF"
+  check "TensorFlow 2.15's malleable_tf suite" $?
+}
+
+part_unit() {
+  .venv/bin/python -m pytest -v -rs --durations=5 tests/unit
+  check "unit suite" $?
+}
+
 part_lint() {
   .venv/bin/ruff check . && .venv/bin/mypy
 }
@@ -94,7 +114,8 @@ part_tf-matrix() {   # the subset on each version between; 1 if any failed
   return $failed
 }
 
-PARTS=(main lint keras3 torch tf-matrix)
+PARTS=(main lint keras3 torch tf-matrix)   # every part, as run_tests.sh with no argument runs them
+MAIN_PARTS=(cluster tf215 unit)           # main's, for --part
 
 run_parts() {   # part names; each timed, all run; the first failure's exit
   local part start r rc=0
@@ -113,9 +134,10 @@ case "${1:-}" in
                run_parts tf-matrix ;;
   --part)
     shift
-    [ $# -gt 0 ] || { echo "run_tests.sh: --part needs one of: ${PARTS[*]}" >&2; exit 2; }
+    [ $# -gt 0 ] || { echo "run_tests.sh: --part needs one of: ${PARTS[*]} ${MAIN_PARTS[*]}" >&2; exit 2; }
     for part in "$@"; do
-      [[ " ${PARTS[*]} " == *" $part "* ]] || { echo "run_tests.sh: no part $part (${PARTS[*]})" >&2; exit 2; }
+      [[ " ${PARTS[*]} ${MAIN_PARTS[*]} " == *" $part "* ]] ||
+        { echo "run_tests.sh: no part $part (${PARTS[*]} ${MAIN_PARTS[*]})" >&2; exit 2; }
     done
     run_parts "$@" ;;
   *) part_main "$@" ;;
