@@ -9,12 +9,13 @@ demo: setup
 
 # The tests (scripts/ci.sh): the production Slurm build and the set-up, then two lanes at once,
 # each stage timed. One lane holds what uses the host's Slurm and cgroup v1 tree: the local
-# clusters' suite (TensorFlow 2.15, Horovod; tests/site on the production build), then
-# docker-slurm's end-to-end tests on Slurm 22.05, 24.11 and 26.05. The other holds what shares
-# nothing with it: Slurm 24.11 on cgroup v2 in virtual machines (vm-slurm; vm2 numbered as a
-# two-socket server with hyperthreads, a configless node, a login host), then ruff and mypy,
-# malleable_tf's own tests on Keras 3 (TensorFlow 2.21), a subset of them on TensorFlow 2.17 and
-# 2.19 (scripts/lib/tf-matrix.sh, a venv each), and malleable_torch's on PyTorch 2.13.0.
+# clusters' tests (TensorFlow 2.15, Horovod; tests/site on the production build), then
+# docker-slurm's end-to-end tests on Slurm 22.05, 24.11 and 26.05, then the unit tests. The other
+# holds what shares nothing with it: Slurm 24.11 on cgroup v2 in virtual machines (vm-slurm; vm2
+# numbered as a two-socket server with hyperthreads, a configless node, a login host), then ruff
+# and mypy, malleable_tf's own tests on Keras 3 (TensorFlow 2.21), a subset of them on
+# TensorFlow 2.17 and 2.19 (scripts/lib/tf-matrix.sh, a venv each), and on 2.15. Last, alone,
+# malleable_torch's on PyTorch 2.13.0 (one of them measures CPU use).
 test:
 	bash scripts/ci.sh
 

@@ -6,11 +6,15 @@
 # 25 min of wall time for 12 min of CPU), so what shares nothing with it runs beside it.
 #   host      what uses the host's Slurm and its cgroup v1 tree, one thing at a time: the tests
 #             that start local clusters (run_tests.sh --part cluster, tests/site included), then
-#             docker-slurm's containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05)
+#             docker-slurm's containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05),
+#             then the unit tests
 #   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 24.11), then ruff and mypy,
-#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21, malleable_torch's,
-#             the subset on 2.17 and 2.19, malleable_tf's on 2.15 and the unit tests (processes of
-#             their own; the cpuset folders they make are named by pid)
+#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21, the subset on 2.17
+#             and 2.19, malleable_tf's on 2.15 (processes of their own; the cpuset folders they
+#             make are named by pid)
+# Then, alone: malleable_torch's tests. One measures a process's CPU use against plain PyTorch's
+# at 1 and 2 threads, which needs both cores free (beside docker's stage, plain PyTorch at 2
+# threads got 1.31 cores: 2026-12-07).
 # Each lane's lines start with its name. MALLEABLE_CI_SERIAL=1 runs the lanes one after the other
 # (to time a stage alone, or to tell whether a failure needs the other lane beside it).
 set -uo pipefail
@@ -38,13 +42,14 @@ host_lane() {
   stage host "local clusters: integration, site (TF 2.15)" \
     bash scripts/run_tests.sh --part cluster || rc=1
   stage host "docker-slurm: Slurm 22.05, 24.11, 26.05" make -C docker-slurm test-all || rc=1
+  stage host "run_tests.sh --part unit" bash scripts/run_tests.sh --part unit || rc=1
   return $rc
 }
 
 isolated_lane() {
   local rc=0 part
   stage isolated "vm-slurm: Slurm 24.11 on cgroup v2" make -C vm-slurm test || rc=1
-  for part in lint keras3 torch tf-matrix tf215 unit; do
+  for part in lint keras3 tf-matrix tf215; do
     stage isolated "run_tests.sh --part $part" bash scripts/run_tests.sh --part "$part" || rc=1
   done
   return $rc
@@ -78,8 +83,11 @@ else
   run_lane isolated isolated_lane &
   wait
 fi
+alone=0
+stage alone "run_tests.sh --part torch" bash scripts/run_tests.sh --part torch || alone=1
 summary
 for lane in host isolated; do
   [ "$(cat "$WORK/$lane.rc" 2>/dev/null)" = 0 ] || { echo "[ci] lane $lane failed"; exit 1; }
 done
+[ $alone = 0 ] || { echo "[ci] malleable_torch's tests failed"; exit 1; }
 echo "[ci] passed"
