@@ -62,7 +62,7 @@ run_lane() {   # name function: its lines prefixed with the name, its exit in $W
 summary() {
   echo "[ci] ---- stages (seconds; start counted from the run's start) ----"
   printf '[ci] %-9s %-52s %6s %6s %5s\n' lane stage start time exit
-  sort -t$'\t' -k3,3n "$TIMES" | while IFS=$'\t' read -r lane name start secs rc; do
+  sort -s -t$'\t' -k3,3n "$TIMES" | while IFS=$'\t' read -r lane name start secs rc; do
     printf '[ci] %-9s %-52s %6d %6d %5d\n' "$lane" "$name" "$start" "$secs" "$rc"
   done
   echo "[ci] whole run: $(($(date +%s) - T0)) s"
