@@ -7,15 +7,9 @@ setup:
 demo: setup
 	.venv/bin/python scripts/demo.py
 
-# The tests (scripts/ci.sh): the production Slurm build and the set-up, then two lanes at once,
-# each stage timed. One lane holds what uses the host's Slurm and cgroup v1 tree: the local
-# clusters' tests (TensorFlow 2.15, Horovod; tests/site on the production build), then
-# docker-slurm's end-to-end tests on Slurm 22.05, 24.11 and 26.05, then the unit tests. The other
-# holds what shares nothing with it: Slurm 24.11 on cgroup v2 in virtual machines (vm-slurm; vm2
-# numbered as a two-socket server with hyperthreads, a configless node, a login host), then ruff
-# and mypy, malleable_tf's own tests on Keras 3 (TensorFlow 2.21), a subset of them on
-# TensorFlow 2.17 and 2.19 (scripts/lib/tf-matrix.sh, a venv each), and on 2.15. Last, alone,
-# malleable_torch's on PyTorch 2.13.0 (one of them measures CPU use).
+# The tests: scripts/ci.sh (its header says which stage runs in which lane, and why). Every suite:
+# local clusters, docker-slurm on Slurm 22.05, 24.11 and 26.05, the VMs (cgroup v2, 24.11), ruff
+# and mypy, TensorFlow 2.15, 2.17, 2.19 and 2.21, PyTorch 2.13.0, the unit tests.
 test:
 	bash scripts/ci.sh
 

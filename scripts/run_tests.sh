@@ -49,7 +49,6 @@ TF_MATRIX_TESTS=("$MTF::test_onednn_inline_gives_the_same_results_at_every_width
                  "$MTF::test_custom_loops_count_their_steps"
                  "$MTF::test_keras_fit_with_the_callback_counts_each_batch_once[1]")
 
-
 check() {   # name, pytest's exit code
   if [ "$2" -eq 5 ]; then
     echo "[test] $1: pytest collected no tests: failing" >&2

@@ -10,8 +10,9 @@ need_packages() {
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "[$tag] apt-get install ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get "${wait[@]}" install -y -q --no-install-recommends "${missing[@]}" \
-      >/dev/null || { apt-get "${wait[@]}" update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
-      apt-get "${wait[@]}" install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
+    local -x DEBIAN_FRONTEND=noninteractive
+    apt-get "${wait[@]}" install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+      { apt-get "${wait[@]}" update -q >/dev/null &&
+        apt-get "${wait[@]}" install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
   fi
 }
