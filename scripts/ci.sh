@@ -21,17 +21,20 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 T0=$(date +%s)
-TIMES=$(mktemp)   # one line a stage: lane, name, start (s after T0), seconds, exit
-trap 'rm -f "$TIMES"' EXIT
+TIMES=$(mktemp)   # one line a stage: lane, name, start (s after T0), seconds, exit, its log
+LOGS=$(mktemp -d)  # each stage's output, to name what failed at the end (CI shows the tail)
+trap 'rm -rf "$TIMES" "$LOGS"' EXIT
 
 stage() {   # lane name command...: the command, timed; its exit
-  local lane=$1 name=$2 start rc
+  local lane=$1 name=$2 start rc log
   shift 2
   start=$(date +%s)
+  log=$(mktemp -p "$LOGS")
   echo "[ci] $name: started $((start - T0)) s after the run"
-  "$@"
-  rc=$?
-  printf '%s\t%s\t%d\t%d\t%d\n' "$lane" "$name" $((start - T0)) $(($(date +%s) - start)) $rc >>"$TIMES"
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  printf '%s\t%s\t%d\t%d\t%d\t%s\n' "$lane" "$name" $((start - T0)) $(($(date +%s) - start)) $rc \
+    "$log" >>"$TIMES"
   echo "[ci] $name: exit $rc in $(($(date +%s) - start)) s"
   return $rc
 }
@@ -55,22 +58,32 @@ run_lane() {   # name function: its lines prefixed with the name
   "$2" </dev/null 2>&1 | sed -u "s/^/[$1] /"
 }
 
-summary() {
+finish() {   # the table, then what failed, last, where a reader of CI's tail sees it: pytest's
+             # FAILED/ERROR lines and the test clusters' verdicts, or a stage's last lines when it
+             # printed none. Exit 0 iff every stage passed.
+  local lane name start secs rc log failed=0
   echo "[ci] ---- stages (seconds; start counted from the run's start) ----"
   printf '[ci] %-9s %-52s %6s %6s %5s\n' lane stage start time exit
-  sort -s -t$'\t' -k3,3n "$TIMES" | while IFS=$'\t' read -r lane name start secs rc; do
+  sort -s -t$'\t' -k3,3n "$TIMES" | while IFS=$'\t' read -r lane name start secs rc _; do
     printf '[ci] %-9s %-52s %6d %6d %5d\n' "$lane" "$name" "$start" "$secs" "$rc"
   done
   echo "[ci] whole run: $(($(date +%s) - T0)) s"
+  while IFS=$'\t' read -r lane name start secs rc log; do
+    [ "$rc" = 0 ] && continue
+    failed=1
+    echo "[ci] failed: $name (exit $rc)"
+    { grep -aE '^(FAILED|ERROR) |\[(docker|vm)-slurm\].*FAILED' "$log" || tail -n 8 "$log"; } |
+      head -n 20 | sed 's/^/[ci]   /'
+  done <"$TIMES"
+  [ "$failed" = 0 ] || exit 1
+  echo "[ci] passed"
+  exit 0
 }
 
 # The set-up, before both lanes: the production Slurm build (tests/site), the venvs.
-if ! stage setup "production Slurm build (make site-slurm)" make site-slurm ||
-   ! stage setup "set-up (setup.sh --keras3 --tf-matrix --torch)" \
-       bash scripts/setup.sh --keras3 --tf-matrix --torch; then
-  summary
-  exit 1
-fi
+stage setup "production Slurm build (make site-slurm)" make site-slurm &&
+  stage setup "set-up (setup.sh --keras3 --tf-matrix --torch)" \
+    bash scripts/setup.sh --keras3 --tf-matrix --torch || finish
 if [ "${MALLEABLE_CI_SERIAL:-0}" = 1 ]; then
   run_lane host host_lane
   run_lane isolated isolated_lane
@@ -80,7 +93,4 @@ else
   wait
 fi
 stage alone "run_tests.sh --part torch" bash scripts/run_tests.sh --part torch
-summary
-failed=$(awk -F'\t' '$5 != 0 { print "[ci] failed: " $2 }' "$TIMES")
-[ -z "$failed" ] || { echo "$failed"; exit 1; }
-echo "[ci] passed"
+finish
