@@ -71,6 +71,17 @@ def pytest_runtest_makereport(item, call):
             report.sections.append((f"{name}: the daemons' logs", cluster_log_tails(c)))
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The waits that held after more than half their time (integration.helpers.wait_for)."""
+    from .integration.helpers import SLOW_WAITS
+    if not SLOW_WAITS:
+        return
+    terminalreporter.section("waits that took more than half their time")
+    for w in sorted(SLOW_WAITS, key=lambda w: w.seconds / w.timeout, reverse=True):
+        terminalreporter.write_line(f"{w.seconds:6.1f} s of {w.timeout:5.0f} s  {w.what}  "
+                                    f"({w.test})")
+
+
 @contextmanager
 def running_cluster(prefix: str, *, agents: str | None = None, **spec):
     """A cluster up for the block, then down: no process, cgroup folder or file left."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -16,12 +17,30 @@ from slurm_plugin.cgroups import LayoutUnknown
 from slurm_plugin.slurm import JobState
 
 
+@dataclass(frozen=True)
+class SlowWait:
+    """A wait that held, but after more than half its time: the run's summary lists these, so a
+    wait near its limit shows before it fails on a slower or busier machine."""
+    test: str
+    what: str
+    seconds: float
+    timeout: float
+
+
+SLOW_WAITS: list[SlowWait] = []
+
+
 def wait_for(pred, timeout=30.0, what="condition", show=None):
     """Poll ``pred`` until it returns something true; on timeout, say what and ``show()``."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while time.monotonic() < deadline:
         value = pred()
         if value:
+            took = time.monotonic() - start
+            if took > timeout / 2:
+                test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+                SLOW_WAITS.append(SlowWait(test, what, took, timeout))
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
