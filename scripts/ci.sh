@@ -7,11 +7,13 @@
 #   host      what uses the host's Slurm and its cgroup v1 tree, one thing at a time: the tests
 #             that start local clusters (run_tests.sh --part cluster, tests/site included), then
 #             docker-slurm's containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05),
-#             then the unit tests
+#             then the unit tests and malleable_tf's on TensorFlow 2.15. docker-slurm's images
+#             are built beside the first stage, niced: building them took about 270 s a suite of
+#             the docker stage's 1,420 s in CI (2026-12-07).
 #   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 24.11), then ruff and mypy,
-#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21, the subset on 2.17
-#             and 2.19, malleable_tf's on 2.15 (processes of their own; the cpuset folders they
-#             make are named by pid)
+#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21 (Keras 3), the
+#             subset on 2.17 and 2.19 (processes of their own; the cpuset folders they make are
+#             named by pid)
 # Then, alone: malleable_torch's tests. One measures a process's CPU use against plain PyTorch's
 # at 1 and 2 threads, which needs both cores free (beside docker's stage, plain PyTorch at 2
 # threads got 1.31 cores: 2026-12-07).
@@ -41,15 +43,26 @@ stage() {   # lane name command...: the command, timed; its exit
 
 # Every stage runs even when one before it failed; the exits are read back from $TIMES.
 host_lane() {
+  local ahead=""
+  # docker-slurm's three images are built beside the local-cluster tests, niced (those tests
+  # mostly wait on Slurm), when the disk holds all three at once; else each suite builds its own
+  # in its turn.
+  if [ "$(df -BG --output=avail /var/tmp | tail -1 | tr -dc 0-9)" -ge 25 ]; then
+    stage host "docker-slurm: the three images, built ahead (niced)" \
+      make -C docker-slurm images &
+    ahead=$!
+  fi
   stage host "local clusters: integration, site (TF 2.15)" bash scripts/run_tests.sh --part cluster
+  [ -z "$ahead" ] || wait "$ahead"
   stage host "docker-slurm: Slurm 22.05, 24.11, 26.05" make -C docker-slurm test-all
   stage host "run_tests.sh --part unit" bash scripts/run_tests.sh --part unit
+  stage host "run_tests.sh --part tf215" bash scripts/run_tests.sh --part tf215
 }
 
 isolated_lane() {
   local part
   stage isolated "vm-slurm: Slurm 24.11 on cgroup v2" make -C vm-slurm test
-  for part in lint keras3 tf-matrix tf215; do
+  for part in lint keras3 tf-matrix; do
     stage isolated "run_tests.sh --part $part" bash scripts/run_tests.sh --part "$part"
   done
 }
@@ -68,6 +81,11 @@ finish() {   # the table, then what failed, last, where a reader of CI's tail se
     printf '[ci] %-9s %-52s %6d %6d %5d\n' "$lane" "$name" "$start" "$secs" "$rc"
   done
   echo "[ci] whole run: $(($(date +%s) - T0)) s"
+  # The tests' waits nearest their limits (tests/conftest.py lists those past half), then failures.
+  cut -f6 "$TIMES" | xargs cat 2>/dev/null |
+    awk '/ waits that took more than half their time /{on=1; next} on && /^ *[0-9.]+ s of/{
+           printf "%.2f\t%s\n", $1 / $4, $0; next} {on=0}' |
+    sort -rn | head -n 3 | cut -f2 | sed 's/^ */[ci] nearest wait: /'
   while IFS=$'\t' read -r lane name start secs rc log; do
     [ "$rc" = 0 ] && continue
     failed=1
