@@ -1,8 +1,9 @@
 """The two installables as a site gets them (docs/install.md).
 
 User side: the malleable-tf wheel (packaging/build-wheels.sh) installed into a new environment
-that already has TensorFlow 2.21 (.venv-keras3's, made by scripts/setup.sh --keras3) installs
-itself alone, nothing fetched (--no-index), and TensorFlow is the same afterwards.
+that already has TensorFlow 2.21 (.venv-keras3's, made by scripts/setup.sh --keras3), or 2.15
+(.venv's), installs itself alone, nothing fetched (--no-index), and TensorFlow is the same
+afterwards; the native library built for each release into the one wheel loads beside it.
 Node side: the malleable-slurm Debian package (packaging/deb/build-deb.sh) built against this
 host's libslurm-dev holds the co-scheduler, the SPANK plugin and the units (not the
 simulator), depends on this host's Slurm release, and its command runs from the package's
@@ -15,10 +16,12 @@ import os
 import re
 import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KERAS3_PY = REPO / ".venv-keras3" / "bin" / "python"
+TF215_PY = REPO / ".venv" / "bin" / "python"
 TORCH_PY = REPO / ".venv-torch" / "bin" / "python"
 TF_VERSION = "import tensorflow as tf; print(tf.__version__)"
 TORCH_VERSION = "import torch; print(torch.__version__)"
@@ -29,17 +32,23 @@ def run(argv, **kw) -> subprocess.CompletedProcess:
                           timeout=kw.pop("timeout", 300), **kw)
 
 
-def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path,
-                 build_args: tuple = (), elsewhere: bool = False) -> tuple[Path, str, str]:
-    """The user wheel built, and installed into a new environment that sees a framework's
+def build_wheel(tmp_path: Path, build_args: tuple = ()) -> Path:
+    """The user wheel, built by packaging/build-wheels.sh into ``tmp_path``/dist."""
+    run(["bash", REPO / "packaging" / "build-wheels.sh", *build_args, tmp_path / "dist"],
+        timeout=600)
+    wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
+    return wheel
+
+
+def install_beside(wheel: Path, framework_python: Path, version_code: str, tmp_path: Path,
+                   elsewhere: bool = False) -> tuple[Path, str, str]:
+    """``wheel`` installed into a new environment (in ``tmp_path``) that sees a framework's
     environment's packages (as a user's own environment holds its framework): the wheel must
     install alone and leave the framework as it was. ``elsewhere``: the new environment sees
     them at another path (a folder of links to each), as a user's own install of the same
     release has them. Returns the new environment's python, its site folder and the
     framework's version."""
-    run(["bash", REPO / "packaging" / "build-wheels.sh", *build_args, tmp_path / "dist"],
-        timeout=600)
-    wheel, = (tmp_path / "dist").glob("malleable_tf-*.whl")
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env_dir = tmp_path / "venv"
     run([framework_python, "-m", "venv", env_dir])
     py = env_dir / "bin" / "python"
@@ -64,16 +73,39 @@ def wheel_beside(framework_python: Path, version_code: str, tmp_path: Path,
     return py, own_site, before
 
 
-def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp_path):
+def wheel_beside(framework_python: Path, version_code: str,
+                 tmp_path: Path) -> tuple[Path, str, str]:
+    """The pure wheel built and installed beside a framework (``install_beside``)."""
+    return install_beside(build_wheel(tmp_path), framework_python, version_code, tmp_path)
+
+
+# A job's environment on a node with no compiler and no cache of its own, and what it asks:
+# malleable_tf started, and the native library it loaded.
+NATIVE_LOADED = ("import malleable_tf; s = malleable_tf.init(max_threads=2); "
+                 "print(s.intra_active, *{l.split()[-1] for l in open('/proc/self/maps') "
+                 "if 'libmalleable_tf-' in l})")
+
+
+def job_env(tmp_path: Path) -> dict[str, str]:
+    return {"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
+            "MALLEABLE_CACHE": str(tmp_path / "empty-cache"), "MALLEABLE_TF_LOG": "0"}
+
+
+def test_the_user_wheel_installs_beside_tensorflow_2_21_and_2_15_and_replaces_nothing(tmp_path):
     assert KERAS3_PY.exists(), "the Keras 3 environment is missing: scripts/setup.sh --keras3"
-    # The wheel carries the native library built for TensorFlow 2.21 (in .venv-keras3); the
-    # new environment has that release at another path, as a user's own install would.
-    py, own_site, version = wheel_beside(KERAS3_PY, TF_VERSION, tmp_path,
-                                         ("--prebuilt", KERAS3_PY), elsewhere=True)
+    # One wheel carries the native library built for TensorFlow 2.15 (.venv) and for 2.21
+    # (.venv-keras3); each new environment loads the one for its release. The 2.21 one has
+    # that release at another path, as a user's own install would.
+    wheel = build_wheel(tmp_path, ("--prebuilt", TF215_PY, "--prebuilt", KERAS3_PY))
+    prebuilt = sorted(n.rsplit("/", 1)[1] for n in zipfile.ZipFile(wheel).namelist()
+                      if "/native/prebuilt/" in n)
+    assert [n.split("-")[1] for n in prebuilt] == ["2.15.1", "2.21.0"], prebuilt
+    py, own_site, version = install_beside(wheel, KERAS3_PY, TF_VERSION, tmp_path / "tf221",
+                                           elsewhere=True)
     assert version.startswith("2.21"), version
     includes = [run([p, "-I", "-c", "import tensorflow as tf; print(tf.sysconfig.get_include())"])
                 .stdout.strip() for p in (KERAS3_PY, py)]
-    assert includes[1].startswith(f"{tmp_path}/framework-elsewhere/") and \
+    assert includes[1].startswith(f"{tmp_path}/tf221/framework-elsewhere/") and \
         includes[0] != includes[1], includes
     where = run([py, "-I", "-c", "import malleable_tf, malleable_runtime.srun as s; "
                  "print(malleable_tf.__file__)"]).stdout
@@ -84,22 +116,24 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_replaces_nothing(tmp
                "print(m.distribution('malleable-tf').read_text('top_level.txt'))"]).stdout
     assert sorted(top.split()) == ["malleable_protocol", "malleable_runtime", "malleable_tf",
                                    "malleable_torch", "sbatch_templates"]
-    code = ("import malleable_tf; s = malleable_tf.init(max_threads=2); "
-            "print(s.intra_active, *{l.split()[-1] for l in open('/proc/self/maps') "
-            "if 'libmalleable_tf-' in l})")
-    job_env = {"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
-               "MALLEABLE_CACHE": str(tmp_path / "empty-cache"), "MALLEABLE_TF_LOG": "0"}
-    # A job on a node with no compiler and no cache of its own, right after pip install: the
-    # wheel's copy, built in another environment, loads in this one.
-    out = run([py, "-I", "-c", code], cwd=tmp_path, env=job_env).stdout.split()
-    assert out[0] == "2" and out[1].startswith(f"{own_site}/malleable_tf/native/prebuilt/"), out
+    # A job right after pip install: the wheel's copy, built in another environment, loads in
+    # this one.
+    out = run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=job_env(tmp_path)).stdout.split()
+    prebuilt_dir = f"{own_site}/malleable_tf/native/prebuilt/libmalleable_tf-"
+    assert out[0] == "2" and out[1].startswith(f"{prebuilt_dir}{version}-"), out
     # The native library built once at install, into the environment's site copy (a site's
     # own flags, say): a job then loads that one, still with no compiler and no cache.
     built = run([py, "-I", "-m", "malleable_tf.build"], cwd=tmp_path, timeout=600).stdout
-    site_copy = tmp_path / "venv" / "share" / "malleable" / "native"
+    site_copy = tmp_path / "tf221" / "venv" / "share" / "malleable" / "native"
     assert f"TensorFlow {version} (full): {site_copy}/libmalleable_tf-{version}-" in built, built
-    out = run([py, "-I", "-c", code], cwd=tmp_path, env=job_env).stdout.split()
+    out = run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=job_env(tmp_path)).stdout.split()
     assert out[0] == "2" and out[1].startswith(f"{site_copy}/"), out
+    # The same wheel beside TensorFlow 2.15: its own release's copy loads.
+    py, own_site, version = install_beside(wheel, TF215_PY, TF_VERSION, tmp_path / "tf215")
+    assert version == "2.15.1", version
+    out = run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=job_env(tmp_path)).stdout.split()
+    prebuilt_dir = f"{own_site}/malleable_tf/native/prebuilt/libmalleable_tf-"
+    assert out[0] == "2" and out[1].startswith(f"{prebuilt_dir}2.15.1-"), out
     assert not (tmp_path / "empty-cache").exists()
 
 
