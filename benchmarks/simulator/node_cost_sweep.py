@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     cached = [json.loads(line) for line in
               (RESULTS / f"{args.round3}.cases.jsonl").read_text().splitlines()]
     base = [c for c in cached if c["load"] == LOAD and not c["node_costs"]]
-    cases = [((c["trace"], c["window_start"], c["jobs_window"], c["seed"], 0, LOAD, ()), costs)
-             for c in base]
+    cases = [((c["trace"], c["window_start"], c["jobs_window"], c["seed"], 0, LOAD, (),
+               c.get("missing_limit", "run_time")), costs) for c in base]
     t0 = time.monotonic()
     with ProcessPoolExecutor(args.workers, initializer=os.nice, initargs=(19,)) as pool:
         runs = list(pool.map(one, cases))

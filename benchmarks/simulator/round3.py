@@ -60,7 +60,7 @@ def window_starts(n_records: int, jobs: int, windows: int, trace: str) -> list[i
 
 
 def case_key_of(case: tuple) -> tuple:
-    trace, start, jobs, seed, _window, load, node_costs = case
+    trace, start, jobs, seed, _window, load, node_costs, _missing = case
     return (trace, start, jobs, seed, str(load), tuple(node_costs))
 
 
@@ -71,15 +71,17 @@ def case_key(result: dict) -> tuple:
 
 def case_jobs(case: tuple) -> tuple[list, int, int, float]:
     """One case's jobs as submitted (the window, its seed's malleable jobs, speedups and
-    jitter, brought to its load), the trace's nodes and cores, and the window's natural load."""
-    from malleable_sim import SpeedupModel, closed_batch, read_swf, swf_workload
+    jitter, brought to its load), the trace's nodes and cores, and the window's natural load.
+    Its last field: the limit of a job that requested no time (a MissingLimit value)."""
+    from malleable_sim import MissingLimit, SpeedupModel, closed_batch, read_swf, swf_workload
     from malleable_sim.lublin import offered_load, scale_to_load
-    trace, start, jobs, seed, _window, load, _node_costs = case
+    trace, start, jobs, seed, _window, load, _node_costs, missing = case
     nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
     log = read_swf((PWA / trace).read_bytes())
     log = dataclasses.replace(log, records=log.records[start:start + jobs])
     w = swf_workload(log, nodes=nodes, cores=cores, malleable_fraction=MALLEABLE_FRACTION,
-                     seed=seed, speedup=SpeedupModel.CALIBRATED)
+                     seed=seed, speedup=SpeedupModel.CALIBRATED,
+                     missing_limit=MissingLimit(missing))
     rng = random.Random(f"round3-jitter-{seed}")
     first = min(j.submit_s for j in w.jobs)
     submitted = [dataclasses.replace(j, submit_s=j.submit_s - first + rng.uniform(0, JITTER_S))
@@ -120,10 +122,10 @@ def one_case(case: tuple) -> dict:
     """Every regime on one (trace, window, seed, load): the same jobs, paired; at 0.85 also
     ``nodes`` at each of the case's other node resize costs (``nodes@COSTs``)."""
     from malleable_sim import SimPolicy, efficiency_at_request
-    trace, start, jobs, seed, _window, load, node_costs = case
+    trace, start, jobs, seed, _window, load, node_costs, missing = case
     submitted, nodes, cores, natural = case_jobs(case)
     out = {"trace": trace, "window_start": start, "jobs_window": jobs, "seed": seed,
-           "load": load, "node_costs": list(node_costs),
+           "load": load, "node_costs": list(node_costs), "missing_limit": missing,
            "natural_load": round(natural, 4), "jobs": len(submitted),
            "efficiency_at_request": round(efficiency_at_request(submitted), 4), "regimes": {}}
     runs = [(p.value, p, NODE_RESIZE_S) for p in SimPolicy
@@ -249,6 +251,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="summarise the cases RESULTS/NAME.cases.jsonl holds, simulating nothing")
     ap.add_argument("--atlas-jobs", type=int, default=1000,
                     help="jobs per window of LLNL Atlas (1,152 nodes: the slowest here)")
+    ap.add_argument("--missing-limits", default="run_time", choices=("run_time", "popular"),
+                    help="the time limit of a job whose log records none (NASA's, two thirds "
+                         "of Thunder's, a sixth of Atlas's): its run time, or the popular "
+                         "limit it fits in (malleable_sim.workload.limit_users_would_ask); "
+                         "give each its own --name")
     args = ap.parse_args(argv)
     node_costs = tuple(float(c) for c in args.node_costs.split(",") if c)
     loads = [x if x in ("natural", "closed") else float(x) for x in args.loads.split(",")]
@@ -260,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         for window, start in enumerate(window_starts(n, jobs, args.windows, trace)):
             for seed in range(1, args.seeds + 1):
                 for load in loads:
-                    cases.append((trace, start, jobs, seed, window, load, node_costs))
+                    cases.append((trace, start, jobs, seed, window, load, node_costs,
+                                  args.missing_limits))
     # Each finished case is kept (one JSON line) as it comes: a run cut short goes on where it
     # stopped, and --from-cache summarises what is there.
     cache = RESULTS / f"{args.name}.cases.jsonl"
@@ -288,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         "jobs_per_window": args.jobs, "thunder_jobs_per_window": args.thunder_jobs,
         "atlas_jobs_per_window": args.atlas_jobs,
         "speedup_model": "calibrated", "time_limits": "enforced",
+        "missing_time_limits": args.missing_limits,
         "core_move_s": CORE_MOVE_S, "node_resize_s": NODE_RESIZE_S,
         "regrow_after_s": REGROW_AFTER_S, "malleable_fraction": MALLEABLE_FRACTION,
         "malleable_ask": MALLEABLE_ASK, "arrival_jitter_s": JITTER_S,

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from malleable_sim import Adjustment, DropReason, SWFLog, read_swf, swf_workload
+from malleable_sim.workload import POPULAR_LIMITS_S
 
 PWA = Path(__file__).resolve().parents[2] / "fixtures" / "swf" / "pwa"
 
@@ -146,3 +148,20 @@ def test_a_continued_information_line_is_not_a_key_of_its_own(name):
     assert "http" not in {k.lower() for k, _ in entries}
     info = [v for k, v in entries if k == "Information"]
     assert len(info) == 1 and "http://www.cs.huji.ac.il/labs/parallel/workload/" in info[0], info
+
+
+def test_the_popular_limits_are_the_ones_users_ask_for_in_at_least_two_logs():
+    """POPULAR_LIMITS_S, which jobs without a requested time take theirs from, is what the
+    four logs that record requests say: the values among each log's 20 most requested (over
+    the jobs it simulates) that at least two of them share."""
+    tops = []
+    for t in TRACES:
+        if t.name.startswith("NASA"):       # no requested time anywhere
+            continue
+        w = swf_workload(_log(t.name), nodes=t.cluster[0], cores=t.cluster[1])
+        simulated = {j.job_id for j in w.jobs}
+        asked = Counter(r.requested_time_s for r in _log(t.name).records
+                        if r.requested_time_s > 0 and r.job in simulated)
+        tops.append({v for v, _ in asked.most_common(20)})
+    shared = sorted(v for v in set().union(*tops) if sum(v in top for top in tops) >= 2)
+    assert len(tops) == 4 and tuple(shared) == POPULAR_LIMITS_S

@@ -11,6 +11,7 @@ import pytest
 
 from malleable_sim import (Adjustment, DropReason, SWFError, SWFRecord, parse_swf_text,
                                     read_swf, swf_workload)
+from malleable_sim.workload import MissingLimit, limit_users_would_ask
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "swf"
 PLAIN = FIXTURES / "handmade.swf"
@@ -130,3 +131,14 @@ def test_indented_header_lines_continue_the_entry_above():
         ("Note", "There is no information on wait times - the given submit times are "
                  "actually start times")]
     assert list(log.header.notes) == ["a free note"]
+
+
+def test_a_job_without_a_requested_time_gets_the_popular_limit_its_run_fits_in():
+    assert [limit_users_would_ask(s) for s in (0, 1, 60, 61, 599.5, 1801, 43200)] == \
+        [60.0, 60.0, 60.0, 120.0, 600.0, 3600.0, 43200.0]
+    assert limit_users_would_ask(43201) == limit_users_would_ask(46800) == 46800.0  # whole hours
+    log = read_swf(b"1 0 -1 1801 4 -1 -1 4 -1 -1 1 -1 -1 -1 -1 -1 -1 -1\n")
+    job, = swf_workload(log, nodes=1, cores=4, missing_limit=MissingLimit.POPULAR).jobs
+    assert (job.runtime_s, job.time_limit_s) == (1801.0, 3600.0)
+    job, = swf_workload(log, nodes=1, cores=4).jobs               # the default: the run time
+    assert job.time_limit_s == 1801.0
