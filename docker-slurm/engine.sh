@@ -2,8 +2,7 @@
 # The Docker engine and the base image docker-slurm needs, made offline when they are missing.
 #   engine.sh start STATE      use the running engine, or start Debian's dockerd with its state
 #                              in STATE/engine (installing docker.io first); STATE/engine/started
-#                              records that this script started it; ENGINE_NICE=N starts
-#                              it at niceness N (its builds and containers inherit it)
+#                              records that this script started it
 #   engine.sh stop STATE       stop the dockerd this script started (and nothing else)
 #   engine.sh base SUITE STATE malleable-debian:SUITE: pulled debian:SUITE if a registry answers,
 #                              else debootstrap + docker import (cached: made once)
@@ -24,7 +23,7 @@ case "$cmd" in
     mkdir -p "$state"
     echo "[engine] starting dockerd (state in $state)"
     # cgroupfs: no systemd here to delegate cgroups to.
-    setsid nice -n "${ENGINE_NICE:-0}" dockerd --data-root "$state/data" --exec-root "$state/exec" \
+    setsid dockerd --data-root "$state/data" --exec-root "$state/exec" \
       --pidfile "$state/dockerd.pid" --exec-opt native.cgroupdriver=cgroupfs \
       >"$state/dockerd.log" 2>&1 < /dev/null &
     echo $! > "$state/started"

@@ -7,13 +7,13 @@
 #   host      what uses the host's Slurm and its cgroup v1 tree, one thing at a time: the tests
 #             that start local clusters (run_tests.sh --part cluster, tests/site included), then
 #             docker-slurm's containers (they bind-mount that tree; Slurm 22.05, 24.11 and 26.05),
-#             then the unit tests and malleable_tf's on TensorFlow 2.15. docker-slurm's images
-#             are built beside the first stage, niced: building them took about 270 s a suite of
-#             the docker stage's 1,420 s in CI (2026-12-07).
+#             then the unit tests. (docker-slurm's images built ahead beside the first stage,
+#             niced, gained nothing: beside the VMs bookworm's took 582 s instead of 273, and the
+#             local-cluster stage was slower too: 2026-12-07.)
 #   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 24.11), then ruff and mypy,
-#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21 (Keras 3), the
-#             subset on 2.17 and 2.19 (processes of their own; the cpuset folders they make are
-#             named by pid)
+#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21, the subset on 2.17
+#             and 2.19, malleable_tf's on 2.15 (processes of their own; the cpuset folders they
+#             make are named by pid)
 # Then, alone: malleable_torch's tests. One measures a process's CPU use against plain PyTorch's
 # at 1 and 2 threads, which needs both cores free (beside docker's stage, plain PyTorch at 2
 # threads got 1.31 cores: 2026-12-07).
@@ -43,26 +43,15 @@ stage() {   # lane name command...: the command, timed; its exit
 
 # Every stage runs even when one before it failed; the exits are read back from $TIMES.
 host_lane() {
-  local ahead=""
-  # docker-slurm's three images are built beside the local-cluster tests, niced (those tests
-  # mostly wait on Slurm), when the disk holds all three at once; else each suite builds its own
-  # in its turn.
-  if [ "$(df -BG --output=avail /var/tmp | tail -1 | tr -dc 0-9)" -ge 25 ]; then
-    stage host "docker-slurm: the three images, built ahead (niced)" \
-      make -C docker-slurm images &
-    ahead=$!
-  fi
   stage host "local clusters: integration, site (TF 2.15)" bash scripts/run_tests.sh --part cluster
-  [ -z "$ahead" ] || wait "$ahead"
   stage host "docker-slurm: Slurm 22.05, 24.11, 26.05" make -C docker-slurm test-all
   stage host "run_tests.sh --part unit" bash scripts/run_tests.sh --part unit
-  stage host "run_tests.sh --part tf215" bash scripts/run_tests.sh --part tf215
 }
 
 isolated_lane() {
   local part
   stage isolated "vm-slurm: Slurm 24.11 on cgroup v2" make -C vm-slurm test
-  for part in lint keras3 tf-matrix; do
+  for part in lint keras3 tf-matrix tf215; do
     stage isolated "run_tests.sh --part $part" bash scripts/run_tests.sh --part "$part"
   done
 }
