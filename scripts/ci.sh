@@ -23,6 +23,10 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 T0=$(date +%s)
+cpu_ticks() {   # busy and all CPU ticks of the machine so far (/proc/stat; idle and iowait idle)
+  awk '/^cpu /{ print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9 }' /proc/stat
+}
+CPU0=$(cpu_ticks)
 TIMES=$(mktemp)   # one line a stage: lane, name, start (s after T0), seconds, exit, its log
 LOGS=$(mktemp -d)  # each stage's output, to name what failed at the end (CI shows the tail)
 trap 'rm -rf "$TIMES" "$LOGS"' EXIT
@@ -69,7 +73,8 @@ finish() {   # the table, then what failed, last, where a reader of CI's tail se
   sort -s -t$'\t' -k3,3n "$TIMES" | while IFS=$'\t' read -r lane name start secs rc _; do
     printf '[ci] %-9s %-52s %6d %6d %5d\n' "$lane" "$name" "$start" "$secs" "$rc"
   done
-  echo "[ci] whole run: $(($(date +%s) - T0)) s"
+  echo "[ci] whole run: $(($(date +%s) - T0)) s; the machine's $(nproc) CPUs busy" \
+    "$(echo "$CPU0 $(cpu_ticks)" | awk '{ printf "%.0f", 100 * ($3 - $1) / ($4 - $2) }')% of it"
   # The tests' waits nearest their limits (tests/conftest.py lists those past half), then failures.
   cut -f6 "$TIMES" | xargs cat 2>/dev/null |
     awk '/ waits that took more than half their time /{on=1; next} on && /^ *[0-9.]+ s of/{

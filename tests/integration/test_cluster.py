@@ -69,11 +69,15 @@ def test_comment_signal_and_unknown_job(cluster, tmp_path):
     client = cluster.client()
     script = tmp_path / "trap.sh"
     marker = tmp_path / "got-usr1"
-    script.write_text(f"#!/bin/bash\ntrap 'touch {marker}' USR1\n"
+    trapped = tmp_path / "trap-set"
+    script.write_text(f"#!/bin/bash\ntrap 'touch {marker}' USR1\ntouch {trapped}\n"
                       "for i in $(seq 600); do sleep 0.1; done\n")
     job_id = client.submit(script, ["-N1", "-n1", f"--output={tmp_path}/out"])
     try:
         wait_for(lambda: client.job(job_id).state is JobState.RUNNING, what="running")
+        # RUNNING is Slurm's word from the allocation on; a signal before the script's trap is
+        # set ends the shell instead.
+        wait_for(trapped.exists, what="the batch script's trap")
         client.set_comment(job_id, "malleable:cpus=2")
         client.set_comment(job_id, "malleable:min=1,max=2", admin=True)
         job = client.job(job_id)
