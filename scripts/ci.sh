@@ -77,8 +77,8 @@ finish() {   # the table, then what failed, last, where a reader of CI's tail se
     "$(echo "$CPU0 $(cpu_ticks)" | awk '{ printf "%.0f", 100 * ($3 - $1) / ($4 - $2) }')% of it"
   # The tests' waits nearest their limits (tests/conftest.py lists those past half), then failures.
   cut -f6 "$TIMES" | xargs cat 2>/dev/null |
-    awk '/ waits that took more than half their time /{on=1; next} on && /^ *[0-9.]+ s of/{
-           printf "%.2f\t%s\n", $1 / $4, $0; next} {on=0}' |
+    awk '/ waits that took more than half their time /{on=1; next} on && /^ *$/{next}
+         on && /^ *[0-9.]+ s of/{ printf "%.2f\t%s\n", $1 / $4, $0; next} {on=0}' |
     sort -rn | head -n 3 | cut -f2 | sed 's/^ */[ci] nearest wait: /'
   while IFS=$'\t' read -r lane name start secs rc log; do
     [ "$rc" = 0 ] && continue
