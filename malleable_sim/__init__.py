@@ -21,8 +21,9 @@ _HOMES = {
     "lublin": ["LublinModel", "generate_lublin", "offered_load", "scale_to_load"],
     "swf": ["SWFError", "SWFHeader", "SWFLog", "SWFRecord", "parse_swf_text", "read_swf"],
     "workload": ["Adjustment", "Amdahl", "Downey", "DropReason", "Measured", "MissingLimit",
-                 "SimJob", "SpeedupModel", "Workload", "WorkloadModel", "ask_share", "closed_batch",
-                 "efficiency_at_request", "fluid_lower_bound", "generate", "swf_workload"],
+                 "SimJob", "SpeedupModel", "Workload", "WorkloadModel", "ask_share",
+                 "closed_batch", "efficiency_at_request", "fluid_lower_bound", "generate",
+                 "swf_workload"],
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_HOME_OF)

@@ -324,8 +324,9 @@ def swf_workload(log: SWFLog, *, nodes: int, cores: int, malleable_fraction: flo
     the log says, asking for the requested processors (field 8; the allocated ones, field 5,
     where it is unknown), running for the log's run time, with the requested time (field 9) as
     the time limit backfill plans with (where none was requested, ``missing_limit`` says which;
-    the run time where the job ran past its request). A speedup curve (``speedup``: ``draw_speedup``) and, for ``malleable_fraction``
-    of the jobs, malleability are drawn as in ``generate``."""
+    the run time where the job ran past its request). A speedup curve (``speedup``:
+    ``draw_speedup``) and, for ``malleable_fraction`` of the jobs, malleability are drawn as in
+    ``generate``."""
     rng = random.Random(seed)
     dropped = {r.value: 0 for r in DropReason}
     adjusted = {a.value: 0 for a in Adjustment}

@@ -17,26 +17,28 @@ import pytest
 from ..integration.helpers import wait_for
 from .test_docker_slurm import job_cpus, job_state, node_cpus, submit
 
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?this watcher (?:is now|starts) "
-                   r"(active|standby)", re.M)
+STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+ROLE = re.compile(r"this watcher (?:is now|starts) (active|standby)")
+PUBLISHED = re.compile(r"watcher: published ()")
+
+
+def stamped(log: Path, what: re.Pattern, since: float = 0.0) -> list[tuple[float, str]]:
+    """(time, what's group) of each line of a watcher's log that ``what`` finds, from ``since``
+    on (the logs are appended to across `make up`s)."""
+    text = log.read_text() if log.exists() else ""
+    return [(at, m[1]) for line in text.splitlines() if (m := what.search(line))
+            and (t := STAMP.match(line))
+            and (at := datetime.strptime(t[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()) >= since]
 
 
 def roles(log: Path, since: float = 0.0) -> list[tuple[float, str]]:
-    """(time, role) of each role line of a watcher's log from ``since`` on (the logs are
-    appended to across `make up`s)."""
-    text = log.read_text() if log.exists() else ""
-    return [(at, role) for t, role in STAMP.findall(text)
-            if (at := datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp()) >= since]
-
-
-PUBLISHED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?watcher: published ", re.M)
+    """(time, role) of each role line of a watcher's log."""
+    return stamped(log, ROLE, since)
 
 
 def publishes(log: Path, since: float = 0.0) -> list[float]:
     """When a watcher wrote the feed (its "published" lines, logged as each write ends)."""
-    text = log.read_text() if log.exists() else ""
-    return [at for t in PUBLISHED.findall(text)
-            if (at := datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp()) >= since]
+    return [at for at, _ in stamped(log, PUBLISHED, since)]
 
 
 def active_spans(lines: list[tuple[float, str]], end: float) -> list[tuple[float, float]]:

@@ -86,9 +86,11 @@ NATIVE_LOADED = ("import malleable_tf; s = malleable_tf.init(max_threads=2); "
                  "if 'libmalleable_tf-' in l})")
 
 
-def job_env(tmp_path: Path) -> dict[str, str]:
-    return {"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
-            "MALLEABLE_CACHE": str(tmp_path / "empty-cache"), "MALLEABLE_TF_LOG": "0"}
+def native_loaded(py: Path, tmp_path: Path) -> list[str]:
+    """NATIVE_LOADED run by ``py`` as a job on such a node: [active threads, library path]."""
+    env = {"PATH": "/nonexistent", "HOME": str(tmp_path / "home"),
+           "MALLEABLE_CACHE": str(tmp_path / "empty-cache"), "MALLEABLE_TF_LOG": "0"}
+    return run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=env).stdout.split()
 
 
 def test_the_user_wheel_installs_beside_tensorflow_2_21_and_2_15_and_replaces_nothing(tmp_path):
@@ -118,7 +120,7 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_2_15_and_replaces_no
                                    "malleable_torch", "sbatch_templates"]
     # A job right after pip install: the wheel's copy, built in another environment, loads in
     # this one.
-    out = run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=job_env(tmp_path)).stdout.split()
+    out = native_loaded(py, tmp_path)
     prebuilt_dir = f"{own_site}/malleable_tf/native/prebuilt/libmalleable_tf-"
     assert out[0] == "2" and out[1].startswith(f"{prebuilt_dir}{version}-"), out
     # The native library built once at install, into the environment's site copy (a site's
@@ -126,12 +128,12 @@ def test_the_user_wheel_installs_beside_tensorflow_2_21_and_2_15_and_replaces_no
     built = run([py, "-I", "-m", "malleable_tf.build"], cwd=tmp_path, timeout=600).stdout
     site_copy = tmp_path / "tf221" / "venv" / "share" / "malleable" / "native"
     assert f"TensorFlow {version} (full): {site_copy}/libmalleable_tf-{version}-" in built, built
-    out = run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=job_env(tmp_path)).stdout.split()
+    out = native_loaded(py, tmp_path)
     assert out[0] == "2" and out[1].startswith(f"{site_copy}/"), out
     # The same wheel beside TensorFlow 2.15: its own release's copy loads.
     py, own_site, version = install_beside(wheel, TF215_PY, TF_VERSION, tmp_path / "tf215")
     assert version == "2.15.1", version
-    out = run([py, "-I", "-c", NATIVE_LOADED], cwd=tmp_path, env=job_env(tmp_path)).stdout.split()
+    out = native_loaded(py, tmp_path)
     prebuilt_dir = f"{own_site}/malleable_tf/native/prebuilt/libmalleable_tf-"
     assert out[0] == "2" and out[1].startswith(f"{prebuilt_dir}2.15.1-"), out
     assert not (tmp_path / "empty-cache").exists()
