@@ -10,10 +10,14 @@
 #             then the unit tests. (docker-slurm's images built ahead beside the first stage,
 #             niced, gained nothing: beside the VMs bookworm's took 582 s instead of 273, and the
 #             local-cluster stage was slower too: 2026-12-07.)
-#   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 24.11), then ruff and mypy,
-#             then the tests without Slurm: malleable_tf's on TensorFlow 2.21, the subset on 2.17
-#             and 2.19, malleable_tf's on 2.15 (processes of their own; the cpuset folders they
-#             make are named by pid)
+#   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 26.05 with its job folders
+#             named by SLUID, its default), then ruff and mypy, then the tests without Slurm:
+#             malleable_tf's on TensorFlow 2.21, the subset on 2.17 and 2.19, malleable_tf's on
+#             2.15 (processes of their own; the cpuset folders they make are named by pid)
+# One VM cluster fits in CI's hour, not two (2026-12-07, almost alone: 26.05's 1,243 s, as much
+# as 24.11's). 26.05 is the one whose v2 path nothing else runs live: 24.11's job_<J> folders on
+# v2 are 26.05's with CgroupJobIdPaths=yes, and docker-slurm runs 24.11 (on v1); SLUID folders
+# exist only on v2. 24.11 on v2: `make test-v2`.
 # Then, alone: malleable_torch's tests. One measures a process's CPU use against plain PyTorch's
 # at 1 and 2 threads, which needs both cores free (beside docker's stage, plain PyTorch at 2
 # threads got 1.31 cores: 2026-12-07).
@@ -54,7 +58,8 @@ host_lane() {
 
 isolated_lane() {
   local part
-  stage isolated "vm-slurm: Slurm 24.11 on cgroup v2" make -C vm-slurm test
+  stage isolated "vm-slurm: Slurm 26.05 on cgroup v2 (SLUID)" \
+    make -C vm-slurm test SUITE=sid JOB_ID_PATHS=no
   for part in lint keras3 tf-matrix tf215; do
     stage isolated "run_tests.sh --part $part" bash scripts/run_tests.sh --part "$part"
   done
