@@ -6,10 +6,10 @@ cells are read from the cache, not simulated again.
     python -m benchmarks.simulator.node_cost_sweep [--costs 0,10,300] [--workers 2]
         [--round3 simulate_round3] [--name simulate_node_costs]
 
-Reads benchmarks/results/ROUND3.cases.jsonl (run ``round3`` first); writes NAME.json (per trace
-and cost: bounded slowdown, response and wide rigid jobs' bounded slowdown over static, paired
-geometric means with bootstrap 95% intervals, and the share of jobs killed at their limits) and
-NAME.png.
+Reads the cases in benchmarks/results/ROUND3.json (run ``round3`` first; its ``--missing-limits``
+rule carries over); writes NAME.json (per trace and cost: bounded slowdown, response and wide
+rigid jobs' bounded slowdown over static, paired geometric means with bootstrap 95% intervals,
+and the share of jobs killed at their limits) and NAME.png.
 """
 from __future__ import annotations
 
@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="simulate_node_costs")
     args = ap.parse_args(argv)
     costs = [float(c) for c in args.costs.split(",")]
-    cached = [json.loads(line) for line in
-              (RESULTS / f"{args.round3}.cases.jsonl").read_text().splitlines()]
+    cached = json.loads((RESULTS / f"{args.round3}.json").read_text())["cases"]
     base = [c for c in cached if c["load"] == LOAD and not c["node_costs"]]
     cases = [((c["trace"], c["window_start"], c["jobs_window"], c["seed"], 0, LOAD, (),
                c.get("missing_limit", "run_time")), costs) for c in base]

@@ -7,13 +7,16 @@ its baseline's, with a bootstrap 95% interval (the pairs resampled).
     python -m benchmarks.simulator.round3 [--seeds 10] [--windows 5] [--jobs 1000]
         [--thunder-jobs 1000] [--atlas-jobs 1000] [--workers 2] [--name simulate_round3]
         [--node-costs 0,10,300] [--loads natural,0.85,closed] [--from-cache]
+        [--missing-limits popular|run_time] [--reuse EARLIER.json]
 
 A window is ``--jobs`` consecutive jobs of the trace from a random start (windows differ by
 trace, not by seed); a seed draws which jobs are malleable, their speedup curves and a small
 jitter of each arrival (uniform 0-60 s). ``--thunder-jobs`` and ``--atlas-jobs`` set those
 traces' window lengths apart (their 1,002 and 1,152 nodes make conservative backfill's search
 slow here). Every finished case is appended to NAME.cases.jsonl, so an interrupted run goes on
-where it stopped; ``--from-cache`` summarises what is there.
+where it stopped; ``--from-cache`` summarises what is there. ``--reuse`` takes the cases of an
+earlier run under the other ``--missing-limits`` rule where the rule changes nothing: windows in
+which every job records its requested time.
 
 The costs and bounds, stated: a core move costs ``CORE_MOVE_S`` (malleable-sim's measured
 default: the slowest framework's threads following a cgroup change, rounded up), a node given or taken
@@ -38,6 +41,7 @@ import os
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 from benchmarks.common import PWA, RESULTS, ROUND3_TRACES, geomean_interval, machine, save
 from malleable_sim.cli import CORE_MOVE_S
@@ -67,6 +71,33 @@ def case_key_of(case: tuple) -> tuple:
 def case_key(result: dict) -> tuple:
     return (result["trace"], result["window_start"], result["jobs_window"], result["seed"],
             str(result["load"]), tuple(result["node_costs"]))
+
+
+def limits_all_requested(trace: str, start: int, jobs: int) -> bool:
+    """Whether every job of a window records its requested time, so that no
+    ``--missing-limits`` rule changes any of its cases."""
+    from malleable_sim import Adjustment, read_swf, swf_workload
+    nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
+    log = read_swf((PWA / trace).read_bytes())
+    window = dataclasses.replace(log, records=log.records[start:start + jobs])
+    adjusted = swf_workload(window, nodes=nodes, cores=cores).adjusted
+    return adjusted[Adjustment.TIME_LIMIT_FROM_RUNTIME.value] == 0
+
+
+def reusable(earlier: list[dict], missing: str) -> list[dict]:
+    """An earlier run's cases that are this run's too: the same case under the same rule, or
+    under another rule in a window where every job records its requested time."""
+    untouched: dict[tuple, bool] = {}
+    out = []
+    for c in earlier:
+        if c.get("missing_limit", "run_time") != missing:
+            window = (c["trace"], c["window_start"], c["jobs_window"])
+            if window not in untouched:
+                untouched[window] = limits_all_requested(*window)
+            if not untouched[window]:
+                continue
+        out.append({**c, "missing_limit": missing})
+    return out
 
 
 def case_jobs(case: tuple) -> tuple[list, int, int, float]:
@@ -251,11 +282,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="summarise the cases RESULTS/NAME.cases.jsonl holds, simulating nothing")
     ap.add_argument("--atlas-jobs", type=int, default=1000,
                     help="jobs per window of LLNL Atlas (1,152 nodes: the slowest here)")
-    ap.add_argument("--missing-limits", default="run_time", choices=("run_time", "popular"),
+    ap.add_argument("--missing-limits", default="popular", choices=("popular", "run_time"),
                     help="the time limit of a job whose log records none (NASA's, two thirds "
-                         "of Thunder's, a sixth of Atlas's): its run time, or the popular "
-                         "limit it fits in (malleable_sim.workload.limit_users_would_ask); "
-                         "give each its own --name")
+                         "of Thunder's, a sixth of Atlas's): the popular limit it fits in "
+                         "(malleable_sim.workload.limit_users_would_ask), or its run time "
+                         "exactly (round 3's first run); give each its own --name")
+    ap.add_argument("--reuse", action="append", default=[], metavar="EARLIER.json",
+                    help="take an earlier run's cases where they are this run's (the same "
+                         "case, under this rule or in a window the rule does not touch)")
     args = ap.parse_args(argv)
     node_costs = tuple(float(c) for c in args.node_costs.split(",") if c)
     loads = [x if x in ("natural", "closed") else float(x) for x in args.loads.split(",")]
@@ -275,11 +309,21 @@ def main(argv: list[str] | None = None) -> None:
     done = [json.loads(line) for line in cache.read_text().splitlines()] \
         if cache.exists() else []
     have = {case_key(c) for c in done}
+    wanted = {case_key_of(c) for c in cases}
+    reused = []
+    for path in args.reuse:
+        for c in reusable(json.loads(Path(path).read_text())["cases"], args.missing_limits):
+            if case_key(c) in wanted and case_key(c) not in have:
+                have.add(case_key(c))
+                reused.append(c)
+    with cache.open("a") as out:
+        out.writelines(json.dumps(c) + "\n" for c in reused)
+    done += reused
     todo = [c for c in cases if case_key_of(c) not in have]
     if args.from_cache:
         todo = []
     t0 = time.monotonic()
-    print(f"{len(done)} cases cached, {len(todo)} to run", flush=True)
+    print(f"{len(done)} cases cached or reused, {len(todo)} to run", flush=True)
     # The workers run at the lowest priority, beside anything else on a shared machine.
     with ProcessPoolExecutor(args.workers, initializer=os.nice, initargs=(19,)) as pool, \
             cache.open("a") as out:
