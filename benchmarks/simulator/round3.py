@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -73,13 +74,25 @@ def case_key(result: dict) -> tuple:
             str(result["load"]), tuple(result["node_costs"]))
 
 
+@functools.lru_cache(maxsize=None)
+def trace_log(trace: str):
+    """A trace's log, read once per process (every case of a trace is a window of it)."""
+    from malleable_sim import read_swf
+    return read_swf((PWA / trace).read_bytes())
+
+
+def trace_window(trace: str, start: int, jobs: int) -> tuple:
+    """The log's ``jobs`` records from ``start``, and the trace's nodes and cores."""
+    nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
+    log = trace_log(trace)
+    return dataclasses.replace(log, records=log.records[start:start + jobs]), nodes, cores
+
+
 def limits_all_requested(trace: str, start: int, jobs: int) -> bool:
     """Whether every job of a window records its requested time, so that no
     ``--missing-limits`` rule changes any of its cases."""
-    from malleable_sim import Adjustment, read_swf, swf_workload
-    nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
-    log = read_swf((PWA / trace).read_bytes())
-    window = dataclasses.replace(log, records=log.records[start:start + jobs])
+    from malleable_sim import Adjustment, swf_workload
+    window, nodes, cores = trace_window(trace, start, jobs)
     adjusted = swf_workload(window, nodes=nodes, cores=cores).adjusted
     return adjusted[Adjustment.TIME_LIMIT_FROM_RUNTIME.value] == 0
 
@@ -104,12 +117,10 @@ def case_jobs(case: tuple) -> tuple[list, int, int, float]:
     """One case's jobs as submitted (the window, its seed's malleable jobs, speedups and
     jitter, brought to its load), the trace's nodes and cores, and the window's natural load.
     Its last field: the limit of a job that requested no time (a MissingLimit value)."""
-    from malleable_sim import MissingLimit, SpeedupModel, closed_batch, read_swf, swf_workload
+    from malleable_sim import MissingLimit, SpeedupModel, closed_batch, swf_workload
     from malleable_sim.lublin import offered_load, scale_to_load
     trace, start, jobs, seed, _window, load, _node_costs, missing = case
-    nodes, cores = next((n, c) for t, n, c in ROUND3_TRACES if t == trace)
-    log = read_swf((PWA / trace).read_bytes())
-    log = dataclasses.replace(log, records=log.records[start:start + jobs])
+    log, nodes, cores = trace_window(trace, start, jobs)
     w = swf_workload(log, nodes=nodes, cores=cores, malleable_fraction=MALLEABLE_FRACTION,
                      seed=seed, speedup=SpeedupModel.CALIBRATED,
                      missing_limit=MissingLimit(missing))
@@ -265,7 +276,6 @@ def plot(table: dict, png) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from malleable_sim import read_swf
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--windows", type=int, default=5)
@@ -297,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     for trace in args.traces.split(","):
         jobs = args.thunder_jobs if "Thunder" in trace else \
             args.atlas_jobs if "Atlas" in trace else args.jobs
-        n = len(read_swf((PWA / trace).read_bytes()).records)
+        n = len(trace_log(trace).records)
         for window, start in enumerate(window_starts(n, jobs, args.windows, trace)):
             for seed in range(1, args.seeds + 1):
                 for load in loads:
