@@ -19,21 +19,21 @@ from .test_docker_slurm import job_cpus, job_state, node_cpus, submit
 
 STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 ROLE = re.compile(r"this watcher (?:is now|starts) (active|standby)")
-PUBLISHED = re.compile(r"watcher: published ()")
+PUBLISHED = re.compile(r"watcher: published ")
 
 
-def stamped(log: Path, what: re.Pattern, since: float = 0.0) -> list[tuple[float, str]]:
-    """(time, what's group) of each line of a watcher's log that ``what`` finds, from ``since``
-    on (the logs are appended to across `make up`s)."""
+def stamped(log: Path, what: re.Pattern, since: float = 0.0) -> list[tuple[float, re.Match]]:
+    """(time, what ``what`` found) for each line of a watcher's log it finds something in, from
+    ``since`` on (the logs are appended to across `make up`s)."""
     text = log.read_text() if log.exists() else ""
-    return [(at, m[1]) for line in text.splitlines() if (m := what.search(line))
+    return [(at, m) for line in text.splitlines() if (m := what.search(line))
             and (t := STAMP.match(line))
             and (at := datetime.strptime(t[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()) >= since]
 
 
 def roles(log: Path, since: float = 0.0) -> list[tuple[float, str]]:
     """(time, role) of each role line of a watcher's log."""
-    return stamped(log, ROLE, since)
+    return [(at, m[1]) for at, m in stamped(log, ROLE, since)]
 
 
 def publishes(log: Path, since: float = 0.0) -> list[float]:
