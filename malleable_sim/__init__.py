@@ -15,7 +15,7 @@ from typing import Any
 
 _HOMES = {
     "config": ["BF_WINDOW_S", "Backfill", "NodeBounds", "Placement", "QueueOrder", "ResizeCosts",
-               "SimPolicy", "TimeLimits"],
+               "SimPolicy", "SlurmPass", "TimeLimits"],
     "engine": ["Simulation", "simulate"],
     "results": ["JobResult", "SimResult"],
     "lublin": ["LublinModel", "generate_lublin", "offered_load", "scale_to_load"],

@@ -158,6 +158,27 @@ class Backfill(enum.Enum):
     EASY = "easy"
 
 
+@dataclass(frozen=True)
+class SlurmPass:
+    """Slurm 22.05's backfill pass itself in place of the conservative stand-in, for the replays
+    of small clusters it is checked against (``engine._slurm_conservative``; its loops over the
+    reservations are too slow for traces of thousands of nodes). What it has that the stand-in
+    lacks, from Slurm's source (tag slurm-22-05-8-1):
+    - select/cons_tres's _will_run_test (cons_common/job_test.c) frees the running jobs in end
+      order in groups: the first ends at slurmctld's next 30 s barrier after the first end plus
+      30 s, the window doubling for each later group, and a job that fits after a group is
+      expected to start at the end of the group's LAST job, not at the first moment it fits;
+    - a job wider than a node goes on consecutive nodes in node order (cons_tres's
+      _eval_nodes, ``slurm_standin.eval_nodes``);
+    - times in slurmctld's whole seconds; a running job ends at its whole-second start plus
+      its limit.
+    Rigid jobs only (policy static). ``clock_s``: slurmctld's clock at simulated time 0,
+    modulo 30 s (where its whole seconds and its barriers fall; a replay's log tells it, a
+    prediction does not)."""
+
+    clock_s: float = 0.0
+
+
 class Placement(enum.Enum):
     """Where a job that fits a node goes when no single node holds it now.
 

@@ -54,10 +54,11 @@ from malleable_policy.decide import decide
 from malleable_policy.model import JobView, NodeSnapshot, RankView
 
 from .config import (BF_WINDOW_S, Backfill, NodeBounds, Placement, QueueOrder, ResizeCosts,
-                     SimPolicy, TimeLimits)
+                     SimPolicy, SlurmPass, TimeLimits)
 from .metrics import bounded_slowdown, percentile
 from .results import JobResult, SimResult
-from .slurm_standin import BackfillProfile, JobQueue, Reservation, peer_cap, select_nodes
+from .slurm_standin import (BackfillProfile, JobQueue, Reservation, eval_nodes, peer_cap,
+                            select_nodes)
 from .workload import SimJob, fluid_lower_bound
 
 
@@ -127,6 +128,7 @@ class Simulation:
                  backfill_window_s: float = BF_WINDOW_S,
                  resize_costs: ResizeCosts = ResizeCosts(),
                  time_limits: TimeLimits = TimeLimits.IGNORED,
+                 slurm_pass: SlurmPass | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         for j in jobs:
             if not 1 <= j.cores <= nodes * cores:
@@ -149,6 +151,12 @@ class Simulation:
         self.placement = placement
         self.resize_costs = resize_costs
         self.time_limits = time_limits
+        # Slurm 22.05's own pass instead of the stand-in's conservative one (config.SlurmPass).
+        if slurm_pass is not None and (backfill is not Backfill.CONSERVATIVE
+                                       or policy is not SimPolicy.STATIC):
+            raise ValueError("slurm_pass models Slurm's conservative backfill of rigid jobs: "
+                             "backfill conservative, policy static")
+        self.slurm_pass = slurm_pass
         self.paused_core_s = 0.0        # cores held while resizes paused their jobs
         self._backfill_due = False     # a backfill pass is queued
         self._news = True              # a job arrived or ended since the last backfill pass
@@ -265,6 +273,7 @@ class Simulation:
             window = [self._queue.pop()
                       for _ in range(min(self.backfill_depth, len(self._queue)))]
             waiting = self._easy(window, now) if self.backfill is Backfill.EASY else \
+                self._slurm_conservative(window, now) if self.slurm_pass else \
                 self._conservative(window, now)
             for job in waiting:
                 self._queue.push(job)
@@ -333,6 +342,144 @@ class Simulation:
                 waiting.append(job)
         return waiting
 
+    # --- Slurm 22.05's backfill pass, literally (config.SlurmPass; small clusters only) -------
+
+    def _sec(self, t: float) -> float:
+        """The whole second of slurmctld's clock at simulated time t (time(NULL)), in
+        simulated time."""
+        clock_s = self.slurm_pass.clock_s if self.slurm_pass else 0.0
+        return math.floor(t + clock_s + 1e-9) - clock_s
+
+    def _slurm_end(self, r: _Running) -> float:
+        """Slurm's end_time of a running job: its whole-second start + its limit."""
+        return self._sec(self._starts[r.job.job_id]) + r.job.expected_s
+
+    def _slurm_will_run(self, job: SimJob, avail: set[int], now: float
+                        ) -> tuple[float, dict[int, int]] | None:
+        """select/cons_tres's _will_run_test (cons_common/job_test.c, 22.05): the job now on
+        the nodes' free cores; else the running jobs (with a node in ``avail``) are removed in
+        order of their end time, in groups: the first group ends at the 30 s barrier after the
+        first end (end + 30 - end % 30, on slurmctld's clock) + 30 s, the window then doubling
+        until the next end is within it; the job is tested after each group and its start is
+        the end of the LAST job removed (a job already past its end: that end + KillWait, at
+        least now + 1)."""
+        free = [f if n in avail else 0 for n, f in enumerate(self._free)]
+        placement = eval_nodes(free, job.cores)
+        if placement is not None:
+            return self._sec(now), placement
+        ends = sorted((self._slurm_end(r), r.job.job_id)
+                      for r in self._running.values())
+        running = [self._running[j] for _, j in ends]
+        clock_s = self.slurm_pass.clock_s if self.slurm_pass else 0.0
+        barrier: float | None = None
+        window, i = 30.0, 0
+        while i < len(running):
+            last = None
+            nxt = None
+            while i < len(running):
+                r = running[i]
+                i += 1
+                if not avail.intersection(r.nodes):
+                    continue
+                end = self._slurm_end(r)
+                if barrier is None:
+                    e = round(end + clock_s)
+                    barrier = end + (30 - e % 30)
+                last = r
+                for node, alloc in zip(r.nodes, r.allocation):
+                    if node in avail:
+                        free[node] += len(alloc)
+                nxt = running[i] if i < len(running) else None
+                if nxt is None or self._slurm_end(nxt) > barrier + window:
+                    break
+            if last is None or barrier is None:
+                break
+            while nxt is not None and self._slurm_end(nxt) > barrier + window:
+                window *= 2
+            placement = eval_nodes(free, job.cores)
+            if placement is not None:
+                end = self._slurm_end(last)
+                if end <= self._sec(now):
+                    end = max(end + 5.0, self._sec(now) + 1)     # _guess_job_end, KillWait=5
+                return end, placement
+        return None
+
+    def _slurm_conservative(self, window: list[SimJob], now: float) -> list[SimJob]:
+        """sched/backfill's _attempt_backfill (22.05) over the window, in queue order, with
+        its node space map: reservations (start, end, nodes) of whole nodes; a job is tested at
+        start_res (now, then the later times the map gives: TRY_LATER) on the nodes no
+        reservation holds within [start_res, start_res + limit]; its start is _will_run's,
+        not before start_res; it starts if that is now, else it is reserved there unless it
+        is beyond bf_window or its nodes overlap a reservation then (tried again from its
+        start). Returns the jobs still waiting."""
+        nodes = set(range(self.nodes))
+        resv: list[tuple[float, float, frozenset[int]]] = []
+        t_now = self._sec(now)
+        horizon = t_now + self.backfill_window_s
+        waiting = []
+
+        def reserved(a: float, b: float) -> set[int]:
+            """Nodes reserved in a map record overlapping [a, b] (end > a, begin <= b)."""
+            out: set[int] = set()
+            for s, e, ns in resv:
+                if e > a and s <= b:
+                    out |= ns
+            return out
+
+        for job in window:
+            limit = job.expected_s
+            start_res = t_now
+            for _ in range(1000):
+                end_win = start_res + limit
+                avail = nodes - reserved(start_res, end_win)
+                # later_start (the loop over the node space map's records): the end of the first
+                # record from start_res whose next record frees a node reserved in the records
+                # seen so far (those from start_res to the window's end, and one past it)
+                bounds = sorted({t_now, horizon} | {x for a, b, _ in resv for x in (a, b)
+                                                    if t_now < x < horizon})
+                later = 0.0
+                seen: set[int] = set()
+                for k in range(len(bounds) - 1):
+                    b0, b1 = bounds[k], bounds[k + 1]
+                    if b1 <= start_res:
+                        continue
+                    here = {n for a, b, ns in resv if a <= b0 < b for n in ns}
+                    if k + 2 < len(bounds) and not later:
+                        nxt_free = nodes - {n for a, b, ns in resv if a <= b1 < b for n in ns}
+                        if nxt_free - (nodes - seen - here):
+                            later = b1
+                    if b0 > end_win:
+                        break
+                    seen |= here
+                found = self._slurm_will_run(job, avail, now) if avail else None
+                if found is None:
+                    if later:
+                        start_res = later
+                        continue
+                    waiting.append(job)
+                    break
+                start, placement = found
+                start = max(start, start_res)
+                if start <= t_now:
+                    self._start(job, placement, now)
+                    break
+                if later and start > later:
+                    start_res = later
+                    continue
+                if start > horizon:
+                    waiting.append(job)
+                    break
+                over = {n for s, e, ns in resv if e > start and s < start + limit for n in ns}
+                if over & set(placement):
+                    start_res = start
+                    continue
+                resv.append((start, start + limit, frozenset(placement)))
+                waiting.append(job)
+                break
+            else:
+                waiting.append(job)
+        return waiting
+
     def _best_fit_clear(self, need: int, length: float, profile: BackfillProfile,
                         now: float) -> int | None:
         """The best-fit node that holds ``need`` cores now and that no reservation of this
@@ -364,6 +511,8 @@ class Simulation:
         """Where Slurm starts the job now: cores per node, or None. A job that fits a node
         gets one (best fit), else (``Placement.SLURM_TASKS`` only) nodes as a wider one does;
         a wider one, nodes by ``select_nodes``."""
+        if self.slurm_pass and reservation is None:
+            return eval_nodes(self._free, job.cores)     # cons_tres's _eval_nodes
         if job.cores <= self.cores:
             node = self._best_fit(job.cores, reservation, expected_end)
             if node is not None:
@@ -768,11 +917,12 @@ def simulate(jobs: Sequence[SimJob], *, nodes: int, cores: int, policy: SimPolic
              batch_sched_delay_s: float = 3.0,
              backfill_window_s: float = BF_WINDOW_S,
              resize_costs: ResizeCosts = ResizeCosts(),
-             time_limits: TimeLimits = TimeLimits.IGNORED) -> SimResult:
+             time_limits: TimeLimits = TimeLimits.IGNORED,
+             slurm_pass: SlurmPass | None = None) -> SimResult:
     return Simulation(jobs, nodes=nodes, cores=cores, policy=policy, backfill=backfill,
                       backfill_depth=backfill_depth, backfill_interval_s=backfill_interval_s,
                       queue_order=queue_order, node_bounds=node_bounds,
                       placement=placement, backfill_phase_s=backfill_phase_s,
                       batch_sched_delay_s=batch_sched_delay_s,
                       backfill_window_s=backfill_window_s, resize_costs=resize_costs,
-                      time_limits=time_limits).run()
+                      time_limits=time_limits, slurm_pass=slurm_pass).run()

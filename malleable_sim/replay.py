@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable, Mapping, Sequence
 
-from .config import Backfill, Placement, QueueOrder, SimPolicy
+from .config import Backfill, Placement, QueueOrder, SimPolicy, SlurmPass
 from .engine import simulate
 from .metrics import percentile
 from .swf import SWFLog
@@ -112,19 +112,20 @@ def sim_jobs(jobs: Iterable[ReplayJob], *, submit: Mapping[int, float] | None = 
 
 
 def run_sim(jobs: Sequence[SimJob], *, nodes: int, cores: int, bf_interval_s: float,
-            placement: Placement = Placement.SLURM_TASKS, cadence: Cadence | None = None):
+            placement: Placement = Placement.SLURM_TASKS, cadence: Cadence | None = None,
+            slurm_pass: SlurmPass | None = None):
     """The simulator's static run. ``placement``: SLURM_TASKS is what ``sbatch -n P`` gets
     from select/cons_tres (a job that no node holds now is spread); ONE_NODE, the stand-in's
     earlier rule (it waits for one node), is reported beside it. ``cadence``: the backfill
     passes where Slurm's log puts them (measured); else every bf_interval from the replay's
     start. The main scheduler keeps Slurm's default batch_sched_delay (3 s), as the cluster
-    does."""
+    does. ``slurm_pass``: Slurm 22.05's own backfill pass instead of the stand-in's."""
     return simulate(jobs, nodes=nodes, cores=cores, policy=SimPolicy.STATIC,
                     backfill=Backfill.CONSERVATIVE, backfill_depth=BF_MAX_JOB_TEST,
                     backfill_interval_s=cadence.period_s if cadence else bf_interval_s,
                     backfill_phase_s=cadence.phase_s if cadence else 0.0,
                     batch_sched_delay_s=BATCH_SCHED_DELAY_S,
-                    queue_order=QueueOrder.FCFS, placement=placement)
+                    queue_order=QueueOrder.FCFS, placement=placement, slurm_pass=slurm_pass)
 
 
 def auto_factor(jobs: Sequence[SimJob], *, nodes: int, cores: int, target_s: float) -> int:

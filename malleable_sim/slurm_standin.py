@@ -376,3 +376,53 @@ class Reservation:
         """A job started on ``node``: if it still runs at ``start``, it takes spare cores."""
         if node in self.spare and expected_end > self.start:
             self.spare[node] -= cores
+
+
+def eval_nodes(free: Sequence[int], need: int) -> dict[int, int] | None:
+    """select/cons_tres's _eval_nodes (cons_tres/job_test.c, Slurm 22.05) for ``sbatch -n
+    need`` (one node asked at least, no weights, no GRES): the usable nodes (free > 0) in runs
+    of consecutive node numbers; the run picked is the first that holds the job, or the
+    tightest that does (fewest CPUs), else the largest; in it, the tightest single node that
+    holds what is left (the first among equals), else its nodes in node order, each giving its
+    free CPUs and the last what is left; then the next run. None if the nodes are too few."""
+    if sum(free) < need:
+        return None
+    runs: list[list[int]] = []
+    prev = -2
+    for n, f in enumerate(free):
+        if f > 0:
+            if n == prev + 1 and runs:
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+            prev = n
+    chosen: dict[int, int] = {}
+    rem, rem_nodes = need, 1
+    while runs and rem > 0:
+        best, best_cpus, best_suff = 0, -1, False
+        for k, run in enumerate(runs):
+            cpus = sum(free[n] for n in run)
+            suff = cpus >= rem
+            if best_cpus < 0 or (suff and not best_suff) or (suff and cpus < best_cpus) or \
+                    (not suff and not best_suff and cpus > best_cpus):
+                best, best_cpus, best_suff = k, cpus, suff
+        run = runs.pop(best)
+        if rem_nodes <= 1:
+            single = None
+            for n in run:
+                if free[n] >= rem and (single is None or free[n] < free[single]):
+                    single = n
+                    if free[n] == rem:
+                        break
+            if single is not None:
+                run = [single]
+        for n in run:
+            if rem <= 0 and rem_nodes <= 0:
+                break
+            take = min(free[n], rem)
+            if take <= 0:
+                continue
+            chosen[n] = take
+            rem -= take
+            rem_nodes -= 1
+    return chosen if rem <= 0 else None
