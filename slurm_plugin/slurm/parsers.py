@@ -82,7 +82,8 @@ def _allocated_cores(job: dict) -> dict[str, frozenset[tuple[int, int]]]:
         pairs = set()
         for sock_id, sock in (entry.get("sockets") or {}).items():
             for core_id, status in (sock.get("cores") or {}).items():
-                if status == "allocated":
+                # A core a running step uses is "allocated_and_in_use" (openapi/v0.0.38).
+                if status in ("allocated", "allocated_and_in_use"):
                     pairs.add((int(sock_id), int(core_id)))
         out[str(entry["nodename"])] = frozenset(pairs)
     nodes = res.get("nodes")

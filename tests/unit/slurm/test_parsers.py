@@ -55,6 +55,20 @@ def test_cpu_ids_from_json_match_scontrol_captured_at_the_same_moment():
     assert by_id[5].cores == {}  # pending
 
 
+def test_cores_of_a_running_step_are_allocated_too():
+    """22.05 marks a core that a running step uses "allocated_and_in_use", not "allocated"
+    (openapi/v0.0.38's jobs.c). Captured in vm-slurm's bookworm VMs (Slurm 22.05.8, vm2 numbered
+    2 sockets x 2 cores x 2 threads): job 3 ran a step on vm1 and vm2, jobs 1 and 2 had ended."""
+    nodes = {n.name: n for n in parse_nodes_json(read("sinfo_step_running.json"))}
+    jobs = {j.job_id: j for j in parse_squeue_json(read("squeue_step_running.json"))}
+    assert '"allocated_and_in_use"' in read("squeue_step_running.json")
+    expected = _scontrol_cpu_ids(read("scontrol_show_job_d_o_step_running.txt"))
+    assert expected[3] == {"vm1": {0}, "vm2": {0, 1}}
+    for job_id, job in jobs.items():
+        got = {name: nodes[name].layout.abstract_ids(c) for name, c in job.cores.items()}
+        assert got == expected[job_id], job_id
+
+
 def test_forged_cpu_ids_in_name_and_comment_are_ignored():
     # Job 4 was submitted with -J "Nodes=n2 CPU_IDs=0-1" and a comment holding a newline and a
     # line that imitates scontrol's detail line "Nodes=n3 CPU_IDs=0-1" (see the .txt fixture).
