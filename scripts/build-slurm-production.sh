@@ -65,7 +65,10 @@ JOBS="${JOBS:-2}"
 STAMP="$PREFIX/.build-stamp"
 MARKER="$PREFIX/.malleable-slurm-production"   # says PREFIX is ours (safe to wipe on rebuild)
 SCRIPT="$(readlink -f "${BASH_SOURCE[0]}")"
-SCRIPT_SHA="$(sha256sum "$SCRIPT" | cut -d' ' -f1)"
+LIB="$(dirname "$SCRIPT")/lib/slurm-source.sh"
+# shellcheck source=lib/slurm-source.sh
+source "$LIB"
+SCRIPT_SHA="$(cat "$SCRIPT" "$LIB" | sha256sum | cut -d' ' -f1)"
 
 CONFIGURE_ARGS=(--prefix="$PREFIX" --sysconfdir="$SYSCONFDIR"
                 --disable-debug --disable-static --disable-dependency-tracking
@@ -125,97 +128,12 @@ done_step
 
 # ---- 2. deb-src entries for the suite (and its security suite) ----
 step "deb-src entries for $SUITE"
-src_suites() { apt-get indextargets --format '$(RELEASE)' 'Created-By: Sources' 2>/dev/null | sort -u; }
-want=("$SUITE")
-# trixie's slurm-wlm is a security update (24.11.5-4+deb13u1): its debian tarball is in that pool.
-[ "$SUITE" = bookworm ] || want+=("$SUITE-security")
-missing=()
-for w in "${want[@]}"; do src_suites | grep -qx "$w" || missing+=("$w"); done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "[slurm-production] deb-src entries for ${want[*]} exist"
-else
-  # The URI of the suite's binary entry (one-line or deb822), Debian's own otherwise; and its
-  # Signed-By (apt refuses two entries of one URI and suite whose keys differ).
-  uri=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
-        | awk -v s="$SUITE" '$2 == s { print $1; exit }')
-  uri=${uri:-http://deb.debian.org/debian/}
-  key=$({ cat /etc/apt/sources.list.d/*.sources 2>/dev/null || :; } | awk -v s="$SUITE" 'BEGIN { RS = "" }
-          $0 ~ ("Suites:[^\n]*[ \t]" s "([ \t\n]|$)") && match($0, /Signed-By:[ \t]*[^\n]+/) {
-            v = substr($0, RSTART, RLENGTH); sub(/Signed-By:[ \t]*/, "", v); print v; exit }')
-  file="/etc/apt/sources.list.d/malleable-deb-src-$SUITE.sources"
-  {
-    echo "# Added by malleable's scripts/build-slurm-production.sh (the source of slurm-wlm)"
-    for w in "${missing[@]}"; do
-      echo "Types: deb-src"
-      case "$w" in
-        *-security) echo "URIs: http://deb.debian.org/debian-security/" ;;
-        *)          echo "URIs: $uri"; [ -z "$key" ] || echo "Signed-By: $key" ;;
-      esac
-      printf 'Suites: %s\nComponents: main\n\n' "$w"
-    done
-  } > "$file"
-  echo "[slurm-production] wrote $file (${missing[*]})"
-  apt-get update -q
-fi
+slurm_deb_src slurm-production "$SUITE"
 done_step
 
 # ---- 3. the source (orig and debian tarballs, checked) with Debian's patches ----
 step "slurm-wlm $SLURM_VERSION's source into $CACHE, Debian's patches applied"
-# apt-cache showsrc: the index apt verified (InRelease signature, then the index's hash). The
-# highest Debian revision of the wanted upstream version; every file but the .dsc, from the pool
-# of whichever deb-src repository serves it, checked against the index's SHA-256.
-DEB_VERSION=$(apt-cache showsrc slurm-wlm | python3 -c '
-import hashlib, subprocess, sys, urllib.request
-from pathlib import Path
-want, cache = sys.argv[1], Path(sys.argv[2])
-stanzas = [dict(version="", directory="", files=[])]
-key = None
-for line in sys.stdin.read().splitlines():
-    if not line.strip():
-        stanzas.append(dict(version="", directory="", files=[]))
-        continue
-    if line[0] in " \t":
-        if key == "Checksums-Sha256":
-            sha, size, name = line.split()
-            stanzas[-1]["files"].append((sha, name))
-        continue
-    key, _, value = line.partition(":")
-    if key == "Version":
-        stanzas[-1]["version"] = value.strip()
-    elif key == "Directory":
-        stanzas[-1]["directory"] = value.strip()
-found = [s for s in stanzas if s["version"].startswith(want + "-") and s["files"]]
-if not found:
-    sys.exit(f"no slurm-wlm {want}-* in the deb-src indexes (they have: "
-             f"{sorted({s['version'] for s in stanzas if s['version']})})")
-ordered = subprocess.run(["sort", "-V"], input="\n".join(s["version"] for s in found),
-                         capture_output=True, text=True, check=True).stdout.split()
-version = ordered[-1]
-uris = subprocess.run(["apt-get", "indextargets", "--format", "$(REPO_URI)",
-                       "Created-By: Sources"], capture_output=True, text=True,
-                      check=True).stdout.split()
-places = {(u.rstrip("/"), s["directory"]) for s in found if s["version"] == version for u in uris}
-files = next(s["files"] for s in found if s["version"] == version)
-for sha, name in files:
-    if name.endswith(".dsc"):
-        continue
-    dest = cache / name
-    if dest.exists() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha:
-        continue
-    for uri, directory in sorted(places):
-        try:
-            with urllib.request.urlopen(f"{uri}/{directory}/{name}", timeout=120) as r:
-                data = r.read()
-        except OSError:
-            continue
-        if hashlib.sha256(data).hexdigest() == sha:
-            dest.write_bytes(data)
-            print(f"[slurm-production] downloaded {name} from {uri}", file=sys.stderr)
-            break
-    else:
-        sys.exit(f"{name} ({sha}) is on none of {sorted(places)}")
-print(version)
-' "$SLURM_VERSION" "$CACHE")
+DEB_VERSION=$(slurm_source_fetch slurm-production "$SLURM_VERSION" "$CACHE")
 BUILD="$CACHE/build-$DEB_VERSION"
 rm -rf "$BUILD"
 mkdir -p "$BUILD"
