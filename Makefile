@@ -1,5 +1,6 @@
 # The two commands of the README. Each installs what it needs first (idempotent).
-.PHONY: setup demo test test-tf-all unit site-slurm test-site test-v2 test-slurm26 test-topology
+.PHONY: setup demo test test-tf-all unit site-slurm test-site test-v2 test-slurm26 test-topology \
+        test-smd
 
 setup:
 	bash scripts/setup.sh
@@ -8,8 +9,8 @@ demo: setup
 	.venv/bin/python scripts/demo.py
 
 # The tests: scripts/ci.sh (its header says which stage runs in which lane, and why). Every suite:
-# local clusters, docker-slurm on Slurm 22.05, 24.11 and 26.05, the VMs (cgroup v2, 24.11), ruff
-# and mypy, TensorFlow 2.15, 2.17, 2.19 and 2.21, PyTorch 2.13.0, the unit tests.
+# local clusters, docker-slurm on Slurm 22.05 and 24.11, the VMs (cgroup v2, 26.05), ruff and
+# mypy, TensorFlow 2.15, 2.17, 2.19 and 2.21, PyTorch 2.13.0, the unit tests.
 test:
 	bash scripts/ci.sh
 
@@ -40,10 +41,19 @@ test-slurm26:
 	$(MAKE) -C vm-slurm test SUITE=sid
 	$(MAKE) -C vm-slurm test SUITE=sid JOB_ID_PATHS=no
 
-# Slurm 24.11 on cgroup v2: virtual machines of their own (image cached), tested, stopped.
+# Slurm 24.11 and 22.05 (Debian 12's, whose Prolog takes one program) on cgroup v2: virtual
+# machines of their own (images cached), tested, stopped.
 test-v2:
 	bash scripts/setup.sh
 	$(MAKE) -C vm-slurm test
+	$(MAKE) -C vm-slurm test SUITE=bookworm
+
+# SchedMD's own packages (slurm-smd-*, 24.11.5, built once from their source's debian/ by
+# scripts/build-slurm-smd.sh) in place of Debian's, in the VMs: the guide's install and every VM
+# scenario, a sackd login host included.
+test-smd:
+	bash scripts/setup.sh
+	$(MAKE) -C vm-slurm test SUITE=bookworm SLURM_BUILD=smd
 
 # A node whose CPUs Linux numbers as a two-socket Intel server does (threads i and i + 4, sockets
 # alternating), not in Slurm's abstract order: vm-slurm's vm2, the topology scenario only.

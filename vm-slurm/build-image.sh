@@ -1,7 +1,8 @@
 #!/bin/bash
 # vm-slurm/build-image.sh: the cached disk image, kernel and initrd of vm-slurm's virtual machines:
-# Debian trixie (Slurm 24.11) or, with SUITE=sid, Debian sid (Slurm 26.05) with systemd, cgroup
-# v2, munge, slurmctld, slurmd and sshd.
+# Debian trixie (Slurm 24.11), SUITE=sid: Debian sid (Slurm 26.05), or SUITE=bookworm: Debian 12
+# (Slurm 22.05, whose Prolog takes one program), with systemd, cgroup v2, munge, slurmctld,
+# slurmd and sshd.
 #   build-image.sh            build when missing, else say where the cached one is (idempotent)
 #   build-image.sh --force    build again even if the cached one is there
 # Everything lives under STATE (default /var/tmp/vm-slurm):
@@ -36,8 +37,16 @@ UPGRADE_TO=${UPGRADE_TO:-}
 # multiple-slurmd (scripts/build-slurm-production.sh, in the chroot, into /opt/slurm), as most
 # sites build it: job folders under system.slice/slurmstepd.scope. Debian's packages stay
 # installed (what depends on them), their daemons and commands replaced by the build's.
+# SLURM_BUILD=smd (bookworm): SchedMD's own packages (slurm-smd-*, 24.11.5, no multiple-slurmd),
+# built from their source's debian/ by scripts/build-slurm-smd.sh (cached in SMD_OUT), in place of
+# Debian's, which conflict with them: a site that installs SchedMD's packages.
 SLURM_BUILD=${SLURM_BUILD:-debian}
+SMD_SCRIPT="$(dirname "$(readlink -f "$0")")/../scripts/build-slurm-smd.sh"
+SMD_OUT=${SMD_OUT:-/var/tmp/slurm-smd}
+SMD_PACKAGES=(slurm-smd slurm-smd-client slurm-smd-dev slurm-smd-slurmctld slurm-smd-slurmd
+              slurm-smd-sackd)
 PRODUCTION_SCRIPT="$(dirname "$(readlink -f "$0")")/../scripts/build-slurm-production.sh"
+PRODUCTION_LIB="$(dirname "$PRODUCTION_SCRIPT")/lib/slurm-source.sh"     # it sources this
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 FORCE=0
 [ "${1:-}" = --force ] && FORCE=1
@@ -46,24 +55,32 @@ FORCE=0
 PACKAGES=(
   systemd systemd-sysv udev dbus kmod
   linux-image-amd64 initramfs-tools
-  munge slurmctld slurmd slurm-client
-  openssh-server python3 iproute2 procps
-  # The co-scheduler (tests/vm): the agent's Python modules, and a C toolchain with Slurm's
-  # headers for the SPANK plugin that `malleable install-slurm-hooks` builds in the guest.
-  python3-psutil python3-prometheus-client gcc libc6-dev make libslurm-dev
+  munge openssh-server python3 iproute2 procps
+  # The co-scheduler (tests/vm): the agent's Python modules, and a C toolchain for the SPANK
+  # plugin that the guide's step build compiles in the guest.
+  python3-psutil python3-prometheus-client gcc libc6-dev make
 )
-# sackd (Slurm 23.11 and later): a login host's configless client configuration. Not in the
-# image that carries the next release for test-upgrade (it runs no login host, and sackd pins
-# this release's plugins).
-[ -n "$UPGRADE_TO" ] || PACKAGES+=(sackd)
+# Debian's Slurm, with its headers (SLURM_BUILD=smd: SchedMD's, installed below).
+[ "$SLURM_BUILD" = smd ] || PACKAGES+=(slurmctld slurmd slurm-client libslurm-dev)
+# sackd (Slurm 23.11 and later; not in bookworm's 22.05): a login host's configless client
+# configuration. Not in the image that carries the next release for test-upgrade (it runs no
+# login host, and sackd pins this release's plugins).
+SACKD=1
+{ [ -z "$UPGRADE_TO" ] && { [ "$SUITE" != bookworm ] || [ "$SLURM_BUILD" = smd ]; }; } || SACKD=0
+[ "$SACKD" = 0 ] || [ "$SLURM_BUILD" = smd ] || PACKAGES+=(sackd)
 
 log() { echo "[vm-slurm] $*"; }
 
 # shellcheck source=../scripts/lib/need-packages.sh
 source "$(dirname "$(readlink -f "$0")")/../scripts/lib/need-packages.sh"
 
+if [ "$SLURM_BUILD" = smd ]; then
+  [ "$SUITE" = bookworm ] || { echo "SLURM_BUILD=smd is made for SUITE=bookworm (where its packages are built)" >&2; exit 1; }
+  OUT="$SMD_OUT" bash "$SMD_SCRIPT"     # cached after the first build
+fi
 key=$( { cat "$0"; echo "$SUITE $JOB_ID_PATHS $UPGRADE_TO $SLURM_BUILD"
-          [ "$SLURM_BUILD" = debian ] || cat "$PRODUCTION_SCRIPT"; } | sha256sum | cut -c1-16)
+          [ "$SLURM_BUILD" != production ] || cat "$PRODUCTION_SCRIPT" "$PRODUCTION_LIB"
+          [ "$SLURM_BUILD" != smd ] || cat "$SMD_OUT/stamp" 2>/dev/null; } | sha256sum | cut -c1-16)
 out="$STATE/images/$key"
 mkdir -p "$STATE/images" "$STATE/debs"
 
@@ -126,6 +143,18 @@ in_root apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >>"$work/
   || { tail -30 "$work/apt.log" >&2; exit 1; }
 log "packages installed at $(( $(date +%s) - start ))s"
 
+if [ "$SLURM_BUILD" = smd ]; then
+  # SchedMD's packages by apt from their files (their Depends resolved from the mirror), as a
+  # site installs them from its own repository. They make no slurm user (Debian's do).
+  mkdir -p "$rootfs/tmp/smd"
+  for p in "${SMD_PACKAGES[@]}"; do cp "$SMD_OUT"/debs/"${p}"_*.deb "$rootfs/tmp/smd/"; done
+  in_root sh -c 'apt-get install -y -q --no-install-recommends /tmp/smd/*.deb' >>"$work/apt.log" 2>&1 \
+    || { tail -30 "$work/apt.log" >&2; exit 1; }
+  rm -rf "$rootfs/tmp/smd"
+  in_root sh -c 'getent passwd slurm >/dev/null || useradd --system --no-create-home --shell /usr/sbin/nologin slurm'
+  log "SchedMD's packages: $(in_root dpkg-query -W -f='${Package} ${Version}, ' "${SMD_PACKAGES[@]}")"
+fi
+
 if [ -n "$UPGRADE_TO" ]; then
   # What `apt-get install -t $UPGRADE_TO` of Slurm's packages would download on this system
   # (Slurm's, and each library of $UPGRADE_TO they need a newer version of), as a flat
@@ -154,13 +183,16 @@ if [ "$SLURM_BUILD" = production ]; then
   # The source download is kept across image builds (STATE/slurm-src).
   mkdir -p "$STATE/slurm-src" "$rootfs/var/cache/slurm-production"
   mount --bind "$STATE/slurm-src" "$rootfs/var/cache/slurm-production"
+  mkdir -p "$rootfs/tmp/lib"
   cp "$PRODUCTION_SCRIPT" "$rootfs/tmp/build-slurm-production.sh"
+  cp "$PRODUCTION_LIB" "$rootfs/tmp/lib/slurm-source.sh"
   in_root env SLURM_SUITE=trixie PREFIX=/opt/slurm SYSCONFDIR=/etc/slurm RUNSTATEDIR=/run \
     MALLEABLE_CACHE=/var/cache JOBS="$(nproc)" bash /tmp/build-slurm-production.sh \
     >"$work/slurm-production.log" 2>&1 || { tail -40 "$work/slurm-production.log" >&2; exit 1; }
   grep '^\[slurm-production\]' "$work/slurm-production.log" | tail -3
   umount "$rootfs/var/cache/slurm-production"
-  rm -f "$rootfs"/etc/apt/sources.list.d/malleable-deb-src-*.sources "$rootfs/tmp/build-slurm-production.sh"
+  rm -rf "$rootfs"/etc/apt/sources.list.d/malleable-deb-src-*.sources \
+    "$rootfs/tmp/build-slurm-production.sh" "$rootfs/tmp/lib"
   # The daemons through Debian's own alternatives (its units run /usr/sbin/slurmd), the
   # commands by diverting Debian's: whatever PATH a unit, a hook or a user has, it is this build.
   in_root update-alternatives --install /usr/sbin/slurmd slurmd /opt/slurm/sbin/slurmd 100 \
@@ -300,7 +332,7 @@ printf '[Unit]\nConditionKernelCommandLine=vmslurm.ctld=1\n' \
   >> "$R/etc/systemd/system/slurmctld.service.d/vm-slurm.conf"
 printf '[Unit]\nConditionKernelCommandLine=!vmslurm.login=1\n' \
   >> "$R/etc/systemd/system/slurmd.service.d/vm-slurm.conf"
-if [ -z "$UPGRADE_TO" ]; then
+if [ "$SACKD" = 1 ]; then
   # sackd retries until vm1's slurmctld answers (both boot at once).
   printf '[Unit]\nConditionKernelCommandLine=vmslurm.login=1\n[Service]\nRestart=on-failure\nRestartSec=5\n' \
     >> "$R/etc/systemd/system/sackd.service.d/vm-slurm.conf"
@@ -377,7 +409,7 @@ fi
 in_root sh -c 'chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key'
 
 in_root systemctl enable vmslurm-setup.service munge.service slurmd.service slurmctld.service \
-  ssh.service $([ -n "$UPGRADE_TO" ] || echo sackd.service) >>"$work/apt.log" 2>&1
+  ssh.service $([ "$SACKD" = 0 ] || echo sackd.service) >>"$work/apt.log" 2>&1
 # Timers and units a short-lived test VM does not need (boot time under emulation).
 for u in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer \
     fstrim.timer man-db.timer logrotate.timer systemd-tmpfiles-clean.timer getty@tty1.service \
@@ -394,10 +426,15 @@ cp "$initrd" "$work/initrd.img"
 {
   echo "key=$key suite=$SUITE built=$(date -u +%FT%TZ)"
   echo "kernel=$(basename "$kernel") initrd=$(basename "$initrd") ($(du -h "$initrd" | cut -f1))"
-  in_root dpkg-query -W -f='${Package} ${Version}\n' "${PACKAGES[@]}" slurm-wlm-basic-plugins
+  in_root dpkg-query -W -f='${Package} ${Version}\n' "${PACKAGES[@]}" \
+    $([ "$SLURM_BUILD" = smd ] && echo "${SMD_PACKAGES[@]}" || echo slurm-wlm-basic-plugins)
   [ -z "$UPGRADE_TO" ] || (cd "$R/var/local/slurm-upgrade" && ls -- *.deb | sed 's/^/upgrade: /')
-  [ "$SLURM_BUILD" = debian ] || echo "slurm build: $SLURM_BUILD, $(in_root slurmd -V) in /opt/slurm" \
-    "($(grep '^debian_version=' "$R/opt/slurm/.build-stamp" | cut -d= -f2), no multiple-slurmd)"
+  case "$SLURM_BUILD" in
+    production) echo "slurm build: production, $(in_root slurmd -V) in /opt/slurm" \
+      "($(grep '^debian_version=' "$R/opt/slurm/.build-stamp" | cut -d= -f2), no multiple-slurmd)" ;;
+    smd) echo "slurm build: smd, $(in_root slurmd -V) (SchedMD's packages, no multiple-slurmd;" \
+      "$(sed -n 2p "$SMD_OUT/stamp"))" ;;
+  esac
 } > "$work/manifest.txt"
 findmnt -rn -o TARGET | grep "^$rootfs/" | sort -r | while read -r m; do umount "$m"; done
 rm -rf "$R"/var/lib/apt/lists/* "$R"/var/cache/apt/*.bin "$R"/var/log/*.log "$R"/tmp/*

@@ -306,15 +306,16 @@ def panicked(console: Path) -> str | None:
 # --- commands ---------------------------------------------------------------------------------
 def slurm_build(image: Path) -> str:
     """The image's Slurm build, as build-image.sh's manifest says: "debian" (Debian's packages,
-    multiple-slurmd: <node>_slurmstepd.scope) or "production" (no multiple-slurmd:
-    slurmstepd.scope)."""
+    multiple-slurmd: <node>_slurmstepd.scope), "production" (Debian's source without
+    multiple-slurmd) or "smd" (SchedMD's packages, no multiple-slurmd): slurmstepd.scope."""
     manifest = (image / "manifest.txt").read_text(errors="replace")
-    return "production" if "slurm build: production" in manifest else "debian"
+    found = re.search(r"^slurm build: (production|smd),", manifest, re.M)
+    return found.group(1) if found else "debian"
 
 
 def stepd_scope(cluster: dict, node: str) -> str:
     """The node's slurmstepd scope under system.slice, by the cluster's Slurm build."""
-    return ("slurmstepd.scope" if cluster.get("slurm_build") == "production"
+    return ("slurmstepd.scope" if cluster.get("slurm_build", "debian") != "debian"
             else f"{node}_slurmstepd.scope")
 
 
@@ -484,20 +485,25 @@ SMOKE_JOB = r"""
 j=$(runuser -u tester -- sbatch --parsable -w vm1 -D /tmp -o /dev/null --wrap 'sleep 120')
 S=$(ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope)
 # The job's folder: job_<J>, or its SLUID (Slurm 26.05 without CgroupJobIdPaths=yes), as Slurm
-# says it. (grep, not test -s: cgroup files report size 0 on newer kernels, such as 7.2.)
+# says it; the script's task folder: task_0 (Slurm 22.05's v2: task_special, as it leaves a task
+# when no per-task limit is asked for). (grep, not test -s: cgroup files report size 0 on newer
+# kernels, such as 7.2.)
 for _ in $(seq 60); do
   B=$S/job_$j; [ -d $B ] || B=$S/$(scontrol show job -d $j | grep -o 'SLUID=[^ ]*' | cut -d= -f2)
-  grep -q . $B/step_batch/user/task_0/cgroup.procs 2>/dev/null && break; sleep 0.5
+  T=$(grep -l . $B/step_batch/user/task_*/cgroup.procs 2>/dev/null | head -1)
+  [ -n "$T" ] && break; sleep 0.5
 done
+T=$(dirname "$T")
 echo "folder $(basename $B)"
-t=$(cat $B/step_batch/user/task_0/cgroup.procs | tail -1)   # tail alone reads nothing of a size-0 file
+echo "task $(basename $T)"
+t=$(cat $T/cgroup.procs | tail -1)   # tail alone reads nothing of a size-0 file
 al=$(cat $B/cpuset.cpus); all=$(cat $B/../cpuset.cpus.effective)
 echo "cgroup $(cat /proc/$t/cgroup)"
 echo "alloc $al"
 echo $all > $B/cpuset.cpus && echo $all > $B/step_batch/user/cpuset.cpus
-echo "grown $(cat $B/step_batch/user/task_0/cpuset.cpus.effective) want $all"
+echo "grown $(cat $T/cpuset.cpus.effective) want $all"
 echo $al > $B/step_batch/user/cpuset.cpus && echo $al > $B/cpuset.cpus
-echo "shrunk $(cat $B/step_batch/user/task_0/cpuset.cpus.effective) want $al"
+echo "shrunk $(cat $T/cpuset.cpus.effective) want $al"
 scancel $j
 """
 
@@ -551,11 +557,14 @@ def cmd_smoke(args) -> int:
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     cg = lines.get("cgroup", "")
     folder = lines.get("folder", "")
+    task = lines.get("task", "")
     scope = stepd_scope(cluster, "vm1")
-    check(f"job task in {scope}/{folder}/step_batch/user/task_0 "
-          f"(job_<J>, or the job's SLUID; Slurm's {cluster.get('slurm_build', 'debian')} build)",
+    check(f"job task in {scope}/{folder}/step_batch/user/{task} "
+          f"(job_<J>, or the job's SLUID; task_0, or 22.05's task_special; Slurm's "
+          f"{cluster.get('slurm_build', 'debian')} build)",
           re.fullmatch(r"job_[0-9]+|s[0-9A-Z]{13}", folder) is not None
-          and cg == f"0::/system.slice/{scope}/{folder}/step_batch/user/task_0",
+          and task in ("task_0", "task_special")
+          and cg == f"0::/system.slice/{scope}/{folder}/step_batch/user/{task}",
           r.stdout + r.stderr)
     for key in ("grown", "shrunk"):
         got, _, want = lines.get(key, "? want !").partition(" want ")

@@ -187,7 +187,7 @@ def _job_submit_plan(value: str | None) -> KeyPlan:
 
 def render(p: SlurmConfPlan, written: bool) -> str:
     """What the admin reads: each key's state, then what to merge, where."""
-    release = "unknown" if p.release is None else f"{p.release[0]}.{p.release[1]}"
+    release = "unknown" if p.release is None else f"{p.release[0]}.{p.release[1]:02d}"
     out = [f"Slurm {release}; "
            + ("configless: only the controller's slurm.conf changes, slurmctld serves it "
               "(and the Include'd file) to the nodes" if p.configless else

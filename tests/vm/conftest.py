@@ -17,7 +17,10 @@ written by packaging/guide.py (the guide's defaults: the feed link, nothing shar
   libslurm-dev), the package put on the 9p share; steps install-package, configure, slurm-conf
   (it writes malleable.conf on vm1, the controller) and job-submit on every VM; the admin's
   merge (one `Include malleable.conf` line in vm1's slurm.conf, both files copied to any other
-  node with a slurm.conf of its own); restart-slurm (vm1 first); services (the watcher on vm1, the
+  node with a slurm.conf of its own); on a Slurm whose Prolog takes one program (22.05, SUITE=
+  bookworm), the chain slurm-conf told the admin to make, as it said it, on every node (the
+  site's script linked into prolog.d, the site's Prolog line set to the folder's glob);
+  restart-slurm (vm1 first); services (the watcher on vm1, the
   agent malleable-agent@<node> on each node, both systemd units of the package; `journalctl
   -u` shows their logs); check (`malleable doctor` on every node); then every Slurm file of
   every node compared with what it was before (the install's own files and the Include line,
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -319,11 +323,49 @@ SERVED_FILES = {"/run/slurm/conf/slurm.conf": CHANGED, "/run/slurm/conf/malleabl
                 "/run/slurm/conf/plugstack.conf": NEW | CHANGED}
 
 
+# The admin's chain, where slurm-conf asked for one (a Slurm whose Prolog takes one program):
+# the site's script linked into prolog.d, the site's Prolog line (site.conf) changed.
+@dataclass(frozen=True)
+class Chain:
+    site_script: str      # what the site's line named
+    link: str             # the site's script linked into our folder
+    value: str            # the site's line now: the folder's glob
+
+
+CHAINED: dict[str, Chain] = {}      # key -> the chain the admin made
+
+
+def chain_changes(vms: VMs, node: str) -> dict[str, frozenset[str]]:
+    if "Prolog" not in CHAINED:
+        return {}
+    link = {CHAINED["Prolog"].link: NEW}
+    if node in vms.configless:
+        return {**link, "/run/slurm/conf/site.conf": CHANGED}
+    return {**link, "/etc/slurm/site.conf": CHANGED}
+
+
+def undo_chains(vms: VMs) -> None:
+    """The admin's part of the uninstall where slurm-conf asked for a chain: the site's own
+    line back, its link out of our folder (docs/install.md, section 11)."""
+    chain = CHAINED.get("Prolog")
+    if chain is None:
+        return
+    for node in vms.nodes:
+        vms.run(node, f"rm {chain.link}")
+        if node not in vms.configless:
+            vms.run(node, f"sed -i 's#^Prolog=.*#Prolog={chain.site_script}#' /etc/slurm/site.conf"
+                          f" && grep -qxF 'Prolog={chain.site_script}' /etc/slurm/site.conf")
+
+
 def allowed_changes(vms: VMs, node: str) -> dict[str, frozenset[str]]:
     if node in vms.configless:
-        return {**CONFIGURE_DROP_INS, **SERVED_FILES}
-    return {**CONFIGURE_DROP_INS, **OWN_FILES,
+        return {**CONFIGURE_DROP_INS, **SERVED_FILES, **chain_changes(vms, node)}
+    return {**CONFIGURE_DROP_INS, **OWN_FILES, **chain_changes(vms, node),
             **({"/etc/slurm/job_submit.lua": NEW} if node == "vm1" else {})}
+
+
+# slurm-conf's advice for a Prolog it cannot add beside the site's (slurm_conf._hook_plan).
+CHAIN_ADVICE = re.compile(r"chain\s+Prolog\s.*\(\S+: ln -s (\S+) (\S+)\) and set Prolog=(\S+)")
 
 
 @pytest.fixture(scope="session")
@@ -360,11 +402,22 @@ def cosched(vms: VMs) -> VMs:
                              f"mkdir -p {DIST} && rm -f {DIST}/*.deb && cp dist/*.deb {DIST}/",
                       timeout=600)
         NOTES.append("build: " + " ".join(out.split()[-12:]))
+    release = vms.out("vm1", "scontrol --version").split()[-1]
+    # 22.05 to 23.11 take one Prolog: there slurm-conf asks for a chain to the site's and exits
+    # 1 until it runs (docs/install.md); the admin reads it, goes on with job-submit, chains.
+    one_prolog = tuple(map(int, release.split(".")[:2])) < (24, 5)
+
+    def guide_steps(node: str) -> str:
+        steps = f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package configure slurm-conf"
+        if node == "vm1" and one_prolog:
+            return (f"{steps} 2>&1; echo \"[test] slurm-conf exit $?\"; "
+                    f"{GUIDE_ENV} {GUIDE} run job-submit 2>&1")
+        return f"{steps} job-submit 2>&1"
     with Stage("install: guide steps install-package, configure, slurm-conf, job-submit on "
                "every VM"):
-        outs = vms.parallel(lambda node: f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package "
-                                         f"configure slurm-conf job-submit 2>&1", timeout=600)
+        outs = vms.parallel(guide_steps, timeout=600)
         said = outs["vm1"][outs["vm1"].index("[guide] step slurm-conf"):]
+        assert ("[test] slurm-conf exit 1" in said) == one_prolog, (release, said)
         NOTES.append("slurm-conf on vm1:\n" + said[:said.find("[guide] step job-submit")].strip())
         # The guests' CPUs are emulated (TCG), 10x or more slower than the host's and shared
         # by 10 vCPUs on 2 host cores, whose waits a guest counts as its threads' CPU time:
@@ -385,13 +438,28 @@ def cosched(vms: VMs) -> VMs:
             if node != "vm1":
                 vms.run(node, "cat > /etc/slurm/malleable.conf", data=include.encode())
             vms.run(node, f"echo 'Include malleable.conf' >> {SLURM_CONF}")
+    chain = CHAIN_ADVICE.search(said)
+    assert (chain is not None) == one_prolog, (release, said)
+    if chain:
+        site_script, link, glob_value = chain.groups()
+        CHAINED["Prolog"] = Chain(site_script, link, glob_value)
+        with Stage(f"install: the admin's chain slurm-conf asked for (Slurm {release} takes one "
+                   f"Prolog): ln -s {site_script} {link} on every node, the site's Prolog line "
+                   f"set to {glob_value}"):
+            for node in vms.nodes:
+                vms.run(node, f"ln -s {site_script} {link}")
+                if node not in vms.configless:
+                    vms.run(node, f"sed -i 's#^Prolog=.*#Prolog={glob_value}#' /etc/slurm/site.conf"
+                                  f" && grep -qxF 'Prolog={glob_value}' /etc/slurm/site.conf")
     with Stage("install: guide step restart-slurm (vm1 first), every node idle again"):
         restart_slurm(vms, "after the restart")
-        # 24.11 runs every Prolog line: the site's (site.conf, Included) and ours.
+        # 24.11 runs every Prolog line: the site's (site.conf, Included) and ours; 22.05 the one
+        # glob, whose folder holds both.
         text = vms.out("vm1", "scontrol show config")
         assert parse_config_values(text, "JobSubmitPlugins") == ["lua"], text
-        assert parse_config_values(text, "Prolog") == ["/etc/slurm/site-prolog.sh",
-                                                       "/etc/slurm/prolog.d/*"], text
+        assert parse_config_values(text, "Prolog") == (
+            [CHAINED["Prolog"].value] if chain else
+            ["/etc/slurm/site-prolog.sh", "/etc/slurm/prolog.d/*"]), text
         assert parse_config_values(text, "PrologSlurmctld") == [f"{HOOKS}/ctld_event.sh"], text
     with Stage("install: guide step services (the watcher on vm1, an agent per node)"):
         vms.parallel(lambda node: f"{GUIDE_ENV} {GUIDE} run services 2>&1")

@@ -13,7 +13,7 @@ import json
 from malleable_protocol import parse_cpu_list
 
 from .conftest import (GUIDE, GUIDE_ENV, NOTES, SLURM_CONF, SLURM_FILES_BEFORE, Node, Stage, VMs,
-                       changed_files, diagnostics, slurm_files, wait_for)
+                       changed_files, diagnostics, slurm_files, undo_chains, wait_for)
 
 NODE = "vm1"
 RANK = "/opt/malleable/src/tests/programs/allowance_rank.py"
@@ -59,10 +59,12 @@ def test_uninstall_leaves_every_job_on_its_allocation_and_nothing_of_ours(cosche
                 .strip().split(";")[0])
             wait_for(lambda: node.state(b) == "RUNNING", timeout=180, interval=2,
                      what="a rigid job running beside it")
-        with Stage("(u3) the admin's part: 'Include malleable.conf' out of every slurm.conf"):
+        with Stage("(u3) the admin's part: 'Include malleable.conf' out of every slurm.conf "
+                   "(and a chain slurm-conf asked for undone)"):
             for n in vms.nodes:
                 if n not in vms.configless:
                     vms.run(n, f"sed -i '/^Include malleable.conf$/d' {SLURM_CONF}")
+            undo_chains(vms)
         with Stage("(u4) step uninstall-unhook (vm1 first; the login host too), every node idle "
                    "or allocated"):
             vms.run("vm1", f"{GUIDE_ENV} {GUIDE} run uninstall-unhook 2>&1", timeout=180)
