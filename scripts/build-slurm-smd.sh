@@ -23,7 +23,7 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 JOBS=${JOBS:-$(nproc)}
 HERE="$(dirname "$(readlink -f "$0")")"
 LIB="$HERE/lib/slurm-source.sh"
-KEY=$(cat "$0" "$LIB" | sha256sum | cut -c1-16)
+KEY=$(cat "$0" "$LIB" "$HERE/lib/chroot.sh" | sha256sum | cut -c1-16)
 STAMP="$OUT/stamp"
 log() { echo "[slurm-smd] $*"; }
 
@@ -37,24 +37,19 @@ if grep -qx "key=$KEY version=$SLURM_VERSION" "$STAMP" 2>/dev/null && ls "$OUT"/
 fi
 # shellcheck source=lib/need-packages.sh
 source "$HERE/lib/need-packages.sh"
+# shellcheck source=lib/chroot.sh
+source "$HERE/lib/chroot.sh"
 need_packages slurm-smd debootstrap
 
 start=$(date +%s)
 root="$OUT/root"
-cleanup() {
-  if [ -d "$root" ]; then
-    { findmnt -rn -o TARGET | grep "^$root/" || true; } | sort -r | while read -r m; do
-      umount -l "$m" 2>/dev/null || true; done
-  fi
-  rm -rf "$root"
-}
+cleanup() { chroot_unmount "$root"; rm -rf "$root"; }
 trap cleanup EXIT
 cleanup
 rm -f "$STAMP"
 
 log "debootstrap $CHROOT_SUITE (minbase) into $root"
-debootstrap --variant=minbase --cache-dir="$OUT/apt-cache" "$CHROOT_SUITE" "$root" "$MIRROR" \
-  >"$OUT/debootstrap.log" 2>&1 || { tail -30 "$OUT/debootstrap.log" >&2; exit 1; }
+debootstrap_minbase "$CHROOT_SUITE" "$root" "$OUT/apt-cache" "$MIRROR" "$OUT/debootstrap.log"
 mount -t proc proc "$root/proc"
 mount --bind /dev "$root/dev"
 mount --bind "$OUT/apt-cache" "$root/var/cache/apt/archives"

@@ -73,12 +73,15 @@ log() { echo "[vm-slurm] $*"; }
 
 # shellcheck source=../scripts/lib/need-packages.sh
 source "$(dirname "$(readlink -f "$0")")/../scripts/lib/need-packages.sh"
+# shellcheck source=../scripts/lib/chroot.sh
+source "$(dirname "$(readlink -f "$0")")/../scripts/lib/chroot.sh"
 
 if [ "$SLURM_BUILD" = smd ]; then
   [ "$SUITE" = bookworm ] || { echo "SLURM_BUILD=smd is made for SUITE=bookworm (where its packages are built)" >&2; exit 1; }
   OUT="$SMD_OUT" bash "$SMD_SCRIPT"     # cached after the first build
 fi
-key=$( { cat "$0"; echo "$SUITE $JOB_ID_PATHS $UPGRADE_TO $SLURM_BUILD"
+key=$( { cat "$0" "$(dirname "$(readlink -f "$0")")/../scripts/lib/chroot.sh"
+          echo "$SUITE $JOB_ID_PATHS $UPGRADE_TO $SLURM_BUILD"
           [ "$SLURM_BUILD" != production ] || cat "$PRODUCTION_SCRIPT" "$PRODUCTION_LIB"
           [ "$SLURM_BUILD" != smd ] || cat "$SMD_OUT/stamp" 2>/dev/null; } | sha256sum | cut -c1-16)
 out="$STATE/images/$key"
@@ -99,21 +102,13 @@ start=$(date +%s)
 work="$STATE/build-$key"
 rootfs="$work/rootfs"
 
-cleanup() {
-  # Everything mounted under the chroot, deepest first; then the work folder.
-  if [ -d "$rootfs" ]; then
-    { findmnt -rn -o TARGET | grep "^$rootfs/" || true; } | sort -r | while read -r m; do
-      umount -l "$m" 2>/dev/null || true; done
-  fi
-  rm -rf "$work"
-}
+cleanup() { chroot_unmount "$rootfs"; rm -rf "$work"; }
 trap cleanup EXIT
 cleanup
 mkdir -p "$rootfs"
 
 log "debootstrap $SUITE (minbase) into $rootfs"
-debootstrap --variant=minbase --cache-dir="$STATE/debs" "$SUITE" "$rootfs" "$MIRROR" \
-  >"$work/debootstrap.log" 2>&1 || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
+debootstrap_minbase "$SUITE" "$rootfs" "$STATE/debs" "$MIRROR" "$work/debootstrap.log"
 log "debootstrap done in $(( $(date +%s) - start ))s"
 
 mount -t proc proc "$rootfs/proc"
