@@ -314,7 +314,9 @@ def changed_files(before: dict[str, str], after: dict[str, str]) -> dict[str, st
 # admin adds; on a configless node, the copies slurmd fetched of the controller's. Anything
 # else is a defect.
 NEW, CHANGED = frozenset({"new"}), frozenset({"changed"})
-CONFIGURE_DROP_INS = {"/etc/slurm/plugstack.conf.d/malleable.conf": NEW,
+# plugstack.conf.d/ itself where Slurm's packages ship none (SchedMD's: no /etc/slurm at all).
+CONFIGURE_DROP_INS = {"/etc/slurm/plugstack.conf.d/": NEW,
+                      "/etc/slurm/plugstack.conf.d/malleable.conf": NEW,
                       "/etc/slurm/prolog.d/": NEW, "/etc/slurm/prolog.d/50-malleable": NEW,
                       "/etc/slurm/epilog.d/": NEW, "/etc/slurm/epilog.d/50-malleable": NEW}
 OWN_FILES = {"/etc/slurm/malleable.conf": NEW, "/etc/slurm/slurm.conf": CHANGED,
