@@ -157,6 +157,7 @@ class Simulation:
             raise ValueError("slurm_pass models Slurm's conservative backfill of rigid jobs: "
                              "backfill conservative, policy static")
         self.slurm_pass = slurm_pass
+        self._ctld_clock_s = slurm_pass.clock_s if slurm_pass else 0.0
         self.paused_core_s = 0.0        # cores held while resizes paused their jobs
         self._backfill_due = False     # a backfill pass is queued
         self._news = True              # a job arrived or ended since the last backfill pass
@@ -347,8 +348,7 @@ class Simulation:
     def _sec(self, t: float) -> float:
         """The whole second of slurmctld's clock at simulated time t (time(NULL)), in
         simulated time."""
-        clock_s = self.slurm_pass.clock_s if self.slurm_pass else 0.0
-        return math.floor(t + clock_s + 1e-9) - clock_s
+        return math.floor(t + self._ctld_clock_s + 1e-9) - self._ctld_clock_s
 
     def _slurm_end(self, r: _Running) -> float:
         """Slurm's end_time of a running job: its whole-second start + its limit."""
@@ -367,38 +367,35 @@ class Simulation:
         placement = eval_nodes(free, job.cores)
         if placement is not None:
             return self._sec(now), placement
-        ends = sorted((self._slurm_end(r), r.job.job_id)
-                      for r in self._running.values())
-        running = [self._running[j] for _, j in ends]
-        clock_s = self.slurm_pass.clock_s if self.slurm_pass else 0.0
+        # (end, job id, job): the id breaks ties, so jobs are never compared.
+        ends = sorted((self._slurm_end(r), r.job.job_id, r) for r in self._running.values())
         barrier: float | None = None
         window, i = 30.0, 0
-        while i < len(running):
-            last = None
-            nxt = None
-            while i < len(running):
-                r = running[i]
+        while i < len(ends):
+            last_end: float | None = None
+            next_end: float | None = None
+            while i < len(ends):
+                end, _, r = ends[i]
                 i += 1
                 if not avail.intersection(r.nodes):
                     continue
-                end = self._slurm_end(r)
                 if barrier is None:
-                    e = round(end + clock_s)
+                    e = round(end + self._ctld_clock_s)
                     barrier = end + (30 - e % 30)
-                last = r
+                last_end = end
                 for node, alloc in zip(r.nodes, r.allocation):
                     if node in avail:
                         free[node] += len(alloc)
-                nxt = running[i] if i < len(running) else None
-                if nxt is None or self._slurm_end(nxt) > barrier + window:
+                next_end = ends[i][0] if i < len(ends) else None
+                if next_end is None or next_end > barrier + window:
                     break
-            if last is None or barrier is None:
+            if last_end is None or barrier is None:
                 break
-            while nxt is not None and self._slurm_end(nxt) > barrier + window:
+            while next_end is not None and next_end > barrier + window:
                 window *= 2
             placement = eval_nodes(free, job.cores)
             if placement is not None:
-                end = self._slurm_end(last)
+                end = last_end
                 if end <= self._sec(now):
                     end = max(end + 5.0, self._sec(now) + 1)     # _guess_job_end, KillWait=5
                 return end, placement

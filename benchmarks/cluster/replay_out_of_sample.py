@@ -56,6 +56,7 @@ class Replay:
     cores: int
     bf_interval_s: float
     placement: Placement
+    ctld_clock_s: float      # slurmctld's clock at the replay's t = 0, modulo 30 s (its log's)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def load(name: str) -> Replay:
     real, info = real_times(jobs, raw)
     return Replay(name, jobs, real, info, meta["cluster"]["nodes"],
                   meta["cluster"]["cpus_per_node"], float(bf.group(1)),
-                  Placement(meta["simulator"]["placement"]))
+                  Placement(meta["simulator"]["placement"]), raw["t0"] % 30.0)
 
 
 def fit(r: Replay) -> Fitted:
@@ -112,9 +113,7 @@ def clock_s(r: Replay, k: int, known: bool) -> float:
     """slurmctld's clock at the replay's t = 0, modulo 30 s (where its whole seconds and its
     30 s will-run barriers fall): where the clock happened to be, as unknown as the cadence's
     phase, so spread evenly over the phases alike; ``known``: read from the replay's log."""
-    if known:
-        return json.loads((RESULTS / f"{r.name}_raw.json").read_text())["t0"] % 30.0
-    return k * 30.0 / PHASES
+    return r.ctld_clock_s if known else k * 30.0 / PHASES
 
 
 def predict(r: Replay, f: Fitted, scheduler: Scheduler = Scheduler.STAND_IN,
@@ -153,13 +152,14 @@ def score(fitted_on: Replay, scored_on: Replay, scheduler: Scheduler = Scheduler
 
 def table(replays: list[Replay], scheduler: Scheduler, clock_known: bool) -> dict:
     """Every (fitted on, scored on) pair's score, and the out-of-sample summary."""
+    label = f"[{scheduler.value}{', clock known' if clock_known else ''}]"
     pairs = []
     for a in replays:
         for b in replays:
             row = score(a, b, scheduler, clock_known)
             pairs.append(row)
             e = row["median_over_phases"]["relative"]
-            print(f"[{scheduler.value}{', clock known' if clock_known else ''}] fitted on "
+            print(f"{label} fitted on "
                   f"{a.name:24s} scored on {b.name:24s} median {e['median']:.3f} "
                   f"p90 {e['p90']:.2f} (one phase: {row['one_phase_median_of_medians']:.3f})",
                   flush=True)
@@ -168,7 +168,7 @@ def table(replays: list[Replay], scheduler: Scheduler, clock_known: bool) -> dic
     in_sample = [p["median_over_phases"]["relative"]["median"] for p in pairs
                  if p["fitted_on"] == p["scored_on"]]
     headline = statistics.median(out_of_sample) if out_of_sample else None
-    print(f"[{scheduler.value}{', clock known' if clock_known else ''}] out of sample: median "
+    print(f"{label} out of sample: median "
           f"of medians {headline} over {len(out_of_sample)} pairs "
           f"({min(out_of_sample, default=0):.3f}..{max(out_of_sample, default=0):.3f}); "
           f"goal <= {GOAL}", flush=True)
