@@ -41,12 +41,13 @@ UPGRADE_TO=${UPGRADE_TO:-}
 # built from their source's debian/ by scripts/build-slurm-smd.sh (cached in SMD_OUT), in place of
 # Debian's, which conflict with them: a site that installs SchedMD's packages.
 SLURM_BUILD=${SLURM_BUILD:-debian}
-SMD_SCRIPT="$(dirname "$(readlink -f "$0")")/../scripts/build-slurm-smd.sh"
+SCRIPTS="$(dirname "$(readlink -f "$0")")/../scripts"
+SMD_SCRIPT="$SCRIPTS/build-slurm-smd.sh"
 SMD_OUT=${SMD_OUT:-/var/tmp/slurm-smd}
 SMD_PACKAGES=(slurm-smd slurm-smd-client slurm-smd-dev slurm-smd-slurmctld slurm-smd-slurmd
               slurm-smd-sackd)
-PRODUCTION_SCRIPT="$(dirname "$(readlink -f "$0")")/../scripts/build-slurm-production.sh"
-PRODUCTION_LIB="$(dirname "$PRODUCTION_SCRIPT")/lib/slurm-source.sh"     # it sources this
+PRODUCTION_SCRIPT="$SCRIPTS/build-slurm-production.sh"
+PRODUCTION_LIB="$SCRIPTS/lib/slurm-source.sh"     # it sources this
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 FORCE=0
 [ "${1:-}" = --force ] && FORCE=1
@@ -72,15 +73,15 @@ SACKD=1
 log() { echo "[vm-slurm] $*"; }
 
 # shellcheck source=../scripts/lib/need-packages.sh
-source "$(dirname "$(readlink -f "$0")")/../scripts/lib/need-packages.sh"
+source "$SCRIPTS/lib/need-packages.sh"
 # shellcheck source=../scripts/lib/chroot.sh
-source "$(dirname "$(readlink -f "$0")")/../scripts/lib/chroot.sh"
+source "$SCRIPTS/lib/chroot.sh"
 
 if [ "$SLURM_BUILD" = smd ]; then
   [ "$SUITE" = bookworm ] || { echo "SLURM_BUILD=smd is made for SUITE=bookworm (where its packages are built)" >&2; exit 1; }
   OUT="$SMD_OUT" bash "$SMD_SCRIPT"     # cached after the first build
 fi
-key=$( { cat "$0" "$(dirname "$(readlink -f "$0")")/../scripts/lib/chroot.sh"
+key=$( { cat "$0" "$SCRIPTS/lib/chroot.sh"
           echo "$SUITE $JOB_ID_PATHS $UPGRADE_TO $SLURM_BUILD"
           [ "$SLURM_BUILD" != production ] || cat "$PRODUCTION_SCRIPT" "$PRODUCTION_LIB"
           [ "$SLURM_BUILD" != smd ] || cat "$SMD_OUT/stamp" 2>/dev/null; } | sha256sum | cut -c1-16)

@@ -50,7 +50,8 @@ import pytest
 from malleable_protocol import parse_cpu_list
 from malleable_protocol.layout import check_step_name
 from slurm_plugin.cgroups import SLUID_RE, CgroupVersion, SlurmCgroupLayout
-from slurm_plugin.slurm.parsers import parse_config_values
+from slurm_plugin.hooks.slurm_conf import HOOKS_MULTI_VALUED_SINCE
+from slurm_plugin.slurm.parsers import parse_config_values, parse_slurm_version
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("malleable_protocol", "malleable_policy", "malleable_runtime", "malleable_tf",
@@ -346,6 +347,15 @@ def chain_changes(vms: VMs, node: str) -> dict[str, frozenset[str]]:
     return {**link, "/etc/slurm/site.conf": CHANGED}
 
 
+def set_site_prolog(vms: VMs, value: str) -> None:
+    """The site's Prolog line (site.conf) set to ``value`` on every node with a configuration
+    of its own (a configless node reads vm1's)."""
+    for node in vms.nodes:
+        if node not in vms.configless:
+            vms.run(node, f"sed -i 's#^Prolog=.*#Prolog={value}#' /etc/slurm/site.conf"
+                          f" && grep -qxF 'Prolog={value}' /etc/slurm/site.conf")
+
+
 def undo_chains(vms: VMs) -> None:
     """The admin's part of the uninstall where slurm-conf asked for a chain: the site's own
     line back, its link out of our folder (docs/install.md, section 11)."""
@@ -354,9 +364,7 @@ def undo_chains(vms: VMs) -> None:
         return
     for node in vms.nodes:
         vms.run(node, f"rm {chain.link}")
-        if node not in vms.configless:
-            vms.run(node, f"sed -i 's#^Prolog=.*#Prolog={chain.site_script}#' /etc/slurm/site.conf"
-                          f" && grep -qxF 'Prolog={chain.site_script}' /etc/slurm/site.conf")
+    set_site_prolog(vms, chain.site_script)
 
 
 def allowed_changes(vms: VMs, node: str) -> dict[str, frozenset[str]]:
@@ -407,7 +415,7 @@ def cosched(vms: VMs) -> VMs:
     release = vms.out("vm1", "scontrol --version").split()[-1]
     # 22.05 to 23.11 take one Prolog: there slurm-conf asks for a chain to the site's and exits
     # 1 until it runs (docs/install.md); the admin reads it, goes on with job-submit, chains.
-    one_prolog = tuple(map(int, release.split(".")[:2])) < (24, 5)
+    one_prolog = parse_slurm_version(release) < HOOKS_MULTI_VALUED_SINCE
 
     def guide_steps(node: str) -> str:
         steps = f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package configure slurm-conf"
@@ -450,9 +458,7 @@ def cosched(vms: VMs) -> VMs:
                    f"set to {glob_value}"):
             for node in vms.nodes:
                 vms.run(node, f"ln -s {site_script} {link}")
-                if node not in vms.configless:
-                    vms.run(node, f"sed -i 's#^Prolog=.*#Prolog={glob_value}#' /etc/slurm/site.conf"
-                                  f" && grep -qxF 'Prolog={glob_value}' /etc/slurm/site.conf")
+            set_site_prolog(vms, glob_value)
     with Stage("install: guide step restart-slurm (vm1 first), every node idle again"):
         restart_slurm(vms, "after the restart")
         # 24.11 runs every Prolog line: the site's (site.conf, Included) and ours; 22.05 the one
