@@ -29,7 +29,7 @@ site-slurm:
 
 test-site: site-slurm
 	bash scripts/setup.sh
-	.venv/bin/python -m pytest -v -rs tests/site
+	.venv/bin/python -m pytest -v -rfEs tests/site
 
 # Slurm 26.05 (Debian sid's): in docker-slurm's containers (cgroup v1), its SPANK plugin built
 # against 26.05's libslurm, its JSON read, the end-to-end tests; then in vm-slurm's virtual

@@ -58,23 +58,23 @@ check() {   # name, pytest's exit code
 }
 
 part_main() {   # pytest's arguments, if any
-  .venv/bin/python -m pytest -v -rs --durations=15 --ignore=tests/docker --ignore=tests/vm \
+  .venv/bin/python -m pytest -v -rfEs --durations=15 --ignore=tests/docker --ignore=tests/vm \
     --ignore=tests/torch "$@" tests
   check "TensorFlow 2.15 suite" $?
 }
 
 part_cluster() {
-  .venv/bin/python -m pytest -v -rs --durations=15 --ignore="$MTF" tests/integration tests/site
+  .venv/bin/python -m pytest -v -rfEs --durations=15 --ignore="$MTF" tests/integration tests/site
   check "local clusters' suite" $?
 }
 
 part_tf215() {
-  .venv/bin/python -m pytest -v -rs --durations=5 "$MTF"
+  .venv/bin/python -m pytest -v -rfEs --durations=5 "$MTF"
   check "TensorFlow 2.15's malleable_tf suite" $?
 }
 
 part_unit() {
-  .venv/bin/python -m pytest -v -rs --durations=5 tests/unit
+  .venv/bin/python -m pytest -v -rfEs --durations=5 tests/unit
   check "unit suite" $?
 }
 
@@ -84,13 +84,13 @@ part_lint() {
 
 part_keras3() {
   echo "[test] Keras 3 suite: TensorFlow $(.venv-keras3/bin/python -c 'from importlib.metadata import version; print(version("tensorflow-cpu"))')"
-  .venv-keras3/bin/python -m pytest -v -rs --durations=5 -m "not horovod" "${KERAS3_TESTS[@]}"
+  .venv-keras3/bin/python -m pytest -v -rfEs --durations=5 -m "not horovod" "${KERAS3_TESTS[@]}"
   check "Keras 3 suite" $?
 }
 
 part_torch() {
   echo "[test] PyTorch suite: torch $(.venv-torch/bin/python -c 'from importlib.metadata import version; print(version("torch"))')"
-  .venv-torch/bin/python -m pytest -v -rs --durations=5 "${TORCH_TESTS[@]}"
+  .venv-torch/bin/python -m pytest -v -rfEs --durations=5 "${TORCH_TESTS[@]}"
   check "PyTorch suite" $?
 }
 
@@ -104,7 +104,7 @@ part_tf-matrix() {   # the subset on each version between; 1 if any failed
       echo "[test] TensorFlow $version: $venv has ${got:-no tensorflow-cpu} (run scripts/setup.sh --tf-matrix)" >&2
       r=1
     else
-      "$venv/bin/python" -m pytest -v -rs --durations=5 -m "not horovod" "${TF_MATRIX_TESTS[@]}"
+      "$venv/bin/python" -m pytest -v -rfEs --durations=5 -m "not horovod" "${TF_MATRIX_TESTS[@]}"
       check "TensorFlow $version subset" $?; r=$?
     fi
     echo "[test] TensorFlow $version subset: exit $r in $(( $(date +%s) - start )) s"
