@@ -200,7 +200,65 @@ def test_configure_notes_the_folders_it_makes_and_the_uninstall_removes_only_tho
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")   # nothing running
     assert run_steps(["uninstall-unhook"], env, tmp_path).returncode == 0
     left = sorted(str(p.relative_to(slurm_etc)) for p in slurm_etc.rglob("*"))
-    assert left == ["plugstack.conf", "plugstack.conf.d", "slurm.conf"], left
+    assert left == ["plugstack.conf.d", "slurm.conf"], left
+
+
+INCLUDE_LINE = "include {etc}/plugstack.conf.d/*.conf\n"
+
+
+@pytest.mark.parametrize("before, after_configure", [
+    # SchedMD's packages ship no /etc/slurm: configure makes plugstack.conf, the uninstall
+    # removes it.
+    (None, INCLUDE_LINE),
+    # A site's own without the line: it is appended, then taken out again, byte for byte.
+    ("optional /usr/lib/x.so\n\n", "optional /usr/lib/x.so\n\n" + INCLUDE_LINE),
+    # Its last line without a newline: ours goes on a line of its own.
+    ("optional /usr/lib/x.so", "optional /usr/lib/x.so\n" + INCLUDE_LINE),
+    # Debian's has the line already: nothing is added, nothing taken out.
+    (INCLUDE_LINE, INCLUDE_LINE)], ids=["none", "the-sites", "no-last-newline", "debians"])
+def test_configure_adds_the_plugstack_include_line_once_and_the_uninstall_takes_it_out(
+        tmp_path, before, after_configure):
+    slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
+    slurm_etc.mkdir()
+    (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
+    stack = slurm_etc / "plugstack.conf"
+    if before is not None:
+        stack.write_text(before.format(etc=slurm_etc))
+    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": str(etc), "MALLEABLE_WATCHER_HOSTS": "ctl"}
+    (tmp_path / "bin" / "malleable").write_text('#!/bin/sh\nmkdir -p "$2"\n')
+    for _ in range(2):      # a second configure adds nothing more
+        out = run_steps(["configure"], env, tmp_path)
+        assert out.returncode == 0, out.stderr
+    assert stack.read_text() == after_configure.format(etc=slurm_etc)
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")   # nothing running
+    out = run_steps(["uninstall-unhook"], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    if before is None:
+        assert not stack.exists()
+    else:       # the file without its last newline gets one back: the line was made whole
+        assert stack.read_text() == before.format(etc=slurm_etc) + (
+            "\n" if not before.endswith("\n") else "")
+    assert not (etc / "plugstack-include-added").exists()
+
+
+def test_the_include_line_stays_while_another_plugin_needs_it(tmp_path):
+    slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
+    slurm_etc.mkdir()
+    (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
+    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
+           "MALLEABLE_ETC": str(etc), "MALLEABLE_WATCHER_HOSTS": "ctl"}
+    (tmp_path / "bin" / "malleable").write_text('#!/bin/sh\nmkdir -p "$2"\n')
+    assert run_steps(["configure"], env, tmp_path).returncode == 0
+    # pyxis installed after us, relying on the line we added
+    (slurm_etc / "plugstack.conf.d" / "pyxis.conf").write_text("required spank_pyxis.so\n")
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")
+    out = run_steps(["uninstall-unhook"], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "include line is left" in out.stderr
+    assert (slurm_etc / "plugstack.conf").read_text() == INCLUDE_LINE.format(etc=slurm_etc)
+    assert (slurm_etc / "plugstack.conf.d" / "pyxis.conf").exists()
+    assert not (slurm_etc / "plugstack.conf.d" / "malleable.conf").exists()
 
 
 def test_uninstall_unhook_removes_only_ours_and_waits_for_the_include_line(tmp_path):
