@@ -181,24 +181,44 @@ def test_the_lines_a_site_merges_by_hand_are_the_ones_the_step_writes():
         assert line in step, line
 
 
-def test_configure_notes_the_folders_it_makes_and_the_uninstall_removes_only_those(tmp_path):
-    """Debian's slurm-wlm-basic-plugins ships plugstack.conf.d: configure makes prolog.d and
-    epilog.d only, and the uninstall leaves the package's folder where it was."""
+def configured_node(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A node's Slurm folder with a slurm.conf, our folder, and the environment the steps
+    configure and uninstall-unhook run in: install-slurm-hooks played (it makes its folder; the
+    VM cluster runs the real one), systemctl saying nothing runs once configure is done."""
     slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
-    (slurm_etc / "plugstack.conf.d").mkdir(parents=True)
+    slurm_etc.mkdir()
     (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
     env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
            "MALLEABLE_ETC": str(etc), "MALLEABLE_WATCHER_HOSTS": "ctl"}
-    # install-slurm-hooks played: its folder made (the VM cluster runs the real one).
     (tmp_path / "bin" / "malleable").write_text('#!/bin/sh\nmkdir -p "$2"\n')
-    for _ in range(2):      # a second configure notes nothing more
+    return slurm_etc, etc, env
+
+
+def configure_twice_then_unhook(tmp_path: Path, env: dict[str, str], between=lambda: None
+                                ) -> subprocess.CompletedProcess:
+    """Step configure twice (a second adds nothing more), ``between()``, then uninstall-unhook
+    with nothing running."""
+    for _ in range(2):
         out = run_steps(["configure"], env, tmp_path)
         assert out.returncode == 0, out.stderr
-    assert (etc / "folders-made").read_text().split() == [f"{slurm_etc}/prolog.d",
-                                                          f"{slurm_etc}/epilog.d"]
-    assert (slurm_etc / "prolog.d" / "50-malleable").is_symlink()
-    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")   # nothing running
-    assert run_steps(["uninstall-unhook"], env, tmp_path).returncode == 0
+    between()
+    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")
+    out = run_steps(["uninstall-unhook"], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_configure_notes_the_folders_it_makes_and_the_uninstall_removes_only_those(tmp_path):
+    """Debian's slurm-wlm-basic-plugins ships plugstack.conf.d: configure makes prolog.d and
+    epilog.d only, and the uninstall leaves the package's folder where it was."""
+    slurm_etc, etc, env = configured_node(tmp_path)
+    (slurm_etc / "plugstack.conf.d").mkdir()
+
+    def made():
+        assert (etc / "folders-made").read_text().split() == [f"{slurm_etc}/prolog.d",
+                                                              f"{slurm_etc}/epilog.d"]
+        assert (slurm_etc / "prolog.d" / "50-malleable").is_symlink()
+    configure_twice_then_unhook(tmp_path, env, made)
     left = sorted(str(p.relative_to(slurm_etc)) for p in slurm_etc.rglob("*"))
     assert left == ["plugstack.conf.d", "slurm.conf"], left
 
@@ -218,22 +238,14 @@ INCLUDE_LINE = "include {etc}/plugstack.conf.d/*.conf\n"
     (INCLUDE_LINE, INCLUDE_LINE)], ids=["none", "the-sites", "no-last-newline", "debians"])
 def test_configure_adds_the_plugstack_include_line_once_and_the_uninstall_takes_it_out(
         tmp_path, before, after_configure):
-    slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
-    slurm_etc.mkdir()
-    (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
+    slurm_etc, etc, env = configured_node(tmp_path)
     stack = slurm_etc / "plugstack.conf"
     if before is not None:
         stack.write_text(before.format(etc=slurm_etc))
-    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
-           "MALLEABLE_ETC": str(etc), "MALLEABLE_WATCHER_HOSTS": "ctl"}
-    (tmp_path / "bin" / "malleable").write_text('#!/bin/sh\nmkdir -p "$2"\n')
-    for _ in range(2):      # a second configure adds nothing more
-        out = run_steps(["configure"], env, tmp_path)
-        assert out.returncode == 0, out.stderr
-    assert stack.read_text() == after_configure.format(etc=slurm_etc)
-    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")   # nothing running
-    out = run_steps(["uninstall-unhook"], env, tmp_path)
-    assert out.returncode == 0, out.stderr
+
+    def configured():
+        assert stack.read_text() == after_configure.format(etc=slurm_etc)
+    configure_twice_then_unhook(tmp_path, env, configured)
     if before is None:
         assert not stack.exists()
     else:       # the file without its last newline gets one back: the line was made whole
@@ -243,18 +255,11 @@ def test_configure_adds_the_plugstack_include_line_once_and_the_uninstall_takes_
 
 
 def test_the_include_line_stays_while_another_plugin_needs_it(tmp_path):
-    slurm_etc, etc = tmp_path / "slurm", tmp_path / "malleable"
-    slurm_etc.mkdir()
-    (slurm_etc / "slurm.conf").write_text("ClusterName=c\n")
-    env = {**fake_commands(tmp_path / "bin", ""), "SLURM_ETC": str(slurm_etc),
-           "MALLEABLE_ETC": str(etc), "MALLEABLE_WATCHER_HOSTS": "ctl"}
-    (tmp_path / "bin" / "malleable").write_text('#!/bin/sh\nmkdir -p "$2"\n')
-    assert run_steps(["configure"], env, tmp_path).returncode == 0
-    # pyxis installed after us, relying on the line we added
-    (slurm_etc / "plugstack.conf.d" / "pyxis.conf").write_text("required spank_pyxis.so\n")
-    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\nexit 3\n")
-    out = run_steps(["uninstall-unhook"], env, tmp_path)
-    assert out.returncode == 0, out.stderr
+    slurm_etc, etc, env = configured_node(tmp_path)
+
+    def pyxis_installed_after_us():     # relying on the line we added
+        (slurm_etc / "plugstack.conf.d" / "pyxis.conf").write_text("required spank_pyxis.so\n")
+    out = configure_twice_then_unhook(tmp_path, env, pyxis_installed_after_us)
     assert "include line is left" in out.stderr
     assert (slurm_etc / "plugstack.conf").read_text() == INCLUDE_LINE.format(etc=slurm_etc)
     assert (slurm_etc / "plugstack.conf.d" / "pyxis.conf").exists()
