@@ -64,10 +64,10 @@ PACKAGES=(
 # Debian's Slurm, with its headers (SLURM_BUILD=smd: SchedMD's, installed below).
 [ "$SLURM_BUILD" = smd ] || PACKAGES+=(slurmctld slurmd slurm-client libslurm-dev)
 # sackd (Slurm 23.11 and later; not in bookworm's 22.05): a login host's configless client
-# configuration. Not in the image that carries the next release for test-upgrade (it runs no
-# login host, and sackd pins this release's plugins).
+# configuration (in the image that carries the next release for test-upgrade too, whose login
+# host is upgraded last).
 SACKD=1
-{ [ -z "$UPGRADE_TO" ] && { [ "$SUITE" != bookworm ] || [ "$SLURM_BUILD" = smd ]; }; } || SACKD=0
+{ [ "$SUITE" != bookworm ] || [ "$SLURM_BUILD" = smd ]; } || SACKD=0
 [ "$SACKD" = 0 ] || [ "$SLURM_BUILD" = smd ] || PACKAGES+=(sackd)
 
 log() { echo "[vm-slurm] $*"; }
@@ -163,7 +163,8 @@ if [ -n "$UPGRADE_TO" ]; then
   { in_root apt-get install -y -q --no-install-recommends apt-utils &&
     in_root apt-get update -q &&
     in_root apt-get install -y -q --no-install-recommends --download-only -t "$UPGRADE_TO" \
-      -o Dir::Cache::archives="$up" slurmctld slurmd slurm-client libslurm-dev &&
+      -o Dir::Cache::archives="$up" slurmctld slurmd slurm-client libslurm-dev \
+      $([ "$SACKD" = 0 ] || echo sackd) &&
     rm -rf "$rootfs$up/partial" "$rootfs$up/lock" &&
     in_root sh -c "cd $up && apt-ftparchive packages . > Packages"; } >>"$work/apt.log" 2>&1 \
     || { tail -30 "$work/apt.log" >&2; exit 1; }

@@ -15,6 +15,12 @@ kept the site's setting, no CPU is in two jobs' cpusets. After both: a new step 
 started under 24.11 runs on the new slurmstepd and its plugin, a new job's Prolog takes the lent
 core back, the doctor passes on both nodes, and no node was drained or down at any time.
 
+The login host (vm3: sackd, no slurmd; its login role installed on 24.11) goes last, as the guide
+says: with the controller and the nodes on 26.05 and itself still on 24.11, and again after its
+own upgrade (sackd, slurm-client and the package for 26.05 in one apt transaction, step
+configure, restart-slurm), a user's `sbatch --malleable` there is a malleable job (its plugin,
+the one for the host's own release, loaded) and a user's rigid srun runs.
+
 Slurm's facts this relies on (its source, tag slurm-26-05-3-1): slurmctld 26.05 accepts 24.11's
 slurmd and clients (SLURM_MIN_PROTOCOL_VERSION); a running slurmstepd outlives slurmd's restart;
 cgroup.conf has no CgroupJobIdPaths here (24.11 refuses the key), so 26.05 names its new jobs'
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 
 from .conftest import (DIST, GUIDE, GUIDE_ENV, HOOKS, NOTES, SRC, EMULATED_INPUT_BUDGET_MS,
                        Node, Stage, VMs, diagnostics, wait_for)
@@ -36,7 +43,7 @@ REPO = "/var/local/slurm-upgrade"           # build-image.sh UPGRADE_TO: sid's S
 APT = ("apt-get -q -o Dir::Etc::SourceList=/etc/apt/slurm-upgrade.list "
        "-o Dir::Etc::SourceParts=/etc/apt/slurm-upgrade.list.d")
 NEW_DIST = f"{DIST}-{NEW}"
-SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "libslurm-dev")
+SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "libslurm-dev", "sackd")
 STATES = "/tmp/vmtest-upgrade-states"       # the watch: every node's state, every 2 s
 WATCH_PID = "/tmp/vmtest-upgrade-watch.pid"
 
@@ -59,6 +66,9 @@ def grown(node: Node, job: int, allocation: frozenset[int]) -> frozenset[int] | 
     return cpus if cpus is not None and cpus > allocation else None
 
 
+# The install (the cosched fixture) and three hosts' apt transactions in emulated guests:
+# 600 s reached vm2's with the login host's stages in (2026-12-07).
+@pytest.mark.timeout(1800)
 def test_slurm_upgraded_node_by_node_under_running_jobs(cosched: VMs):
     vms = cosched
     nodes = {n: Node(vms, n) for n in ("vm1", "vm2")}
@@ -99,8 +109,25 @@ def test_slurm_upgraded_node_by_node_under_running_jobs(cosched: VMs):
                 f"packaging/deb/build-deb.sh {NEW_DIST} 2>&1 && ls {NEW_DIST}"), timeout=600)
             assert f"+slurm{NEW}_" in out, out
             NOTES.append("(g2) " + out.strip().splitlines()[-1])
+        for login in vms.logins:
+            with Stage(f"(g2 {login}) the login role on {login}, on {OLD}: steps install-package, "
+                       "configure"):
+                vms.out(login, f"cd {DIST} && {GUIDE_ENV} {GUIDE} run install-package configure "
+                               "2>&1", timeout=600)
         for n in ("vm1", "vm2"):
             upgrade(vms, n, nodes, jobs, allocation)
+        for login in vms.logins:
+            with Stage(f"(g7 {login}) still on {OLD}, beside the {NEW} controller: a user's "
+                       "sbatch --malleable and srun"):
+                NOTES.append(f"(g7 {login}) on {OLD}: " + login_submits(vms, login, OLD))
+            with Stage(f"(g7 {login}) its upgrade: sackd, slurm-client and the package for {NEW}, "
+                       "one apt transaction; steps configure, restart-slurm"):
+                out = install_new(vms, login)
+                vms.out(login, f"cd {NEW_DIST} && {GUIDE_ENV} {GUIDE} run configure restart-slurm "
+                               "2>&1", timeout=600)
+                NOTES.append(f"(g7 {login}) apt: {' '.join(out.split()[-2:])}")
+            with Stage(f"(g7 {login}) on {NEW}: a user's sbatch --malleable and srun"):
+                NOTES.append(f"(g7 {login}) on {NEW}: " + login_submits(vms, login, NEW))
         with Stage(f"(g5) after: a new step of the job started under {OLD}; a new job's Prolog "
                    "takes the lent core back; doctor on both nodes"):
             a, node = jobs["vm1"], nodes["vm1"]
@@ -144,15 +171,7 @@ def upgrade(vms: VMs, n: str, nodes: dict[str, Node], jobs: dict[str, int],
         assert node.job_cpus(jobs[n]) == allocation[n], (node.job_cpus(jobs[n]), out)
         NOTES.append(f"(g3 {n}) upgrade-begin: {out.strip().splitlines()[-1]}")
     with Stage(f"(g3 {n}) Slurm {NEW} and the package for it, one apt transaction"):
-        have = vms.out(n, "dpkg-query -W -f '${Package} ${db:Status-Status}\\n' "
-                          + " ".join(SLURM_PACKAGES)).split("\n")
-        pkgs = [ln.split()[0] for ln in have if ln.endswith(" installed")]
-        out = vms.out(n, f"mkdir -p /etc/apt/slurm-upgrade.list.d && cd {NEW_DIST} && {APT} update "
-                         "&& DEBIAN_FRONTEND=noninteractive "
-                         f"{APT} install -y {' '.join(pkgs)} ./malleable-slurm_*+slurm{NEW}_*.deb "
-                         "2>&1 | tail -4 && dpkg-query -W -f '${Version}\\n' slurmd malleable-slurm",
-                      timeout=900)
-        assert f"+slurm{NEW}" in out and f"{NEW}." in out, out
+        out = install_new(vms, n)
         NOTES.append(f"(g3 {n}) apt: {' '.join(out.split()[-2:])}")
     with Stage(f"(g3 {n}) steps configure, job-submit, restart-slurm, upgrade-end"):
         vms.out(n, f"cd {NEW_DIST} && {GUIDE_ENV} {GUIDE} run configure job-submit restart-slurm "
@@ -178,3 +197,39 @@ def upgrade(vms: VMs, n: str, nodes: dict[str, Node], jobs: dict[str, int],
         NOTES.append(f"(g4 {n}) slurmd {slurmd_version(vms, n)} by slurmctld's word; job "
                      f"{jobs[n]} grown again to {sorted(cpus)}; slurmd on the other nodes: "
                      + ", ".join(f"{m} {slurmd_version(vms, m)}" for m in nodes if m != n))
+
+
+def install_new(vms: VMs, host: str) -> str:
+    """Slurm's packages the host has, at NEW, and the package built for NEW: one apt
+    transaction. What dpkg says of slurm-client's and our versions afterwards."""
+    have = vms.out(host, "dpkg-query -W -f '${Package} ${db:Status-Status}\\n' "
+                         + " ".join(SLURM_PACKAGES), check=False).split("\n")
+    pkgs = [ln.split()[0] for ln in have if ln.endswith(" installed")]
+    out = vms.out(host, f"mkdir -p /etc/apt/slurm-upgrade.list.d && cd {NEW_DIST} && {APT} update "
+                        "&& DEBIAN_FRONTEND=noninteractive "
+                        f"{APT} install -y {' '.join(pkgs)} ./malleable-slurm_*+slurm{NEW}_*.deb "
+                        "2>&1 | tail -4 && dpkg-query -W -f '${Version}\\n' slurm-client "
+                        "malleable-slurm", timeout=900)
+    assert f"+slurm{NEW}" in out and f"{NEW}." in out, out
+    return out
+
+
+def login_submits(vms: VMs, login: str, release: str) -> str:
+    """On the login host at ``release``: its sbatch's release, a user's held
+    ``sbatch --malleable=1:2`` (a malleable job: job_submit.lua set its AdminComment from the
+    plugin's option) and a user's rigid srun on vm2. What was seen, for the notes."""
+    version = vms.out(login, "sbatch --version").split()[-1]     # Debian's: "slurm-wlm X.Y.Z"
+    assert version.startswith(f"{release}."), version
+    held = vms.run(login, f"cd /tmp && {AS_TESTER} sbatch --parsable --hold -w vm2 "
+                          "--malleable=1:2 --wrap true", check=False)
+    assert held.returncode == 0, (held.stdout, held.stderr)
+    job = int(held.stdout.strip().split(";")[0])
+    comment = vms.out("vm1", f"scontrol show job {job} | grep -o 'AdminComment=[^ ]*'",
+                      check=False).strip().partition("=")[2]
+    vms.run("vm1", f"scancel {job}", check=False)
+    assert comment.startswith("malleable:min=1,max=2"), comment
+    ran = vms.run(login, f"cd /tmp && {AS_TESTER} srun -N1 -n1 -w vm2 hostname", check=False,
+                  timeout=180)
+    assert ran.returncode == 0 and ran.stdout.split() == ["vm2"], (ran.stdout, ran.stderr)
+    return (f"sbatch {version}; sbatch --malleable=1:2 gave job {job}, AdminComment {comment}; "
+            f"srun -w vm2 hostname: {ran.stdout.strip()}")
