@@ -246,6 +246,12 @@ class Node:
                             check=False).strip()
 
 
+def admin_comment(vms: VMs, host: str, job: int) -> str:
+    """The job's AdminComment as scontrol on ``host`` shows it (job_submit.lua writes it)."""
+    out = vms.out(host, f"scontrol show job {job} | grep -o 'AdminComment=[^ ]*'", check=False)
+    return out.strip().partition("=")[2]
+
+
 def project_tar() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

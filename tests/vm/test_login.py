@@ -17,17 +17,12 @@ controller's configuration.
 The guide's uninstall runs on the login host with the others' (test_uninstall.py)."""
 from __future__ import annotations
 
-from .conftest import (DIST, GUIDE, GUIDE_ENV, NOTES, Node, Stage, VMs, changed_files,
-                       CONFIGURE_DROP_INS, diagnostics, slurm_files, wait_for)
+from .conftest import (DIST, GUIDE, GUIDE_ENV, NOTES, Node, Stage, VMs, admin_comment,
+                       changed_files, CONFIGURE_DROP_INS, diagnostics, slurm_files, wait_for)
 
 NODE = "vm1"
 RANK = "/opt/malleable/src/tests/programs/allowance_rank.py"
 AS_TESTER = "cd /tmp && runuser -u tester --"
-
-
-def admin_comment(vms: VMs, host: str, job: int) -> str:
-    out = vms.out(host, f"scontrol show job {job} | grep -o 'AdminComment=[^ ]*'", check=False)
-    return out.strip().partition("=")[2]
 
 
 def test_the_login_role_on_a_configless_login_host(cosched: VMs):

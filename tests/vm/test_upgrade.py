@@ -33,7 +33,7 @@ import re
 import pytest
 
 from .conftest import (DIST, GUIDE, GUIDE_ENV, HOOKS, NOTES, SRC, EMULATED_INPUT_BUDGET_MS,
-                       Node, Stage, VMs, diagnostics, wait_for)
+                       Node, Stage, VMs, admin_comment, diagnostics, wait_for)
 
 OLD, NEW = "24.11", "26.05"
 RANK = "/opt/malleable/src/tests/programs/allowance_rank.py"
@@ -224,8 +224,7 @@ def login_submits(vms: VMs, login: str, release: str) -> str:
                           "--malleable=1:2 --wrap true", check=False)
     assert held.returncode == 0, (held.stdout, held.stderr)
     job = int(held.stdout.strip().split(";")[0])
-    comment = vms.out("vm1", f"scontrol show job {job} | grep -o 'AdminComment=[^ ]*'",
-                      check=False).strip().partition("=")[2]
+    comment = admin_comment(vms, "vm1", job)
     vms.run("vm1", f"scancel {job}", check=False)
     assert comment.startswith("malleable:min=1,max=2"), comment
     ran = vms.run(login, f"cd /tmp && {AS_TESTER} srun -N1 -n1 -w vm2 hostname", check=False,
