@@ -81,5 +81,21 @@ def init(max_threads: int | None = None, **kwargs):
 
     malleable_tf.init(max_threads, before_runtime=make_strategy, **kwargs)
     _strategy = made[0]
+    _later_strategies_join(_strategy)
     return _strategy
+
+
+def _later_strategies_join(strategy) -> None:
+    """A MultiWorkerMirroredStrategy the script makes after ours (an unmodified script under
+    the runner) joins the server ours started instead of enabling collective ops again on the
+    running context. Enabling them again (TensorFlow warns "Enabling collective ops after
+    program startup may cause error") replaces the server's collective executor manager: a
+    collective a peer already started against the old one is lost, and every worker waits
+    forever (seen when the chief made its own strategy 3 s after its peer began training;
+    tests/integration/test_multiworker.py). TensorFlow reads both flags with getattr on the
+    instance, so class values set here are what a later instance sees: its server started, and
+    the health check as ours has it (off where the coordination service watches the peers)."""
+    extended = type(strategy.extended)
+    extended._std_server_started = True
+    extended._enable_check_health = strategy.extended._enable_check_health
 

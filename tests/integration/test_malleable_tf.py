@@ -428,3 +428,57 @@ def test_a_tensorflow_whose_private_member_differs_gets_parking_only(tmp_path):
                                  env={"MALLEABLE_CACHE": str(tmp_path / "cache")}))
     assert not full["parking_only"] and full["split_width_at_1"] == 1, full
     assert full["parked_at_1"] == [1, 1] and full["sum"] == r["sum"], full
+
+
+def two_free_ports() -> list[int]:
+    """Two ports free on this host now (bound to port 0, then closed)."""
+    import socket
+    socks = [socket.socket() for _ in range(2)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("runner", [False, True], ids=["plain", "runner"])
+def test_a_late_chief_joins_the_strategy_the_runner_made(runner):
+    """Two workers of an unmodified MultiWorkerMirroredStrategy script on this host, the chief
+    making its strategy 3 s after its peer began its first collective; plain TensorFlow and
+    through the runner, which makes the strategy before the script does. The script's own
+    strategy must join the runner's: when it enabled collective ops again (TensorFlow warns
+    "Enabling collective ops after program startup"), both workers waited forever."""
+    ports = two_free_ports()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, **QUIET, "MALLEABLE_TF_MAX_THREADS": "2", "TF_CONFIG": json.dumps(
+            {"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+             "task": {"type": "worker", "index": rank}})}
+        for key in [k for k in env if k.startswith(("OMPI_", "SLURM_", "HOROVOD_"))]:
+            del env[key]
+        head = [sys.executable, "-m", "malleable_tf.run"] if runner else [sys.executable]
+        procs.append(subprocess.Popen([*head, str(PROGRAMS / "multiworker_late_chief.py"),
+                                       "--late", "3"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs, hung = [], []
+    try:
+        for rank, proc in enumerate(procs):
+            try:
+                outs.append(proc.communicate(timeout=120))
+            except subprocess.TimeoutExpired:
+                hung.append(rank)
+                proc.kill()
+                outs.append(proc.communicate())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert not hung, f"workers {hung} still waiting after 120 s: {outs[0][1][-1500:]}"
+    for rank, (proc, (out, err)) in enumerate(zip(procs, outs)):
+        assert proc.returncode == 0, err[-3000:]
+        assert result_of(subprocess.CompletedProcess(proc.args, 0, out, err)) == \
+            {"rank": rank, "sum": 3.0}
+        assert "Enabling collective ops after program startup" not in err, err[-3000:]
