@@ -96,6 +96,9 @@ finish() {   # the table, then what failed, last, where a reader of CI's tail se
     echo "[ci] failed: $name (exit $rc)"
     { grep -aE '^(FAILED|ERROR) |\[(docker|vm)-slurm\].*FAILED' "$log" || tail -n 8 "$log"; } |
       head -n 20 | sed 's/^/[ci]   /'
+    # The failures' own messages (pytest's "E " lines): a FAILED line keeps only their first
+    # line, and a wait's message says on the lines after it where each process waited.
+    grep -a '^E  ' "$log" | head -n 40 | cut -c1-200 | sed 's/^/[ci]   | /'
   done <"$TIMES"
   [ "$failed" = 0 ] || exit 1
   echo "[ci] passed"
