@@ -7,10 +7,16 @@ local cluster, the daemon's log file. The files the agent writes itself (its eve
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# What a daemon (agent, watcher) that seems stuck is sent to print every thread's Python stack
+# on stderr (its log): ``systemctl kill -s USR2 malleable-agent@n1``, and the local cluster's
+# report of a failed test.
+STACKS_SIGNAL = signal.SIGUSR2
 FORMAT = "%(asctime)s %(levelname)s {component}: %(message)s"
 
 
@@ -58,3 +64,9 @@ def add_log_level_option(parser, default: str = "INFO") -> None:
     """``--log-level`` on a command's parser."""
     parser.add_argument("--log-level", default=default, type=str.upper, choices=LEVELS,
                         help="the least severe records logged to stderr (default %(default)s)")
+
+
+def dump_stacks_on_signal(signum: int = STACKS_SIGNAL) -> None:
+    """Every thread's Python stack to stderr when ``signum`` comes (faulthandler writes from
+    the signal handler, without the GIL: a daemon whose threads are all stuck still answers)."""
+    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)

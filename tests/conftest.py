@@ -55,7 +55,50 @@ def cluster_log_tails(c: LocalCluster, lines: int = 25) -> str:
                   key=_log_order) + \
         sorted(agent.glob("events-*.jsonl")) + sorted(agent.glob("hooks-*.log"))
     return "\n".join([_slurm_view(c), f"daemons: {alive}"] +
-                     [f"--- {path}\n{daemons.tail(path, lines)}" for path in logs])
+                     [f"--- {path}\n{daemons.tail(path, lines)}" for path in logs] +
+                     _daemon_stacks(c))
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def _daemon_stacks(c: LocalCluster, lines: int = 80) -> list[str]:
+    """Every thread's Python stack of the cluster's agents and watcher (STACKS_SIGNAL: what
+    each printed into its log after it), so that a daemon that stopped acting shows where
+    it waits. Shown after the logs' tails, which it would otherwise push out."""
+    import signal
+    import time
+    from slurm_plugin.logs import STACKS_SIGNAL
+    asked = []
+    for r in c.records():
+        if (r.name == "watcher" or r.name.startswith("agent")) and daemons.is_running(r):
+            try:
+                if not _catches(r.pid, STACKS_SIGNAL):
+                    continue        # still starting: the signal's default would end it
+                before = os.stat(r.log).st_size
+                os.kill(r.pid, STACKS_SIGNAL)
+            except OSError:
+                continue
+            asked.append((r, before))
+    if not asked:
+        return []
+    time.sleep(1.0)
+    out = []
+    for r, before in asked:
+        try:
+            with open(r.log, "rb") as f:
+                f.seek(before)
+                text = f.read(256 * 1024).decode(errors="replace")
+        except OSError as exc:
+            text = f"({exc})"
+        kept = "\n".join(text.rstrip().splitlines()[:lines])
+        out.append(f"--- {r.name} (pid {r.pid}): its threads' stacks "
+                   f"({signal.Signals(STACKS_SIGNAL).name})\n{kept}")
+    return out
 
 
 @pytest.hookimpl(hookwrapper=True)

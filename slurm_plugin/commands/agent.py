@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from malleable_policy.model import Policy
-from slurm_plugin.logs import add_log_level_option, setup_logging
+from slurm_plugin.logs import add_log_level_option, dump_stacks_on_signal, setup_logging
 from slurm_plugin.node.config import load_agent_config
 from slurm_plugin.settings import RootSettings
 from slurm_plugin.commands.common import (POLICIES, ip_address, port,
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["policy"] = Policy(args.policy)
     config = load_agent_config(args.config, **overrides)
     setup_logging(f"agent[{config.node}]", args.log_level)
+    dump_stacks_on_signal()
     return run_agent(config, once=args.once, metrics_port=args.metrics_port,
                      metrics_addr=args.metrics_address, metrics_retry_s=args.metrics_retry,
                      metrics_per_job=args.metrics_per_job)

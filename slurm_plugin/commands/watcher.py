@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from malleable_protocol.runner import CommandError
-from slurm_plugin.logs import add_log_level_option, setup_logging
+from slurm_plugin.logs import add_log_level_option, dump_stacks_on_signal, setup_logging
 from slurm_plugin.node.config import load_agent_config
 from slurm_plugin.settings import DEFAULT_FEED_DIR, RootSettings, root_settings
 from slurm_plugin.commands.common import (CliError, ip_address, port,
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from slurm_plugin.feed.leader import Role
     from slurm_plugin.slurm import CliSlurmClient
     setup_logging("watcher", args.log_level)
+    dump_stacks_on_signal()
     feed_dir, slurm_conf, agent = args.feed_dir, args.slurm_conf, None
     if args.config:   # the nodes' agent.json says where the feed is (the systemd unit's way)
         agent = load_agent_config(args.config)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from slurm_plugin.commands import main as cli
 from slurm_plugin.commands.main import build_parser, main
 from slurm_plugin.cluster import ClusterError
 from slurm_plugin.feed import FeedStore, NodeReport
-from slurm_plugin.logs import setup_logging
+from slurm_plugin.logs import STACKS_SIGNAL, setup_logging
 from slurm_plugin.slurm import UnknownJob
 from malleable_protocol.runner import CommandError
 
@@ -313,6 +314,31 @@ def test_setup_logging_names_the_component_filters_and_replaces_itself(capsys):
     assert sum(getattr(h, "_malleable", False) for h in logging.getLogger().handlers) == 1
     with pytest.raises(ValueError):
         setup_logging("watcher", "LOUD")
+
+
+def test_a_daemon_prints_every_threads_stack_on_the_stacks_signal():
+    """``dump_stacks_on_signal`` (the agent's and the watcher's): STACKS_SIGNAL makes a process
+    whose threads are all waiting print each one's Python stack on stderr, and it runs on."""
+    code = ("import sys, threading, time\n"
+            "from slurm_plugin.logs import dump_stacks_on_signal\n"
+            "dump_stacks_on_signal()\n"
+            "def waiting_in_a_thread(): threading.Event().wait()\n"
+            "threading.Thread(target=waiting_in_a_thread, daemon=True).start()\n"
+            "print('ready', flush=True)\n"
+            "def waiting_in_main(): time.sleep(5); print('ran on', flush=True)\n"
+            "waiting_in_main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        proc.send_signal(STACKS_SIGNAL)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and out.strip() == "ran on", err
+    assert "waiting_in_a_thread" in err and "waiting_in_main" in err, err
 
 
 @pytest.mark.parametrize("command", [["agent", "--config", "a.json"], ["watcher"],
