@@ -54,9 +54,23 @@ def cluster_log_tails(c: LocalCluster, lines: int = 25) -> str:
     logs = sorted(list(c.paths.log.glob("*.out")) + list(c.paths.log.glob("*.log")),
                   key=_log_order) + \
         sorted(agent.glob("events-*.jsonl")) + sorted(agent.glob("hooks-*.log"))
+    # What each agent decided from: the nodes' feeds as the watcher wrote them and as each
+    # node's copy has them, and each agent's ledger (allocations, jobs ended or starting).
+    state = sorted(c.paths.root.glob("feed/nodes/*")) + \
+        sorted(c.paths.root.glob("node-feed/*/nodes/*")) + \
+        sorted(c.paths.root.glob("**/ledger-*.json"))
     return "\n".join([_slurm_view(c), f"daemons: {alive}"] +
-                     [f"--- {path}\n{daemons.tail(path, lines)}" for path in logs] +
-                     _daemon_stacks(c))
+                      [f"--- {path}\n{daemons.tail(path, lines)}" for path in logs] +
+                      [f"--- {path}\n{_head(path)}" for path in state] +
+                      _daemon_stacks(c))
+
+
+def _head(path: Path, limit: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode(errors="replace")
+    except OSError as exc:
+        return f"({exc})"
 
 
 def _catches(pid: int, signum: int) -> bool:
