@@ -69,4 +69,8 @@ def add_log_level_option(parser, default: str = "INFO") -> None:
 def dump_stacks_on_signal(signum: int = STACKS_SIGNAL) -> None:
     """Every thread's Python stack to stderr when ``signum`` comes (faulthandler writes from
     the signal handler, without the GIL: a daemon whose threads are all stuck still answers)."""
-    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):    # stderr replaced by a capture: the process's
+        fd = 2
+    faulthandler.register(signum, file=fd, all_threads=True, chain=False)
