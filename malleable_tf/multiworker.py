@@ -92,7 +92,7 @@ def _later_strategies_join(strategy) -> None:
     program startup may cause error") replaces the server's collective executor manager: a
     collective a peer already started against the old one is lost, and every worker waits
     forever (seen when the chief made its own strategy 3 s after its peer began training;
-    tests/integration/test_multiworker.py). TensorFlow reads both flags with getattr on the
+    tests/integration/test_malleable_tf.py, test_a_late_chief_joins_the_strategy_the_runner_made). TensorFlow reads both flags with getattr on the
     instance, so class values set here are what a later instance sees: its server started, and
     the health check as ours has it (off where the coordination service watches the peers)."""
     extended = type(strategy.extended)

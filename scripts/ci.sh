@@ -9,9 +9,10 @@
 #             docker-slurm's containers (they bind-mount that tree; Slurm 22.05 and 24.11), then
 #             the unit tests, then the subset of malleable_tf's on TensorFlow 2.17 and 2.19 (here
 #             since 2026-12-07: the isolated lane ended 290 s after this one, 3,255 s against
-#             2,964 s, and this stage took 142 s). (docker-slurm's images built ahead beside the first stage,
-#             niced, gained nothing: beside the VMs bookworm's took 582 s instead of 273, and the
-#             local-cluster stage was slower too: 2026-12-07.)
+#             2,964 s, and this stage took 142 s; the next whole run's lanes ended 27 s apart).
+#             (docker-slurm's images built ahead beside the first stage, niced, gained nothing:
+#             beside the VMs bookworm's took 582 s instead of 273, and the local-cluster stage
+#             was slower too: 2026-12-07.)
 #   isolated  the VM cluster (kernels of their own: cgroup v2, Slurm 26.05 with its job folders
 #             named by SLUID, its default), then ruff and mypy, then the tests without Slurm:
 #             malleable_tf's on TensorFlow 2.21 and on 2.15 (processes of their own; the cpuset

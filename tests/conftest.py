@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from slurm_plugin.cluster import LocalCluster, daemons, default_spec
+from slurm_plugin.logs import STACKS_SIGNAL
 
 
 def make_cluster_root(prefix: str) -> Path:
@@ -84,9 +87,6 @@ def _daemon_stacks(c: LocalCluster, lines: int = 80) -> list[str]:
     """Every thread's Python stack of the cluster's agents and watcher (STACKS_SIGNAL: what
     each printed into its log after it), so that a daemon that stopped acting shows where
     it waits. Shown after the logs' tails, which it would otherwise push out."""
-    import signal
-    import time
-    from slurm_plugin.logs import STACKS_SIGNAL
     asked = []
     for r in c.records():
         if (r.name == "watcher" or r.name.startswith("agent")) and daemons.is_running(r):

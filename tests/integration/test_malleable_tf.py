@@ -309,15 +309,21 @@ def wait_status(path: Path, pred, proc, timeout: float = 120.0) -> dict:
     raise AssertionError(f"status not reached; last: {read_status(path)}")
 
 
+def unlaunched_env(**more: str) -> dict:
+    """This process's environment, quiet, without an MPI launcher's, Horovod's or Slurm's
+    variables (the runner would take its rank from them), with ``more``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "SLURM_", "HOROVOD_"))}
+    return {**env, **QUIET, **more}
+
+
 def test_an_unmodified_script_runs_malleably_through_the_runner(tmp_path):
     status, stop = tmp_path / "status.json", tmp_path / "stop"
     script = PROGRAMS / "plain_tf.py"
     assert "import malleable_tf" not in script.read_text()
     assert "from malleable_tf" not in script.read_text()
-    env = {**os.environ, **QUIET, "MALLEABLE_TF_STATUS": str(status),
-           "MALLEABLE_TF_SIGNALS": "USR2=intra-down", "MALLEABLE_TF_MAX_THREADS": "2"}
-    for key in [k for k in env if k.startswith(("OMPI_", "SLURM_", "HOROVOD_"))]:
-        del env[key]
+    env = unlaunched_env(MALLEABLE_TF_STATUS=str(status), MALLEABLE_TF_SIGNALS="USR2=intra-down",
+                         MALLEABLE_TF_MAX_THREADS="2")
     args = [str(script), "--seconds", "120", "--stop", str(stop), "--exit", "5"]
     proc = subprocess.Popen([sys.executable, "-m", "malleable_tf.run", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -453,11 +459,9 @@ def test_a_late_chief_joins_the_strategy_the_runner_made(runner):
     ports = two_free_ports()
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, **QUIET, "MALLEABLE_TF_MAX_THREADS": "2", "TF_CONFIG": json.dumps(
+        env = unlaunched_env(MALLEABLE_TF_MAX_THREADS="2", TF_CONFIG=json.dumps(
             {"cluster": {"worker": [f"localhost:{p}" for p in ports]},
-             "task": {"type": "worker", "index": rank}})}
-        for key in [k for k in env if k.startswith(("OMPI_", "SLURM_", "HOROVOD_"))]:
-            del env[key]
+             "task": {"type": "worker", "index": rank}}))
         head = [sys.executable, "-m", "malleable_tf.run"] if runner else [sys.executable]
         procs.append(subprocess.Popen([*head, str(PROGRAMS / "multiworker_late_chief.py"),
                                        "--late", "3"], env=env, stdout=subprocess.PIPE,
